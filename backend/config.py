@@ -1,0 +1,30 @@
+"""Settings of one engine instance (the offline LLM and the server share them)."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    device: str | None = None  # None: cuda when available, else cpu
+    dtype: str = "auto"
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's context length, capped at 8192
+    max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # an exact KV-cache size in blocks; overrides kv_cache_memory
+    kv_cache_memory: float | int | None = None  # a fraction (0, 1] of free memory, or bytes
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+            positive(name)
+        m = self.kv_cache_memory
+        if m is not None and not ((isinstance(m, float) and 0 < m <= 1) or (isinstance(m, int) and m > 0)):
+            raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a number of bytes, got {m!r}")

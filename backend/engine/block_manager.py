@@ -1,0 +1,136 @@
+"""The paged KV cache's bookkeeping: blocks, reference counts and the prefix cache.
+
+A full block is identified by a hash chained over every token before it (its parent's hash
+and its own tokens), so equal hashes mean equal prefixes; the block's tokens are kept too and
+compared on a hit, so a hash collision can never serve wrong KV. Freed blocks keep their
+contents and hash; they are reused least recently freed first, and until then a later request
+with the same prefix can pick them up again.
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from backend.engine.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    return hash((parent, tokens))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front is evicted first
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / len(self.blocks)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:
+            if self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]
+            block.hash, block.token_ids = None, ()
+        block.ref_count = 1
+        return block_id
+
+    def find_cached_prefix(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """Block ids and hashes of the longest cached run of the sequence's leading full blocks.
+
+        At least one token is always left to compute: its logits are needed to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return [], []
+        ids, hashes, parent = [], [], None
+        bs = self.block_size
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            ids.append(block_id)
+            hashes.append(h)
+            parent = h
+        return ids, hashes
+
+    def allocate(self, seq: Sequence, hit_ids: list[int], hit_hashes: list[int], num_new_tokens: int) -> bool:
+        """Give a sequence entering the running set its cached prefix plus room for num_new_tokens more."""
+        num_hit_tokens = len(hit_ids) * self.block_size
+        needed = self.blocks_for(num_hit_tokens + num_new_tokens) - len(hit_ids)
+        revived = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)  # these leave the free list
+        if needed + revived > len(self.free):
+            return False
+        for block_id in hit_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free[block_id]
+            block.ref_count += 1
+        seq.block_table = list(hit_ids) + [self._take_free_block() for _ in range(needed)]
+        seq.block_hashes = list(hit_hashes)
+        seq.num_computed_tokens = num_hit_tokens
+        if seq.num_cached_tokens < 0:  # count the prompt's lookup once, not again after a preemption
+            seq.num_cached_tokens = num_hit_tokens
+            self.prefix_queries += seq.num_prompt_tokens
+            self.prefix_hits += num_hit_tokens
+        return True
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make sure the sequence's blocks cover num_new_tokens more tokens; False if the cache is full."""
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if needed > len(self.free):
+            return False
+        seq.block_table.extend(self._take_free_block() for _ in range(needed))
+        return True
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the sequence's newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if h not in self.cached:
+                block.hash, block.token_ids = h, tokens
+                self.cached[h] = block.block_id
+
+    def free_sequence(self, seq: Sequence) -> None:
+        # Tail blocks are released first, so a prefix's leading blocks are the last to be evicted.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                if block.hash is None:  # nothing anyone can reuse: evict it before cached blocks
+                    self.free.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

@@ -1,0 +1,212 @@
+"""The engine loop: requests in, one scheduled forward pass per step, outputs out."""
+
+import itertools
+import os
+
+import torch
+
+from backend.config import EngineConfig
+from backend.detokenizer import IncrementalDetokenizer
+from backend.engine.block_manager import BlockManager
+from backend.engine.model_runner import ModelRunner
+from backend.engine.sampler import Sampler
+from backend.engine.scheduler import Scheduler
+from backend.engine.sequence import Sequence
+from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
+from backend.outputs import CompletionOutput, RequestOutput
+from backend.sampling_params import SamplingParams
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU; use device='cpu'")
+        source = locate(config.model)
+        self.model_config, reader = read_config(source)
+        self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
+        limit = self.model_config.max_position_embeddings
+        self.max_model_len = config.max_model_len or min(limit, 8192)
+        self.model_name = config.model
+        self.tokenizer = load_tokenizer(source)
+        self.model = load_model(source, self.model_config, reader, self.dtype, self.device, self.max_model_len)
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+        num_blocks = self._num_kv_blocks()
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        batched = config.max_num_batched_tokens or min(2048, self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batched)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.device, self.dtype)
+        self.sampler = Sampler(config.seed)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.prompts: dict[str, str | None] = {}
+        self._seq_ids = itertools.count()
+
+    def _num_kv_blocks(self) -> int:
+        c = self.config
+        per_block = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype)
+        needed_per_seq = (self.max_model_len + c.block_size - 1) // c.block_size
+        if c.num_kv_blocks is not None:
+            blocks = c.num_kv_blocks
+        elif c.kv_cache_memory is not None:
+            budget = c.kv_cache_memory if isinstance(c.kv_cache_memory, int) else int(
+                c.kv_cache_memory * _available_memory(self.device))
+            blocks = budget // per_block
+        else:
+            # Enough for every sequence slot at full length, but no more than a fifth of free memory.
+            cap = _available_memory(self.device) // 5 // per_block
+            blocks = max(min(c.max_num_seqs * needed_per_seq, cap), needed_per_seq)
+        if blocks < needed_per_seq:
+            raise ValueError(
+                f"the KV cache holds {blocks} blocks of {c.block_size} tokens, but one sequence of max_model_len="
+                f"{self.max_model_len} needs {needed_per_seq}; give it more memory or lower max_model_len"
+            )
+        return blocks
+
+    # Requests ------------------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer(prompt).input_ids
+            text = prompt
+        else:
+            token_ids, text = list(prompt), None
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
+                "prompt or raise max_model_len"
+            )
+        seqs = []
+        for i in range(params.n):
+            seq = Sequence(
+                seq_id=next(self._seq_ids), request_id=request_id, index=i, token_ids=list(token_ids),
+                num_prompt_tokens=len(token_ids), params=params,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens),
+                leader=seqs[0] if seqs else None,
+            )
+            if params.seed is not None:
+                seq.generator = torch.Generator().manual_seed(params.seed + i)
+            seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+        self.prompts[request_id] = text
+
+    def abort_request(self, request_id: str) -> None:
+        for seq in self.requests.pop(request_id, []):
+            if not seq.finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+        self.prompts.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    # The loop ------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return the current output of every request it advanced (finished ones last seen)."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits = self.runner.execute(batch)
+        sampling = [item.seq for item in batch if item.samples]
+        tokens = self.sampler(logits, sampling) if sampling else []
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.block_manager.commit(item.seq)
+        for seq, token in zip(sampling, tokens):
+            self._append_token(seq, token)
+        touched = dict.fromkeys(item.seq.request_id for item in batch)
+        return [self._request_output(rid) for rid in touched]
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        seq.token_ids.append(token)
+        p = seq.params
+        if seq.logprobs:
+            for tid, lp in seq.logprobs[-1].items():
+                lp.decoded_token = self.tokenizer.decode([tid])
+        delta = seq.detokenizer.add(token)
+        stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
+        out_of_room = (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
+            seq.num_tokens >= self.max_model_len)
+        if stop_token:
+            self._finish(seq, "stop", token)
+        elif delta and p.stop and self._stop_string_found(seq, len(delta)):
+            pass  # finished by the check
+        elif out_of_room:
+            self._finish(seq, "length")
+
+    def _stop_string_found(self, seq: Sequence, delta_len: int) -> bool:
+        text = seq.detokenizer.text
+        longest = max(len(s) for s in seq.params.stop)
+        search_from = max(0, len(text) - delta_len - longest + 1)
+        found = [(text.find(s, search_from), s) for s in seq.params.stop]
+        found = [(pos, s) for pos, s in found if pos >= 0]
+        if not found:
+            return False
+        pos, stop = min(found)
+        seq.detokenizer.text = text[:pos]  # the stop string is not part of the output
+        self._finish(seq, "stop", stop)
+        return True
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.scheduler.finish(seq)
+
+    def _request_output(self, request_id: str) -> RequestOutput:
+        seqs = self.requests[request_id]
+        outputs = [
+            CompletionOutput(
+                index=s.index, text=s.text, token_ids=list(s.output_token_ids), finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason, logprobs=s.logprobs,
+                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+            )
+            for s in seqs
+        ]
+        finished = all(s.finished for s in seqs)
+        out = RequestOutput(
+            request_id=request_id, prompt=self.prompts.get(request_id), prompt_token_ids=seqs[0].token_ids[
+                :seqs[0].num_prompt_tokens], outputs=outputs, finished=finished,
+            num_cached_tokens=max(seqs[0].num_cached_tokens, 0),
+        )
+        if finished:
+            del self.requests[request_id]
+            self.prompts.pop(request_id, None)
+        return out
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": bm.usage(),
+            "num_kv_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }

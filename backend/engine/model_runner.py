@@ -1,0 +1,76 @@
+"""Owns the model and its KV cache; turns a scheduled batch into tensors and runs one forward pass."""
+
+import torch
+
+from backend.engine.scheduler import ScheduledSeq
+from backend.kernels.attention import AttentionMetadata, PrefillChunk
+from backend.models.transformer import Attention, CausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        cfg = model.config
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        # Left unwritten (pages are touched only when used); attention masks and zeroes unwritten slots.
+        self.kv_caches = []
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.k_cache = torch.empty(shape, dtype=dtype, device=device)
+                module.v_cache = torch.empty(shape, dtype=dtype, device=device)
+                self.kv_caches.append((module.k_cache, module.v_cache))
+
+    @staticmethod
+    def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * itemsize
+
+    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """Inputs for a batch ordered decode-first; returns the row of each sampling sequence too."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode = [s for s in batch if s.num_tokens == 1]
+        prefill = [s for s in batch if s.num_tokens != 1]
+        for item in decode:
+            seq = item.seq
+            pos = seq.num_computed_tokens
+            input_ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(decode))
+        if decode:
+            width = max(len(s.seq.block_table) for s in decode)
+            tables = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in decode]
+            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
+            meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=self.device)
+        for item in prefill:
+            seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
+            row = len(input_ids)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(self._slots(seq.block_table, start, end))
+            table = torch.tensor(seq.block_table, dtype=torch.long, device=self.device)
+            meta.prefills.append(PrefillChunk(row, row + item.num_tokens, end, table))
+        rows = {id(item): i for i, item in enumerate(decode)}
+        rows.update({id(item): chunk.end - 1 for item, chunk in zip(prefill, meta.prefills)})
+        sample_rows = [rows[id(item)] for item in batch if item.samples]
+        meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
+                torch.tensor(positions, dtype=torch.long, device=self.device), meta, sample_rows)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Runs the batch; returns fp32 logits on the CPU for its sampling sequences, in batch order."""
+        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        hidden = self.model(input_ids, positions, meta)
+        if not sample_rows:
+            return torch.empty(0, self.model.config.vocab_size)
+        index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[index]).cpu()

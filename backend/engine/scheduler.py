@@ -1,0 +1,98 @@
+"""Continuous batching with chunked prefill and preemption by recomputation.
+
+Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first,
+each taking one token (decode) or the next chunk of its prompt; waiting sequences then join
+in arrival order while budget, sequence slots and KV blocks last. When a running sequence
+needs a block and none is free, the newest running sequence is preempted: its blocks are
+freed and it goes back to the front of the queue, to be recomputed (mostly from the prefix
+cache) later.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed for it this step
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step computes the sequence's last known token, so a new one is sampled."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free_sequence(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        batch: list[ScheduledSeq] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.append_slots(seq, n):
+                victim = self.running.pop()  # the newest; always at or after position i
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                batch.append(ScheduledSeq(seq, n))
+                budget -= n
+                i += 1
+        if preempted:
+            return batch  # no admissions in a step that had to evict
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.leader is not None and self._leader_prefilling(seq.leader):
+                break  # wait one step so the sibling shares the leader's prompt blocks
+            hit_ids, hit_hashes = self.block_manager.find_cached_prefix(seq)
+            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.append(ScheduledSeq(seq, n))
+            budget -= n
+        return batch
+
+    @staticmethod
+    def _leader_prefilling(leader: Sequence) -> bool:
+        if leader.finished:
+            return False
+        return leader.status == Status.WAITING or leader.num_computed_tokens < leader.num_prompt_tokens
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and release its blocks."""
+        if seq.status == Status.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free_sequence(seq)
+        seq.status = Status.FINISHED

@@ -1,0 +1,105 @@
+"""Attention over a paged KV cache (torch reference).
+
+The cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim];
+token t of a sequence lives in block block_table[t // block_size] at offset t % block_size,
+i.e. in slot block_table[t // block_size] * block_size + t % block_size.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    """A run of consecutive query tokens of one sequence (a prompt chunk), at token rows [start, end)."""
+
+    start: int
+    end: int
+    context_len: int  # tokens in the cache once this chunk is written, the chunk included
+    block_table: torch.Tensor  # [num_blocks_of_sequence]
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens]: cache slot of each token in the batch
+    # The first num_decode tokens belong to distinct sequences that add one token each.
+    num_decode: int = 0
+    decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks], padded with 0
+    decode_context_lens: torch.Tensor | None = None  # [num_decode]
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+
+
+def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """q [B, Hq, S, D], k/v [B, Hkv, L, D], mask [B, 1, S, L] (True = attend) -> [B, Hq, S, D].
+
+    Query heads are grouped over their shared kv head (GQA) by a reshape, so k/v are never repeated.
+    """
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(b, hkv, (hq // hkv) * s, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).view(b, hq, s, -1)
+    scores.masked_fill_(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs.view(b, hkv, (hq // hkv) * s, -1), v)
+    return out.view(b, hq, s, d)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """One query token per sequence, attending to its whole context. q [B, Hq, D] -> [B, Hq, D]."""
+    b, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    k = k_cache[block_tables].reshape(b, -1, hkv, d).transpose(1, 2)
+    v = v_cache[block_tables].reshape(b, -1, hkv, d).transpose(1, 2)
+    pos = torch.arange(k.shape[2], device=q.device)
+    mask = pos[None, :] < context_lens[:, None]
+    if sliding_window is not None:
+        mask &= pos[None, :] >= context_lens[:, None] - sliding_window
+    # Slots past a sequence's end may never have been written: zero them so masked garbage cannot be NaN.
+    v = v.masked_fill(~mask[:, None, :, None], 0.0)
+    out = _grouped_attention(q.unsqueeze(2), k, v, mask[:, None, None, :], scale)
+    return out.squeeze(2)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                      context_len: int, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of a chunk of S query tokens, the last S of a context already in the cache.
+
+    q [S, Hq, D] -> [S, Hq, D]. Query i sits at position context_len - S + i.
+    """
+    s, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    k = k_cache[block_table[:num_blocks]].reshape(-1, hkv, d)[:context_len].transpose(0, 1)
+    v = v_cache[block_table[:num_blocks]].reshape(-1, hkv, d)[:context_len].transpose(0, 1)
+    q_pos = torch.arange(context_len - s, context_len, device=q.device)[:, None]
+    k_pos = torch.arange(context_len, device=q.device)[None, :]
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    out = _grouped_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask[None, None], scale)
+    return out.squeeze(0).transpose(0, 1)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
+    out = torch.empty_like(q)
+    n = meta.num_decode
+    if n:
+        out[:n] = decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                                   scale, sliding_window)
+    for chunk in meta.prefills:
+        out[chunk.start:chunk.end] = prefill_attention(q[chunk.start:chunk.end], k_cache, v_cache,
+                                                       chunk.block_table, chunk.context_len, scale, sliding_window)
+    return out

@@ -1,0 +1,40 @@
+"""Mixture-of-experts feed-forward, computed grouped by expert (torch reference)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts, keep the top k, optionally renormalise them to sum to one."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """x [T, H]; w_gate_up [E, 2I, H]; w_down [E, H, I]; topk_* [T, K] -> [T, H].
+
+    Every (token, expert) pair is sorted by expert so each active expert runs one GEMM over
+    all its tokens; results are weighted and scatter-added back to their tokens.
+    """
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.flatten()
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=w_gate_up.shape[0]).tolist()
+    weights = topk_weights.flatten()
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start:start + count]
+        start += count
+        tokens = pairs // top_k
+        gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down[expert])
+        y = y * weights[pairs, None]
+        out.index_add_(0, tokens, y.to(out.dtype))
+    return out

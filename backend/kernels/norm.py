@@ -1,0 +1,17 @@
+"""RMSNorm, optionally fused with the residual add that precedes it (torch reference)."""
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Computed in fp32 and cast back before the weight, as the Llama/Qwen reference implementations do.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual)."""
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed

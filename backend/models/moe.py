@@ -1,0 +1,31 @@
+"""The sparse feed-forward of Mixtral, Qwen2-MoE (with its gated shared expert) and Qwen3-MoE."""
+
+import torch
+from torch import nn
+
+from backend.kernels.moe import fused_moe, route
+from backend.model_config import ModelConfig
+from backend.models.mlp import MLP
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.top_k = cfg.num_experts_per_tok
+        self.renormalize = cfg.norm_topk_prob
+        self.gate = nn.Linear(h, e, bias=False)
+        # Experts stacked so a grouped kernel can address them by index: gate and up fused per expert.
+        self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.w_down = nn.Parameter(torch.empty(e, h, i))
+        self.shared_expert = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size, bias=False)
+            self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

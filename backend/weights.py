@@ -1,0 +1,161 @@
+"""Read checkpoint tensors (safetensors or GGUF) under Hugging Face names, and load them into a CausalLM."""
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from backend.model_config import ModelLoadError
+
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_ROLE = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": None, "down_proj": None}
+_FUSED = {  # checkpoint module -> (our fused module, index of its shard)
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index}: not a valid safetensors index ({e})") from None
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise ModelLoadError(f"{index} names shards that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory}: no *.safetensors weights found (model.safetensors or a sharded index)")
+    return files
+
+
+def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    for file in safetensors_files(directory):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{file}: cannot read safetensors weights ({e}); the file may be corrupt") from None
+
+
+def _shard_rows(param: str, shard: int, model: nn.Module) -> tuple[int, int]:
+    cfg = model.config
+    if ".qkv_proj." in param:
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][shard]
+    size = model.get_parameter(param).shape[0] // 2  # gate_up_proj: gate rows then up rows
+    return (0, size) if shard == 0 else (size, 2 * size)
+
+
+def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> None:
+    """Copy every checkpoint tensor into the model's (fused) parameters; every element must be written."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    written = {name: 0 for name in params}
+    for name, tensor in tensors:
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        name = name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name for the sparse block
+        target, rows, expert = name, None, None
+        if m := _EXPERT.match(name):
+            prefix, expert, role = m.group(1), int(m.group(2)), _EXPERT_ROLE[m.group(3)]
+            target = f"{prefix}.w_down" if role is None else f"{prefix}.w_gate_up"
+            if role is not None:
+                half = params[target].shape[1] // 2 if target in params else 0
+                rows = (0, half) if role == 0 else (half, 2 * half)
+        else:
+            for ours, (fused, shard) in _FUSED.items():
+                if ours in name:
+                    target = name.replace(ours, fused)
+                    rows = _shard_rows(target, shard, model)
+                    break
+        if target not in params:
+            if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue
+            raise ModelLoadError(f"{source}: unexpected tensor {name!r} (does config.json match these weights?)")
+        dest = params[target].data
+        if expert is not None:
+            dest = dest[expert]
+        if rows is not None:
+            dest = dest[rows[0]:rows[1]]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
+            )
+        dest.copy_(tensor)
+        written[target] += tensor.numel()
+    if "lm_head.weight" in written and written["lm_head.weight"] == 0 and not model.config.tie_word_embeddings:
+        # Some checkpoints tie embeddings without saying so in config.json.
+        model.lm_head.weight = model.model.embed_tokens.weight
+        written["lm_head.weight"] = params["lm_head.weight"].numel()
+    missing = [n for n, count in written.items() if count != params[n].numel()]
+    if model.config.tie_word_embeddings:
+        missing = [n for n in missing if n != "lm_head.weight"]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ModelLoadError(f"{source}: weights missing for {shown}")
+
+
+# GGUF ----------------------------------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
+    # llama.cpp's converter reorders the rows of Llama q/k projections so each head's rotary pairs are
+    # interleaved; undo it to get back the "rotate half" layout of Hugging Face checkpoints.
+    rows = w.shape[0]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def iter_gguf(reader, arch: str, num_heads: int, num_kv_heads: int, source: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from gguf.quants import dequantize
+
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".")
+        if parts[0] == "blk":
+            layer, kind = parts[1], ".".join(parts[2:-1])
+        else:
+            layer, kind = None, ".".join(parts[:-1])
+        if kind == "rope_freqs":
+            raise ModelLoadError(f"{source}: GGUF files with a rope_freqs tensor (Llama 3.1 scaling) are not supported")
+        if kind not in _GGUF_NAMES:
+            raise ModelLoadError(f"{source}: GGUF tensor {tensor.name!r} is not supported (MoE GGUF files are not)")
+        name = _GGUF_NAMES[kind] + "." + parts[-1]
+        if layer is not None:
+            name = f"model.layers.{layer}.{name}"
+        try:
+            array = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as e:
+            raise ModelLoadError(f"{source}: cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {e}") from None
+        if arch == "llama" and kind in ("attn_q", "attn_k"):
+            array = _unpermute_rope(array, num_heads if kind == "attn_q" else num_kv_heads)
+        yield name, torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy

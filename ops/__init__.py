@@ -1,0 +1,1 @@
+"""Stack lifecycle: plan, up/down, health, systemd, backup."""

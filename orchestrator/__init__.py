@@ -1,0 +1,1 @@
+"""Clients, pipelines and the job store."""

@@ -1,0 +1,75 @@
+"""The bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers loading the same file."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea:",
+    "def fibonacci(n):",
+    "Scribes in medieval monasteries copied manuscripts by hand. The most important tools of a scribe were",
+]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    return LLM("smollm2", block_size=16)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(gguf_file=smollm2_path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path.parent), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), dtype=torch.float32, **kwargs).eval()
+    return tokenizer, model
+
+
+def test_64_greedy_tokens_match_transformers_in_one_batch(llm, reference):
+    tokenizer, model = reference
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outputs):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        assert out.prompt_token_ids == ids[0].tolist()
+        with torch.no_grad():
+            expected = model.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False,
+                                      eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:]
+        assert out.outputs[0].token_ids == expected.tolist(), prompt
+        assert out.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_chat_applies_the_gguf_chat_template_and_stops_at_eos(llm, reference):
+    tokenizer, _ = reference
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)[0]
+    expected_prompt = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if isinstance(expected_prompt, dict) or hasattr(expected_prompt, "input_ids"):
+        expected_prompt = expected_prompt["input_ids"]
+    assert out.prompt_token_ids == list(expected_prompt)
+    assert "<|im_start|>assistant" in out.prompt
+    completion = out.outputs[0]
+    assert "Paris" in completion.text
+    assert completion.finish_reason == "stop"
+    assert completion.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert "<|im_end|>" not in completion.text
+
+
+def test_generate_cli_prints_the_completion(llm, smollm2_path):
+    env = dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, "-m", "backend", "generate", "--model", "smollm2", "--max-tokens", "12", "--json",
+         PROMPTS[0]], capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    expected = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0]
+    assert printed["text"] == expected.text
+    assert printed["token_ids"] == expected.token_ids

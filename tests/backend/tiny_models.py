@@ -1,0 +1,67 @@
+"""Tiny random-weight checkpoints of every supported family, built from transformers' own config classes."""
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = [
+    "The scribe copied the manuscript by candlelight, line after line, while the apprentice mixed the ink.",
+    "A quick apprentice drafts, a slow master verifies; together they write the same text faster.",
+    "Paged attention keeps the cache in blocks; prefix caching shares blocks between requests.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and punctuation , . ; : ! ? ( ) [ ] { } \" ' - _ / \\ # @ & * + = < > ~",
+] * 20
+
+COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0)
+MOE = dict(num_experts_per_tok=2)
+
+# name -> (transformers config class, model class, config overrides)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama3_rope_tied": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=True, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    )),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=24)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, **MOE)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=80, mlp_only_layers=[1], **MOE)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_experts=4, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32, **MOE)),
+}
+
+
+def build_tokenizer(directory: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(directory))
+    return fast
+
+
+def build_model(name: str, directory: Path) -> Path:
+    import transformers
+
+    config_cls, model_cls, overrides = FAMILIES[name]
+    config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
+    torch.manual_seed(hash(name) % 2**31)
+    model = getattr(transformers, model_cls)(config).eval()
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(directory))
+    build_tokenizer(directory)
+    return directory
