@@ -93,7 +93,8 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
             dest = dest[rows[0]:rows[1]]
         if tuple(dest.shape) != tuple(tensor.shape):
             raise ModelLoadError(
-                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}"
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)} "
+                "from its config; does config.json belong to these weights?"
             )
         dest.copy_(tensor)
         written[target] += tensor.numel()

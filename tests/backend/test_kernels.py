@@ -1,0 +1,113 @@
+"""The torch reference kernels against plain dense computations and transformers' formulas."""
+
+import math
+
+import pytest
+import torch
+
+from backend.kernels.attention import decode_attention, prefill_attention, store_kv
+from backend.kernels.moe import fused_moe, route
+from backend.kernels.rotary import inverse_frequencies
+
+
+def dense_attention(q, k, v, q_positions, window=None):
+    """q [S, Hq, D] at q_positions, k/v [L, Hkv, D] at 0..L-1; causal; one query row at a time."""
+    hq, hkv = q.shape[1], k.shape[1]
+    out = torch.empty_like(q)
+    for i, pos in enumerate(q_positions):
+        for h in range(hq):
+            kh = k[: pos + 1, h // (hq // hkv)]
+            vh = v[: pos + 1, h // (hq // hkv)]
+            scores = kh @ q[i, h] / math.sqrt(q.shape[-1])
+            if window is not None:
+                scores[: max(0, pos + 1 - window)] = float("-inf")
+            out[i, h] = torch.softmax(scores, dim=0) @ vh
+    return out
+
+
+def paged(k, v, block_size, num_blocks, generator):
+    """Scatter k/v [L, Hkv, D] into a cache at random blocks; return caches and the block table."""
+    length = k.shape[0]
+    table = torch.randperm(num_blocks, generator=generator)[: (length + block_size - 1) // block_size]
+    k_cache = torch.randn(num_blocks, block_size, *k.shape[1:], generator=generator)  # garbage elsewhere
+    v_cache = torch.randn(num_blocks, block_size, *k.shape[1:], generator=generator)
+    slots = torch.tensor([int(table[p // block_size]) * block_size + p % block_size for p in range(length)])
+    store_kv(k, v, k_cache, v_cache, slots)
+    return k_cache, v_cache, table
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_prefill_attention_over_a_cached_prefix(window):
+    g = torch.Generator().manual_seed(0)
+    context, chunk, hq, hkv, d = 29, 11, 6, 2, 16
+    q = torch.randn(chunk, hq, d, generator=g)
+    k, v = torch.randn(context, hkv, d, generator=g), torch.randn(context, hkv, d, generator=g)
+    k_cache, v_cache, table = paged(k, v, 4, 16, g)
+    ours = prefill_attention(q, k_cache, v_cache, table, context, 1 / math.sqrt(d), window)
+    expected = dense_attention(q, k, v, list(range(context - chunk, context)), window)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_decode_attention_with_padded_block_tables(window):
+    g = torch.Generator().manual_seed(1)
+    hq, hkv, d, bs, nb = 8, 4, 8, 4, 32
+    lengths = [1, 9, 16, 23]
+    k_cache = torch.full((nb, bs, hkv, d), float("nan"))  # never-written slots must not leak NaN
+    v_cache = torch.full((nb, bs, hkv, d), float("nan"))
+    tables, expected, qs = [], [], []
+    free = torch.randperm(nb, generator=g).tolist()
+    for length in lengths:
+        k, v = torch.randn(length, hkv, d, generator=g), torch.randn(length, hkv, d, generator=g)
+        table = [free.pop() for _ in range((length + bs - 1) // bs)]
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(length)])
+        store_kv(k, v, k_cache, v_cache, slots)
+        q = torch.randn(1, hq, d, generator=g)
+        qs.append(q)
+        expected.append(dense_attention(q, k, v, [length - 1], window))
+        tables.append(table)
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    ours = decode_attention(torch.cat(qs), k_cache, v_cache, block_tables, torch.tensor(lengths),
+                            1 / math.sqrt(d), window)
+    torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_moe_matches_a_per_token_loop():
+    g = torch.Generator().manual_seed(2)
+    t, h, i, e, k = 13, 16, 24, 6, 2
+    x = torch.randn(t, h, generator=g)
+    w_gate_up, w_down = torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g)
+    weights, ids = route(torch.randn(t, e, generator=g), k, renormalize=True)
+    assert torch.allclose(weights.sum(-1), torch.ones(t))
+    ours = fused_moe(x, w_gate_up, w_down, weights, ids)
+    expected = torch.zeros(t, h)
+    for tok in range(t):
+        for slot in range(k):
+            ex = int(ids[tok, slot])
+            gate, up = (w_gate_up[ex] @ x[tok]).chunk(2)
+            expected[tok] += weights[tok, slot] * (w_down[ex] @ (torch.nn.functional.silu(gate) * up))
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_route_without_renormalisation_keeps_softmax_weights():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    weights, ids = route(logits, 2, renormalize=False)
+    probs = torch.softmax(logits, -1)[0]
+    assert ids.tolist() == [[0, 1]]
+    torch.testing.assert_close(weights[0], probs[:2])
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "linear", "factor": 4.0},
+])
+def test_scaled_rope_frequencies_match_transformers(rope):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=131072,
+                         rope_parameters={"rope_theta": 500000.0, **rope})
+    expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
+    torch.testing.assert_close(inverse_frequencies(128, 500000.0, rope), expected)
