@@ -1,4 +1,4 @@
-"""python -m backend: models pull|list, generate (serve arrives with the server)."""
+"""python -m backend: models pull|list, generate, serve."""
 
 import argparse
 import json
@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true")
 
+    srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    from backend.server.serve import add_arguments
+
+    add_arguments(srv)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "models" and args.action == "pull":
@@ -63,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            from backend.server.serve import serve
+
+            return serve(args)
     except (ModelStoreError, ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,14 @@
 from dataclasses import dataclass, field
 
 
+class InvalidParameter(ValueError):
+    """A sampling setting out of its range; `param` names the field (the server reports it)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -31,8 +39,8 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        def bad(name: str, allowed: str) -> ValueError:
-            return ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+        def bad(name: str, allowed: str) -> InvalidParameter:
+            return InvalidParameter(name, f"{name} must be {allowed}, got {getattr(self, name)!r}")
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "an integer >= 1")

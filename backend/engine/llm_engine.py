@@ -1,5 +1,6 @@
 """The engine loop: requests in, one scheduled forward pass per step, outputs out."""
 
+import gc
 import itertools
 import os
 
@@ -37,7 +38,7 @@ class LLMEngine:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU; use device='cpu'")
-        source = locate(config.model)
+        self.source = source = locate(config.model)
         self.model_config, reader = read_config(source)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         limit = self.model_config.max_position_embeddings
@@ -49,11 +50,12 @@ class LLMEngine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
-        num_blocks = self._num_kv_blocks()
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         batched = config.max_num_batched_tokens or min(2048, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batched)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, self.device, self.dtype)
+        self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         self.sampler = Sampler(config.seed)
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
@@ -83,6 +85,41 @@ class LLMEngine:
                 f"{self.max_model_len} needs {needed_per_seq}; give it more memory or lower max_model_len"
             )
         return blocks
+
+    # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache (and its prefix cache). Level 1 keeps the weights in CPU memory; level 2
+        drops them, to be read from disk again on wake. Only between requests."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        if self.has_unfinished_requests():
+            raise RuntimeError("cannot sleep while requests are running; finish or abort them first")
+        if self.sleep_level:
+            return
+        self.runner.free_kv_cache()
+        if level == 2:
+            self.runner.model = self.model = None
+        elif self.device.type != "cpu":
+            self.model.to("cpu")
+        self.sleep_level = level
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        if not self.sleep_level:
+            return
+        if self.sleep_level == 2:
+            self.model_config, reader = read_config(self.source)
+            self.model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len)
+            self.runner.model = self.model
+        elif self.device.type != "cpu":
+            self.model.to(self.device)
+        self.block_manager = BlockManager(self.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler.block_manager = self.block_manager
+        self.runner.allocate_kv_cache(self.num_kv_blocks)
+        self.sleep_level = 0
 
     # Requests ------------------------------------------------------------------------------------------
 
@@ -213,4 +250,5 @@ class LLMEngine:
             "prefix_cache_queries": bm.prefix_queries,
             "prefix_cache_hits": bm.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "sleeping": self.sleep_level,
         }

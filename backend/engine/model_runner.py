@@ -12,15 +12,23 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.block_size = block_size
-        cfg = model.config
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.dtype = dtype
+        self.allocate_kv_cache(num_blocks)
+
+    def _attention_modules(self) -> list[Attention]:
+        return [m for m in self.model.modules() if isinstance(m, Attention)]
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        cfg = self.model.config
+        shape = (num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         # Zeroed: decode attention reads (and masks) slots past each sequence's end, which must be finite.
-        self.kv_caches = []
-        for module in model.modules():
-            if isinstance(module, Attention):
-                module.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-                module.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-                self.kv_caches.append((module.k_cache, module.v_cache))
+        for module in self._attention_modules():
+            module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def free_kv_cache(self) -> None:
+        for module in self._attention_modules():
+            module.k_cache = module.v_cache = torch.empty(0)
 
     @staticmethod
     def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:

@@ -1,0 +1,440 @@
+"""The FastAPI application: OpenAI's completion and chat routes, health, metrics, sleep and wake."""
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.outputs import RequestOutput
+from backend.server.async_engine import AsyncEngine
+from backend.server.metrics import ServerMetrics
+from backend.server.protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    chat_logprobs,
+    chat_messages,
+    completion_choice,
+    new_id,
+    now,
+    sampling_params,
+    usage,
+)
+
+log = logging.getLogger("backend.server")
+RETRY_AFTER = {"Retry-After": "5"}
+
+
+class ServerState:
+    def __init__(self, config: EngineConfig, served_model_name: str):
+        self.config = config
+        self.served_model_name = served_model_name
+        self.engine: AsyncEngine | None = None
+        self.load_error: str | None = None
+        self.sleep_level = 0
+        self.draining = False
+        self.metrics = ServerMetrics(self.stats)
+
+    def stats(self) -> dict:
+        if self.engine is None:
+            return {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "num_free_blocks": 0,
+                    "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0, "sleeping": 0}
+        return self.engine.engine.stats()
+
+    def ready_engine(self) -> AsyncEngine:
+        if self.engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
+                           headers=RETRY_AFTER)
+        if self.sleep_level or self.draining:
+            raise APIError(503, "the model is asleep while its memory is lent to another service; retry shortly",
+                           type="service_unavailable", headers=RETRY_AFTER)
+        return self.engine
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in (self.served_model_name, self.config.model):
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
+                           param="model", code="model_not_found")
+
+
+def build_app(config: EngineConfig, served_model_name: str | None = None,
+              on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+    state = ServerState(config, served_model_name or config.model)
+
+    def load() -> None:
+        try:
+            state.engine = AsyncEngine(LLMEngine(config), state.metrics)
+            log.info("model %s loaded; serving as %s", config.model, state.served_model_name)
+        except Exception as e:  # reported by /health and by the CLI, which exits
+            state.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
+            log.error("could not load model %s: %s", config.model, state.load_error)
+            if on_load_error:
+                on_load_error(state.load_error)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        threading.Thread(target=load, name="model-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            state.engine.stop()
+
+    app = FastAPI(title="Scriptorium backend", lifespan=lifespan)
+    app.state.server = state
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"
+            return JSONResponse(APIError(400, message).body(), status_code=400)
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        param = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+        message = f"{param}: {first['msg']}" if param else first["msg"]
+        return JSONResponse(APIError(400, message, param=param or None).body(), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(e.status_code, str(e.detail), type=kind).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, e: Exception):
+        log.exception("internal error")
+        return JSONResponse(APIError(500, f"internal error: {e}", type="internal_error").body(), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        if state.load_error:
+            return JSONResponse({"status": "error", "error": state.load_error}, status_code=500)
+        if state.engine is None:
+            return JSONResponse({"status": "loading"}, status_code=503, headers=RETRY_AFTER)
+        return {"status": "sleeping" if state.sleep_level else "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        engine = state.engine
+        if engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
+                           headers=RETRY_AFTER)
+        return {"object": "list", "data": [{
+            "id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
+            "root": config.model, "max_model_len": engine.engine.max_model_len,
+        }]}
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1, timeout: float = 30.0):
+        if level not in (1, 2):
+            raise APIError(400, f"level must be 1 (weights kept in CPU memory) or 2 (weights dropped), got {level}",
+                           param="level")
+        engine = state.engine
+        if engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
+                           headers=RETRY_AFTER)
+        if not state.sleep_level:
+            state.draining = True
+            try:
+                await engine.drain(timeout)
+                await engine.call(lambda e: e.sleep(level))
+                state.sleep_level = level
+            finally:
+                state.draining = False
+        return {"is_sleeping": True, "level": state.sleep_level}
+
+    @app.post("/wake_up")
+    async def wake_up():
+        engine = state.engine
+        if engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
+                           headers=RETRY_AFTER)
+        if state.sleep_level:
+            await engine.call(lambda e: e.wake_up())
+            state.sleep_level = 0
+        return {"is_sleeping": False}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": bool(state.sleep_level)}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        state.check_model(req.model)
+        engine = state.ready_engine()
+        if req.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of must equal n (candidates are not ranked)", param="best_of")
+        if req.logprobs is not None and not 0 <= req.logprobs <= 20:
+            raise APIError(400, f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
+        prompts = _completion_prompts(req.prompt, engine.engine)
+        requested = 16 if req.max_tokens is None else req.max_tokens  # the legacy completions API's default
+        params = [sampling_params(req, _budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
+                                  req.logprobs) for p in prompts]
+        rid = new_id("cmpl")
+        gens = [engine.generate(f"{rid}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+        if req.stream:
+            return _sse(_stream_completion(rid, req, gens, params))
+        finals = await _until_disconnect(request, _collect(gens))
+        choices, completion_tokens = [], 0
+        for i, out in enumerate(finals):
+            for c in out.outputs:
+                choices.append(completion_choice(i * req.n + c.index, c.text, c, req.logprobs))
+                completion_tokens += len(c.token_ids)
+        return {"id": rid, "object": "text_completion", "created": now(), "model": state.served_model_name,
+                "choices": choices, "usage": usage(sum(len(p) for p in prompts), completion_tokens)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        state.check_model(req.model)
+        engine = state.ready_engine()
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
+        if req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        prompt = _chat_prompt(engine.engine, chat_messages(req))
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        budget = _budget(engine.engine, len(prompt), requested, name, "messages")
+        params = sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None)
+        rid = new_id("chatcmpl")
+        gen = engine.generate(rid, prompt, params)
+        if req.stream:
+            return _sse(_stream_chat(rid, req, gen, params, len(prompt)))
+        (out,) = await _until_disconnect(request, _collect([gen]))
+        choices = [{
+            "index": c.index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": chat_logprobs(c.logprobs, c.token_ids, req.top_logprobs or 0) if req.logprobs else None,
+            "finish_reason": c.finish_reason,
+        } for c in out.outputs]
+        return {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
+                "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs))}
+
+    def _stream_chat(rid, req, gen, params, prompt_len) -> AsyncIterator[str]:
+        created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(choices: list[dict], usage_value=None) -> str:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                    "model": state.served_model_name, "choices": choices}
+            if include_usage:
+                body["usage"] = usage_value
+            return _event(body)
+
+        async def events():
+            for i in range(req.n):
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])
+            progress = _Progress(req.n, params.stop)
+            completion_tokens = 0
+            async for out in gen:
+                for c in out.outputs:
+                    delta, start, finished = progress.advance(c)
+                    lp = None
+                    if req.logprobs and c.logprobs is not None and start < len(c.token_ids):
+                        lp = chat_logprobs(c.logprobs[start:], c.token_ids[start:], req.top_logprobs or 0)
+                    if delta or lp:
+                        yield chunk([{"index": c.index, "delta": {"content": delta}, "logprobs": lp,
+                                      "finish_reason": None}])
+                    if finished:
+                        completion_tokens += len(c.token_ids)
+                        yield chunk([{"index": c.index, "delta": {}, "logprobs": None,
+                                      "finish_reason": c.finish_reason}])
+            if include_usage:
+                yield chunk([], usage(prompt_len, completion_tokens))
+
+        return events()
+
+    def _stream_completion(rid, req, gens, params) -> AsyncIterator[str]:
+        created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(choices: list[dict], usage_value=None) -> str:
+            body = {"id": rid, "object": "text_completion", "created": created, "model": state.served_model_name,
+                    "choices": choices}
+            if include_usage:
+                body["usage"] = usage_value
+            return _event(body)
+
+        async def events():
+            progress = [_Progress(req.n, p.stop) for p in params]
+            prompt_tokens = completion_tokens = 0
+            async for i, out in _merge(gens):
+                for c in out.outputs:
+                    start_text = progress[i].sent[c.index]
+                    delta, start, finished = progress[i].advance(c)
+                    if delta or finished or (req.logprobs is not None and start < len(c.token_ids)):
+                        choice = completion_choice(i * req.n + c.index, delta, c, req.logprobs, start, start_text)
+                        choice["finish_reason"] = c.finish_reason if finished else None
+                        yield chunk([choice])
+                    if finished:
+                        completion_tokens += len(c.token_ids)
+                if out.finished:
+                    prompt_tokens += len(out.prompt_token_ids)
+            if include_usage:
+                yield chunk([], usage(prompt_tokens, completion_tokens))
+
+        return events()
+
+    return app
+
+
+class _Progress:
+    """What each choice of a stream has sent; text that could begin a stop string is held back."""
+
+    def __init__(self, n: int, stop: list[str]):
+        self.sent = [0] * n  # characters
+        self.tokens = [0] * n
+        self.done = [False] * n
+        self.hold = max((len(s) for s in stop), default=1) - 1
+
+    def advance(self, c) -> tuple[str, int, bool]:
+        if self.done[c.index]:
+            return "", len(c.token_ids), False
+        end = len(c.text) if c.finished else max(self.sent[c.index], len(c.text) - self.hold)
+        delta = c.text[self.sent[c.index]:end]
+        start = self.tokens[c.index]
+        self.sent[c.index], self.tokens[c.index] = end, len(c.token_ids)
+        self.done[c.index] = c.finished
+        return delta, start, c.finished
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _sse(events: AsyncIterator[str]) -> StreamingResponse:
+    async def body():
+        try:
+            async for event in events:
+                yield event
+        except APIError as e:
+            yield _event(e.body())
+        except Exception as e:  # noqa: BLE001 the stream has started: report in-band, not as a 500
+            log.exception("stream failed")
+            yield _event(APIError(500, f"internal error: {e}", type="internal_error").body())
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _merge(gens: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several requests' output streams, tagged with their position."""
+    if len(gens) == 1:
+        async for out in gens[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, gen):
+        try:
+            async for out in gen:
+                await queue.put((i, out))
+        except BaseException as e:  # noqa: BLE001 handed to the consumer
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    remaining = len(gens)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _collect(gens: list) -> list[RequestOutput]:
+    finals: list[RequestOutput | None] = [None] * len(gens)
+    async for i, out in _merge(gens):
+        finals[i] = out
+    return finals
+
+
+async def _until_disconnect(request: Request, coro):
+    """Await coro, cancelling it (which aborts its requests) if the client goes away meanwhile."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected", type="client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
+    if not ids:
+        raise APIError(400, f"{param} is empty", param=param)
+    if any(t < 0 or t >= vocab for t in ids):
+        raise APIError(400, f"{param}: token ids must be in [0, {vocab})", param=param)
+    return ids
+
+
+def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
+    vocab = engine.model_config.vocab_size
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [_validate_ids(list(prompt), vocab, "prompt")]
+    out = []
+    for p in prompt:
+        ids = engine.tokenizer(p).input_ids if isinstance(p, str) else list(p)
+        out.append(_validate_ids(ids, vocab, "prompt"))
+    return out
+
+
+def _chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
+    tokenizer = engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template's own checks (role order, ...) raise
+        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+    return _validate_ids(tokenizer(text, add_special_tokens=False).input_ids, engine.model_config.vocab_size,
+                         "messages")
+
+
+def _budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
+    limit = engine.max_model_len
+    if prompt_len >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has "
+                       f"{prompt_len} tokens; shorten it.", param=prompt_param, code="context_length_exceeded")
+    if requested is None:
+        return limit - prompt_len
+    if requested < 1:
+        raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
+    if prompt_len + requested > limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                       f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the completion). "
+                       f"Reduce the prompt or {param}.", param=param, code="context_length_exceeded")
+    return requested

@@ -1,0 +1,193 @@
+"""One engine loop for every HTTP request: a thread that steps the engine, fed from asyncio.
+
+The engine is not thread-safe, so everything that touches it (adding, aborting, sleeping)
+is a command the loop thread runs between steps; outputs travel back to each request's
+asyncio queue on the event loop.
+"""
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from backend.engine.llm_engine import LLMEngine
+from backend.outputs import RequestOutput
+from backend.sampling_params import SamplingParams
+from backend.server.metrics import ServerMetrics
+from backend.server.protocol import APIError
+
+
+@dataclass
+class RequestTiming:
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None):
+        self.engine = engine
+        self.metrics = metrics
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, RequestTiming]] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # Called from the event loop ------------------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Yields the request's cumulative output after each step that advanced it, the last one finished."""
+        if self._stopping:
+            raise APIError(503, "the server is shutting down", type="service_unavailable")
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic()))
+        self._submit(("add", request_id, prompt, params))
+        finished = False
+        try:
+            while True:
+                item = await outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # the client went away, or an error: stop spending compute on it
+                self._submit(("abort", request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], object]) -> object:
+        """Run fn(engine) on the loop thread between steps and return its result."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._submit(("call", fn, loop, done))
+        return await done
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to timeout seconds for the requests in flight to finish, then abort the rest."""
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._streams:
+            await self.call(self._abort_all)
+
+    def _abort_all(self, engine: LLMEngine) -> None:
+        for request_id in list(self._streams):
+            engine.abort_request(request_id)
+            self._deliver(request_id, APIError(503, "the request was aborted: the model was put to sleep",
+                                               type="service_unavailable"))
+            self._streams.pop(request_id, None)
+            if self.metrics:
+                self.metrics.record_outcome("abort")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._submit(("stop",))
+        self._thread.join(timeout=30)
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    # The loop thread ----------------------------------------------------------------------------------
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            loop, outputs, _ = stream
+            loop.call_soon_threadsafe(outputs.put_nowait, item)
+
+    def _run_command(self, command: tuple) -> bool:
+        kind = command[0]
+        if kind == "add":
+            _, request_id, prompt, params = command
+            if request_id not in self._streams:
+                return True  # aborted before it started
+            try:
+                self.engine.add_request(request_id, prompt, params)
+            except Exception as e:  # reported to the request that caused it
+                self._deliver(request_id, e)
+                self._streams.pop(request_id, None)
+        elif kind == "abort":
+            _, request_id = command
+            self.engine.abort_request(request_id)
+            if self._streams.pop(request_id, None) is not None and self.metrics:
+                self.metrics.record_outcome("abort")
+        elif kind == "call":
+            _, fn, loop, done = command
+            try:
+                result = fn(self.engine)
+            except Exception as e:
+                loop.call_soon_threadsafe(_settle, done, None, e)
+            else:
+                loop.call_soon_threadsafe(_settle, done, result, None)
+        elif kind == "stop":
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if not self._run_command(command):
+                    return
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bug in the engine: fail the requests in flight, keep serving
+                for request_id in list(self._streams):
+                    self.engine.abort_request(request_id)
+                    self._deliver(request_id, e)
+                    self._streams.pop(request_id, None)
+                continue
+            now = time.monotonic()
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is None:
+                    continue
+                self._record_timing(stream[2], out, now)
+                self._deliver(out.request_id, out)
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
+                    if self.metrics:
+                        self.metrics.record_finished(out)
+
+    def _record_timing(self, timing: RequestTiming, out: RequestOutput, now: float) -> None:
+        produced = sum(len(c.token_ids) for c in out.outputs)
+        if produced <= timing.num_tokens:
+            return
+        ttft = gap = None
+        if timing.first_token is None:
+            timing.first_token = now
+            ttft = now - timing.arrival
+        else:
+            gap = now - timing.last_token
+        timing.last_token = now
+        timing.num_tokens = produced
+        if self.metrics:
+            self.metrics.record_token_timing(ttft, gap)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,169 @@
+"""OpenAI's request and response shapes, and their translation to and from the engine's."""
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from backend.outputs import CompletionOutput, Logprob
+from backend.sampling_params import InvalidParameter, SamplingParams
+
+
+class APIError(Exception):
+    """An error returned to the client in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class CommonRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # fields we do not use (user, metadata, ...) are accepted
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+
+class CompletionRequest(CommonRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatRequest(CommonRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise APIError(400, f"temperature must be in [0, 2], got {req.temperature}", param="temperature")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            seed=req.seed,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            max_tokens=max_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids or [],
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+    except InvalidParameter as e:
+        raise APIError(400, str(e), param=e.param) from None
+
+
+def chat_messages(req: ChatRequest) -> list[dict]:
+    messages = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}].content: only text parts are supported, got {part.type!r}",
+                                   param=f"messages[{i}].content")
+                texts.append(part.text)
+            content = "".join(texts)
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+    return messages
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token_text(lp: Logprob) -> str:
+    return lp.decoded_token or ""
+
+
+def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top: int) -> dict:
+    content = []
+    for token, entry in zip(token_ids, entries):
+        chosen = entry[token]
+        others = sorted(entry.values(), key=lambda lp: lp.rank)[:top]
+        content.append({
+            "token": _token_text(chosen), "logprob": chosen.logprob, "bytes": list(_token_text(chosen).encode()),
+            "top_logprobs": [{"token": _token_text(lp), "logprob": lp.logprob, "bytes": list(_token_text(lp).encode())}
+                             for lp in others],
+        })
+    return {"content": content}
+
+
+def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top: int, offset: int) -> dict:
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    for token, entry in zip(token_ids, entries):
+        chosen = entry[token]
+        tokens.append(_token_text(chosen))
+        token_logprobs.append(chosen.logprob)
+        best = sorted(entry.values(), key=lambda lp: lp.rank)[:top]
+        tops.append({_token_text(lp): lp.logprob for lp in best} if top else None)
+        offsets.append(offset)
+        offset += len(_token_text(chosen))
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_choice(index: int, text: str, out: CompletionOutput, logprobs: int | None, start: int = 0,
+                      offset: int = 0) -> dict:
+    lp = None
+    if logprobs is not None and out.logprobs is not None:
+        lp = completion_logprobs(out.logprobs[start:], out.token_ids[start:], logprobs, offset)
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+
+
+def now() -> int:
+    return int(time.time())
