@@ -16,6 +16,7 @@ class EngineConfig:
     kv_cache_memory: float | int | None = None  # a fraction (0, 1] of free memory, or bytes
     enable_prefix_caching: bool = True
     seed: int = 0
+    speculative: dict | str | None = None  # see backend.spec.config.SpeculativeConfig
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:

@@ -122,6 +122,17 @@ class BlockManager:
                 block.hash, block.token_ids = h, tokens
                 self.cached[h] = block.block_id
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks past the first num_tokens tokens (slots of rejected draft tokens)."""
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                self.free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def free_sequence(self, seq: Sequence) -> None:
         # Tail blocks are released first, so a prefix's leading blocks are the last to be evicted.
         for block_id in reversed(seq.block_table):

@@ -16,6 +16,25 @@ from backend.engine.sequence import Sequence
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import CompletionOutput, RequestOutput
 from backend.sampling_params import SamplingParams
+from backend.spec.config import SpeculativeConfig
+from backend.spec.draft import DraftProposer
+from backend.spec.ngram import NgramProposer
+from backend.spec.verify import verify
+
+
+def best_num_drafts(acceptance: float, max_k: int, cost_per_draft: float) -> int:
+    """The k that maximises expected tokens per unit of cost.
+
+    With per-token acceptance a, k drafts yield (1 - a^(k+1)) / (1 - a) tokens on average
+    (accepted drafts plus the correction or bonus) for a cost of 1 + k * cost_per_draft.
+    """
+    best_k, best = 0, 1.0
+    for k in range(1, max_k + 1):
+        expected = k + 1 if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+        value = expected / (1 + k * cost_per_draft)
+        if value > best + 1e-9:
+            best_k, best = k, value
+    return best_k
 
 
 def _available_memory(device: torch.device) -> int:
@@ -57,6 +76,19 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, self.device, self.dtype)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         self.sampler = Sampler(config.seed)
+        self.spec = SpeculativeConfig.parse(config.speculative)
+        self.proposer = None
+        self.draft_cost = 0.0  # a draft token's cost relative to a target decode step (for "auto")
+        if self.spec is not None and self.spec.method == "ngram":
+            self.proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
+        elif self.spec is not None:
+            self.proposer = DraftProposer(self.spec.model, self.model_config, self.device, self.dtype,
+                                          self.max_model_len, self.num_kv_blocks, config.block_size)
+            target_params = sum(p.numel() for p in self.model.parameters())
+            self.draft_cost = self.proposer.num_parameters / target_params
+        if self.proposer is not None:
+            self.scheduler.on_release.append(self.proposer.release)
+        self.spec_stats = {"draft_tokens": 0, "accepted_tokens": 0, "verifications": 0}
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
         self._seq_ids = itertools.count()
@@ -170,19 +202,91 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; return the current output of every request it advanced (finished ones last seen)."""
+        if self.proposer is not None:
+            self._propose()
         batch = self.scheduler.schedule()
         if not batch:
             return []
         logits = self.runner.execute(batch)
-        sampling = [item.seq for item in batch if item.samples]
-        tokens = self.sampler(logits, sampling) if sampling else []
+        plain: list[Sequence] = []
+        plain_rows: list[int] = []
+        verifying = []
+        row = 0
         for item in batch:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.block_manager.commit(item.seq)
-        for seq, token in zip(sampling, tokens):
+            if not item.samples:
+                continue
+            if item.num_draft:
+                verifying.append((item.seq, logits[row:row + item.num_draft + 1]))
+            else:
+                plain.append(item.seq)
+                plain_rows.append(row)
+            row += item.num_draft + 1
+        tokens = self.sampler(logits[plain_rows], plain) if plain else []
+        for item in batch:
+            if not item.num_draft:
+                item.seq.num_computed_tokens += item.num_tokens
+                self.block_manager.commit(item.seq)
+        for seq, token in zip(plain, tokens):
             self._append_token(seq, token)
+        for seq, rows in verifying:
+            self._accept_drafts(seq, rows)
         touched = dict.fromkeys(item.seq.request_id for item in batch)
         return [self._request_output(rid) for rid in touched]
+
+    # Speculative decoding -----------------------------------------------------------------------------
+
+    def _propose(self) -> None:
+        spec = self.spec
+        ready = [s for s in self.scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
+        if len(ready) > spec.max_batch_size:
+            # Verification would cost more than it saves. Seeded sampled requests keep speculating so that
+            # their output depends only on their own history, never on what else is running.
+            ready = [s for s in ready if s.generator is not None and not s.params.greedy]
+        seqs, ks = [], []
+        for seq in ready:
+            k = self._num_drafts(seq)
+            room = self.max_model_len - seq.num_tokens - 1
+            if seq.params.max_tokens is not None:
+                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+            k = min(k, room)
+            if k > 0:
+                seqs.append(seq)
+                ks.append(k)
+        if seqs:
+            self.proposer.propose(seqs, ks, self.sampler)
+            self.spec_stats["draft_tokens"] += sum(len(s.draft_tokens) for s in seqs)
+
+    def _num_drafts(self, seq: Sequence) -> int:
+        spec = self.spec
+        if spec.num_tokens != "auto":
+            return spec.num_tokens
+        k = best_num_drafts(seq.acceptance, spec.max_num_tokens, spec.verify_cost + self.draft_cost)
+        if k == 0:
+            seq.idle_steps += 1
+            if seq.idle_steps >= 16:  # probe now and then: the text may have turned repetitive
+                seq.idle_steps = 0
+                return 1
+        return k
+
+    def _accept_drafts(self, seq: Sequence, rows: torch.Tensor) -> None:
+        drafted = len(seq.draft_tokens)
+        tokens = verify(rows, seq, self.sampler.generator_for(seq))
+        accepted = len(tokens) - 1
+        seq.num_computed_tokens += 1 + accepted  # the last known token and the accepted drafts have KV now
+        self.block_manager.commit(seq)
+        self.block_manager.trim(seq, seq.num_computed_tokens + 1)
+        self.proposer.rollback(seq, seq.num_computed_tokens)
+        seq.acceptance = 0.7 * seq.acceptance + 0.3 * accepted / drafted
+        self.spec_stats["accepted_tokens"] += accepted
+        self.spec_stats["verifications"] += 1
+        raw = torch.log_softmax(rows, dim=-1) if seq.params.logprobs is not None else None
+        seq.draft_tokens, seq.draft_probs = [], None
+        for j, token in enumerate(tokens):
+            if raw is not None:
+                Sampler.record_logprobs(seq, raw[j], token)
+            self._append_token(seq, token)
+            if seq.finished:
+                break
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
@@ -251,4 +355,7 @@ class LLMEngine:
             "prefix_cache_hits": bm.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,
             "sleeping": self.sleep_level,
+            "spec_draft_tokens": self.spec_stats["draft_tokens"],
+            "spec_accepted_tokens": self.spec_stats["accepted_tokens"],
+            "spec_verifications": self.spec_stats["verifications"],
         }

@@ -40,7 +40,7 @@ class ModelRunner:
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Inputs for a batch ordered decode-first; returns the row of each sampling sequence too."""
+        """Inputs for a batch ordered decode-first, and the rows whose logits are needed, in batch order."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -61,21 +61,23 @@ class ModelRunner:
         for item in prefill:
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
             row = len(input_ids)
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend((seq.token_ids[start:] + seq.draft_tokens[:item.num_draft])[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))
             table = torch.tensor(seq.block_table, dtype=torch.long, device=self.device)
             meta.prefills.append(PrefillChunk(row, row + item.num_tokens, end, table))
-        rows = {id(item): i for i, item in enumerate(decode)}
-        rows.update({id(item): chunk.end - 1 for item, chunk in zip(prefill, meta.prefills)})
-        sample_rows = [rows[id(item)] for item in batch if item.samples]
+        # Each sampling sequence gets its last row; one verifying drafts gets all of its rows.
+        rows = {id(item): [i] for i, item in enumerate(decode)}
+        rows.update({id(item): list(range(chunk.end - 1 - item.num_draft, chunk.end))
+                     for item, chunk in zip(prefill, meta.prefills)})
+        sample_rows = [r for item in batch if item.samples for r in rows[id(item)]]
         meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device), meta, sample_rows)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Runs the batch; returns fp32 logits on the CPU for its sampling sequences, in batch order."""
+        """Runs the batch; returns fp32 logits on the CPU for its sampling rows (see prepare), in batch order."""
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, positions, meta)
         if not sample_rows:

@@ -10,21 +10,40 @@ import torch
 
 from backend.engine.sequence import Sequence
 from backend.outputs import Logprob
+from backend.sampling_params import SamplingParams
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """Repetition (prompt and output tokens), then frequency and presence (output tokens), in place."""
+def apply_penalties(logits: torch.Tensor, rows: list[tuple[SamplingParams, list[int], int]]) -> None:
+    """In place. Each row: (params, every token so far, how many of them are the prompt).
+
+    Repetition penalty over prompt and output tokens, then frequency and presence over output tokens.
+    """
     vocab = logits.shape[1]
-    for row, seq in enumerate(seqs):
-        p = seq.params
+    for row, (p, token_ids, num_prompt) in enumerate(rows):
         if p.repetition_penalty != 1.0:
             seen = torch.zeros(vocab, dtype=torch.bool)
-            seen[torch.tensor(seq.token_ids, dtype=torch.long)] = True
+            seen[torch.tensor(token_ids, dtype=torch.long)] = True
             x = logits[row]
             logits[row] = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
-        if (p.frequency_penalty or p.presence_penalty) and seq.num_output_tokens:
-            counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)[:vocab]
+        if (p.frequency_penalty or p.presence_penalty) and len(token_ids) > num_prompt:
+            counts = torch.bincount(torch.tensor(token_ids[num_prompt:], dtype=torch.long), minlength=vocab)[:vocab]
             logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+
+
+def has_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1 or bool(p.frequency_penalty) or bool(p.presence_penalty)
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then top-k, top-p, min-p (unnormalised)."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    return filter_probs(
+        probs,
+        torch.tensor([p.top_k for p in params]),
+        torch.tensor([p.top_p for p in params], dtype=logits.dtype),
+        torch.tensor([p.min_p for p in params], dtype=logits.dtype),
+    )
 
 
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -53,10 +72,9 @@ class Sampler:
         """logits [N, V] fp32 on the CPU; fills each sequence's logprobs when asked; returns N token ids."""
         want_logprobs = [s.params.logprobs is not None for s in seqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-        if any(s.params.repetition_penalty != 1 or s.params.frequency_penalty or s.params.presence_penalty
-               for s in seqs):
+        if any(has_penalties(s.params) for s in seqs):
             logits = logits.clone()
-            apply_penalties(logits, seqs)
+            apply_penalties(logits, [(s.params, s.token_ids, s.num_prompt_tokens) for s in seqs])
         tokens = logits.argmax(dim=-1)
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if rows:
@@ -65,18 +83,14 @@ class Sampler:
         if raw_logprobs is not None:
             for row, seq in enumerate(seqs):
                 if want_logprobs[row]:
-                    self._record_logprobs(seq, raw_logprobs[row], token_list[row])
+                    self.record_logprobs(seq, raw_logprobs[row], token_list[row])
         return token_list
 
+    def generator_for(self, seq: Sequence) -> torch.Generator:
+        return seq.generator if seq.generator is not None else self.generator
+
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        temperature = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype)
-        probs = torch.softmax(logits / temperature[:, None], dim=-1)
-        probs = filter_probs(
-            probs,
-            torch.tensor([s.params.top_k for s in seqs]),
-            torch.tensor([s.params.top_p for s in seqs], dtype=logits.dtype),
-            torch.tensor([s.params.min_p for s in seqs], dtype=logits.dtype),
-        )
+        probs = sampling_probs(logits, [s.params for s in seqs])
         noise = torch.empty_like(probs)
         unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
         if unseeded:
@@ -87,7 +101,7 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
     @staticmethod
-    def _record_logprobs(seq: Sequence, logprobs: torch.Tensor, token: int) -> None:
+    def record_logprobs(seq: Sequence, logprobs: torch.Tensor, token: int) -> None:
         chosen = logprobs[token].item()
         entry = {token: Logprob(chosen, int((logprobs > chosen).sum().item()) + 1)}
         if seq.params.logprobs:

@@ -18,12 +18,13 @@ from backend.engine.sequence import Sequence, Status
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_tokens: int  # tokens computed for it this step
+    num_tokens: int  # tokens computed for it this step, its draft tokens included
+    num_draft: int = 0  # speculative tokens appended after its last known token, to verify
 
     @property
     def samples(self) -> bool:
         """Whether this step computes the sequence's last known token, so a new one is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_tokens - self.num_draft == self.seq.num_tokens
 
 
 class Scheduler:
@@ -34,6 +35,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.on_release: list = []  # callbacks(seq) when a sequence's blocks are freed (draft caches follow)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -41,8 +43,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence) -> None:
         self.block_manager.free_sequence(seq)
+        seq.draft_tokens, seq.draft_probs = [], None
+        for callback in self.on_release:
+            callback(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -54,7 +62,11 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = seq.num_tokens - seq.num_computed_tokens
+            drafts = len(seq.draft_tokens)
+            if drafts and (n + drafts > budget or not self.block_manager.append_slots(seq, n + drafts)):
+                seq.draft_tokens, seq.draft_probs, drafts = [], None, 0  # verify nothing rather than evict
+            n = min(n + drafts, budget)
             while not self.block_manager.append_slots(seq, n):
                 victim = self.running.pop()  # the newest; always at or after position i
                 self._preempt(victim)
@@ -62,9 +74,11 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.append(ScheduledSeq(seq, n))
+                batch.append(ScheduledSeq(seq, n, drafts))
                 budget -= n
                 i += 1
+        for seq in self.running[i:]:  # not scheduled this step: their drafts are stale by the next
+            seq.draft_tokens, seq.draft_probs = [], None
         if preempted:
             return batch  # no admissions in a step that had to evict
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -94,5 +108,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free_sequence(seq)
+        self._release(seq)
         seq.status = Status.FINISHED

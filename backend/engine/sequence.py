@@ -36,6 +36,12 @@ class Sequence:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
+    # Speculative decoding: tokens proposed for this step, and the proposer's distribution for each
+    # ([k, vocab]; None for deterministic proposals such as n-gram lookup or greedy drafts).
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
+    acceptance: float = 0.6  # running per-token acceptance rate, which sets k in "auto" mode
+    idle_steps: int = 0  # steps since the last proposal, to probe again after a cold spell
 
     @property
     def num_tokens(self) -> int:

@@ -47,7 +47,8 @@ class ServerState:
     def stats(self) -> dict:
         if self.engine is None:
             return {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "num_free_blocks": 0,
-                    "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0, "sleeping": 0}
+                    "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0, "sleeping": 0,
+                    "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "spec_verifications": 0}
         return self.engine.engine.stats()
 
     def ready_engine(self) -> AsyncEngine:

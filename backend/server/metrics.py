@@ -33,6 +33,14 @@ class EngineCollector:
         yield CounterMetricFamily("scriptorium_preemptions", "Sequences preempted for lack of KV blocks",
                                   value=s["num_preemptions"])
         yield GaugeMetricFamily("scriptorium_sleeping", "1 while the engine sleeps", value=1 if s["sleeping"] else 0)
+        drafted, accepted, verifications = s["spec_draft_tokens"], s["spec_accepted_tokens"], s["spec_verifications"]
+        yield CounterMetricFamily("scriptorium_spec_draft_tokens", "Speculative tokens proposed", value=drafted)
+        yield CounterMetricFamily("scriptorium_spec_accepted_tokens", "Speculative tokens accepted", value=accepted)
+        yield GaugeMetricFamily("scriptorium_spec_acceptance_rate", "Accepted over proposed draft tokens, since start",
+                                value=accepted / drafted if drafted else 0.0)
+        yield GaugeMetricFamily("scriptorium_spec_mean_accepted_length",
+                                "Tokens gained per verification (accepted drafts plus the target's own token)",
+                                value=(accepted + verifications) / verifications if verifications else 0.0)
 
 
 class ServerMetrics:

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KV-cache size: a fraction (0, 1] of free memory, or bytes when > 1")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speculative", default=None,
+                        help='speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or '
+                             '\'{"method": "draft", "model": "PATH", "num_tokens": "auto"}\'')
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -34,6 +37,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from backend.loader import locate
     from backend.server.app import build_app
+    from backend.spec.config import SpeculativeConfig
 
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
@@ -42,9 +46,13 @@ def serve(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
     )
-    locate(config.model)  # fail at once on a model that is not there, before the port is taken
+    # Fail at once on settings or models that are wrong, before the port is taken.
+    spec = SpeculativeConfig.parse(config.speculative)
+    locate(config.model)
+    if spec is not None and spec.model:
+        locate(spec.model)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failure: list[str] = []
     server: uvicorn.Server | None = None

@@ -286,3 +286,22 @@ def test_bad_model_exits_nonzero_with_a_message(tmp_path):
     result = subprocess.run([sys.executable, "-m", "backend", "serve", "--model", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "neither a known alias" in result.stderr
+
+
+def test_speculative_server_reports_acceptance(model_dir):
+    proc = ServerProcess(str(model_dir), "--speculative", f'{{"method": "draft", "model": "{model_dir}", "num_tokens": 3}}')
+    try:
+        r = httpx.post(f"{proc.url}/v1/completions", json={"prompt": "The scribe", "max_tokens": 20, "temperature": 0,
+                                                            "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200
+        assert metric(proc, "scriptorium_spec_draft_tokens_total") > 0
+        assert metric(proc, "scriptorium_spec_acceptance_rate") == 1.0  # the target drafting for itself
+        assert metric(proc, "scriptorium_spec_mean_accepted_length") > 2
+    finally:
+        assert proc.stop() == 0
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "backend", "serve", "--model", str(model_dir), "--speculative",
+                          '{"method": "eagle"}'], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "method 'eagle' is not supported" in bad.stderr

@@ -1,5 +1,6 @@
 """Tiny random-weight checkpoints of every supported family, built from transformers' own config classes."""
 
+import zlib
 from pathlib import Path
 
 import torch
@@ -54,12 +55,12 @@ def build_tokenizer(directory: Path):
     return fast
 
 
-def build_model(name: str, directory: Path) -> Path:
+def build_model(name: str, directory: Path, seed: int | None = None, **extra) -> Path:
     import transformers
 
     config_cls, model_cls, overrides = FAMILIES[name]
-    config = getattr(transformers, config_cls)(**{**COMMON, **overrides})
-    torch.manual_seed(hash(name) % 2**31)
+    config = getattr(transformers, config_cls)(**{**COMMON, **overrides, **extra})
+    torch.manual_seed(zlib.crc32(name.encode()) if seed is None else seed)
     model = getattr(transformers, model_cls)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))

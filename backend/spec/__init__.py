@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers (n-gram lookup, a draft model) and lossless verification."""

@@ -1,0 +1,130 @@
+"""A draft model with its own paged KV cache that proposes k tokens per sequence per step.
+
+The draft runs on the same scheduler-free path as the target: a catch-up pass (every token the
+draft has not seen, the whole prompt the first time) that also yields the first draft, then one
+batched decode pass per further draft. After verification its cache is rolled back to the
+tokens that were accepted.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.engine.block_manager import BlockManager
+from backend.engine.model_runner import ModelRunner
+from backend.engine.sampler import apply_penalties, has_penalties, sampling_probs
+from backend.engine.scheduler import ScheduledSeq
+from backend.engine.sequence import Sequence
+from backend.loader import load_model, locate, read_config
+from backend.model_config import ModelConfig, ModelLoadError
+
+
+@dataclass(eq=False)
+class DraftState:
+    """What the draft's block manager and runner need of a sequence: its own cache bookkeeping."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    draft_tokens: list[int] = field(default_factory=list)  # always empty: the draft verifies nothing
+    unverified_from: int | None = None  # set while drafts fed to the cache await verification
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class DraftProposer:
+    def __init__(self, model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
+                 num_blocks: int, block_size: int):
+        source = locate(model)
+        config, reader = read_config(source)
+        if config.vocab_size != target.vocab_size:
+            raise ModelLoadError(
+                f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
+                f"{target.vocab_size}; a draft must share the target's vocabulary"
+            )
+        self.model = load_model(source, config, reader, dtype, device, max_model_len)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype)
+        self.states: dict[int, DraftState] = {}
+
+    def _reserve(self, seq: Sequence, k: int) -> DraftState | None:
+        """Bring the sequence's draft state up to date and make room for k - 1 fed drafts."""
+        state = self.states.get(seq.seq_id)
+        if state is None:
+            state = self.states[seq.seq_id] = DraftState(list(seq.token_ids), seq.num_prompt_tokens)
+        if state.unverified_from is not None:  # last step's drafts were dropped unverified: forget them
+            state.num_computed_tokens = min(state.num_computed_tokens, state.unverified_from)
+        state.unverified_from = None
+        state.token_ids = list(seq.token_ids)
+        if not state.block_table:
+            hit_ids, hit_hashes = self.block_manager.find_cached_prefix(state)
+            new = state.num_tokens - len(hit_ids) * self.block_manager.block_size + k - 1
+            ok = self.block_manager.allocate(state, hit_ids, hit_hashes, new)
+        else:
+            ok = self.block_manager.append_slots(state, state.num_tokens - state.num_computed_tokens + k - 1)
+        if not ok:
+            self.release(seq)
+            return None
+        return state
+
+    def propose(self, seqs: list[Sequence], ks: list[int], sampler) -> None:
+        states = {}
+        for seq, k in zip(seqs, ks):
+            state = self._reserve(seq, k)
+            if state is not None:
+                states[seq.seq_id] = state
+                state.unverified_from = seq.num_tokens
+                seq.draft_tokens, seq.draft_probs = [], None
+        active = [(seq, k) for seq, k in zip(seqs, ks) if seq.seq_id in states]
+        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq, _ in active}
+        for step in range(max((k for _, k in active), default=0)):
+            group = [seq for seq, k in active if k > step]
+            items = []
+            for seq in group:
+                state = states[seq.seq_id]
+                items.append(ScheduledSeq(state, state.num_tokens - state.num_computed_tokens))
+            logits = self.runner.execute(items)
+            for item in items:
+                item.seq.num_computed_tokens += item.num_tokens
+            for row, seq in enumerate(group):
+                token, q = self._sample(logits[row], seq, states[seq.seq_id], sampler)
+                states[seq.seq_id].token_ids.append(token)
+                seq.draft_tokens.append(token)
+                if q is not None:
+                    probs[seq.seq_id].append(q)
+        for seq, _ in active:
+            seq.draft_probs = torch.stack(probs[seq.seq_id]) if probs[seq.seq_id] else None
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, seq: Sequence, state: DraftState, sampler) -> tuple[int, torch.Tensor | None]:
+        """The draft's token from its distribution, processed exactly as the target's will be."""
+        row = logits[None].clone()
+        if has_penalties(seq.params):
+            apply_penalties(row, [(seq.params, state.token_ids, seq.num_prompt_tokens)])
+        if seq.params.greedy:
+            return int(row.argmax()), None
+        q = sampling_probs(row, [seq.params])[0]
+        q = q / q.sum()
+        return int(torch.multinomial(q, 1, generator=sampler.generator_for(seq))), q
+
+    def rollback(self, seq: Sequence, num_valid: int) -> None:
+        """Only the first num_valid tokens of the sequence are the ones the draft saw; forget the rest."""
+        state = self.states.get(seq.seq_id)
+        if state is None:
+            return
+        state.num_computed_tokens = min(state.num_computed_tokens, num_valid)
+        state.token_ids = state.token_ids[:num_valid]
+        state.unverified_from = None
+        del state.block_hashes[state.num_computed_tokens // self.block_manager.block_size:]
+        self.block_manager.commit(state)
+
+    def release(self, seq: Sequence) -> None:
+        state = self.states.pop(seq.seq_id, None)
+        if state is not None:
+            self.block_manager.free_sequence(state)

@@ -1,0 +1,90 @@
+"""Speculative decoding vs plain decoding, SmolLM2-135M on the CPU, greedy, in one run.
+
+One JSON line per workload: n-gram lookup on extractive work (copying a passage, editing
+code) at batch 1; free-form generation at batch 1 and with 32 concurrent requests; and the
+target as its own draft (the mechanism's upper bound). Run: python bench/speculative.py
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend import LLM, SamplingParams  # noqa: E402
+from backend.model_store import pull  # noqa: E402
+
+PASSAGE = (
+    "In the scriptorium the monks worked in silence from the first light until the bell for vespers. "
+    "Each scribe had a sloping desk, a horn of black ink, a knife for sharpening quills and a pumice "
+    "stone for smoothing the parchment. The master read every page against the exemplar, and a page "
+    "with a single error was scraped clean and written again."
+)
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal = subtotal + item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+'''
+EXTRACTIVE = [
+    [{"role": "user", "content": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}"}],
+    [{"role": "user", "content": f"Rename the variable subtotal to net in this code and return the whole "
+                                 f"code:\n\n{CODE}"}],
+]
+FREE = [[{"role": "user", "content": f"Write a short story about a scribe named {name}."}]
+        for name in ("Aelfric", "Brigid", "Cuthbert", "Dunstan", "Eadgyth", "Finnian", "Gisela", "Hild")]
+
+
+def run(llm: LLM, conversations, max_tokens: int) -> tuple[float, list[list[int]]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    start = time.perf_counter()
+    outs = llm.chat(conversations, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = [o.outputs[0].token_ids for o in outs]
+    return sum(len(t) for t in tokens) / elapsed, tokens
+
+
+def compare(name: str, plain: LLM, spec: LLM, conversations, max_tokens: int, batch: int) -> None:
+    before = dict(spec.engine.stats())
+    base_tps, base_tokens = 0.0, []
+    spec_tps, spec_tokens = 0.0, []
+    for group in ([conversations[i:i + batch] for i in range(0, len(conversations), batch)]):
+        t, toks = run(plain, group, max_tokens)
+        base_tps += t / len(range(0, len(conversations), batch))
+        base_tokens += toks
+        t, toks = run(spec, group, max_tokens)
+        spec_tps += t / len(range(0, len(conversations), batch))
+        spec_tokens += toks
+    after = spec.engine.stats()
+    drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    print(json.dumps({
+        "bench": "speculative", "workload": name, "batch": batch, "method": spec.engine.spec.method,
+        "num_tokens": spec.engine.spec.num_tokens, "plain_tok_s": round(base_tps, 2),
+        "speculative_tok_s": round(spec_tps, 2), "speedup": round(spec_tps / base_tps, 3),
+        "identical": base_tokens == spec_tokens, "drafted": drafted,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+    }), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args()
+    pull("smollm2", quiet=True)
+    plain = LLM("smollm2", max_num_seqs=64)
+    ngram = LLM("smollm2", max_num_seqs=64, speculative={"method": "ngram", "num_tokens": "auto"})
+    self_draft = LLM("smollm2", max_num_seqs=64, speculative={"method": "draft", "model": "smollm2", "num_tokens": 4})
+    run(plain, FREE[:1], 8)  # warm-up
+    run(ngram, FREE[:1], 8)
+    compare("extractive", plain, ngram, EXTRACTIVE, args.max_tokens, batch=1)
+    compare("free-form", plain, ngram, FREE[:2], args.max_tokens, batch=1)
+    compare("free-form", plain, ngram, (FREE * 4)[:32], args.max_tokens, batch=32)
+    compare("self-draft", plain, self_draft, FREE[:1], args.max_tokens, batch=1)
+
+
+if __name__ == "__main__":
+    main()
