@@ -1,5 +1,6 @@
 """Per-request sampling settings, validated when they are made (vLLM's names and meanings)."""
 
+import json
 from dataclasses import dataclass, field
 
 
@@ -28,6 +29,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # how many top logprobs to return besides the sampled token's
     skip_special_tokens: bool = True
+    guided_json: dict | str | bool | None = None  # a JSON schema the output must match, or True for any JSON
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,6 +70,13 @@ class SamplingParams:
             raise bad("stop_token_ids", "a list of token ids >= 0")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "an integer")
+        if isinstance(self.guided_json, str):
+            try:
+                self.guided_json = json.loads(self.guided_json)
+            except json.JSONDecodeError as e:
+                raise InvalidParameter("guided_json", f"guided_json must be a JSON schema: {e}") from None
+        if self.guided_json is not None and self.guided_json is not True and not isinstance(self.guided_json, dict):
+            raise bad("guided_json", "a JSON schema (an object) or true for any JSON value")
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ import torch
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.block_manager import BlockManager
+from backend.engine.guided import GuidedDecoding
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
@@ -173,6 +174,7 @@ class LLMEngine:
                 f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
                 "prompt or raise max_model_len"
             )
+        matchers = [self.guided_matcher(params) for _ in range(params.n)]
         seqs = []
         for i in range(params.n):
             seq = Sequence(
@@ -183,10 +185,19 @@ class LLMEngine:
             )
             if params.seed is not None:
                 seq.generator = torch.Generator().manual_seed(params.seed + i)
+            seq.matcher = matchers[i]
             seqs.append(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
+
+    def guided_matcher(self, params: SamplingParams):
+        """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema."""
+        if params.guided_json is None:
+            return None
+        if self.sampler.guided is None:
+            self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size)
+        return self.sampler.guided.matcher(params.guided_json)
 
     def abort_request(self, request_id: str) -> None:
         for seq in self.requests.pop(request_id, []):
@@ -237,7 +248,8 @@ class LLMEngine:
 
     def _propose(self) -> None:
         spec = self.spec
-        ready = [s for s in self.scheduler.running if s.num_tokens - s.num_computed_tokens == 1]
+        # Structured-output requests are not speculated: their grammar would have to be rolled back too.
+        ready = [s for s in self.scheduler.running if s.num_tokens - s.num_computed_tokens == 1 and s.matcher is None]
         if len(ready) > spec.max_batch_size:
             # Verification would cost more than it saves. Seeded sampled requests keep speculating so that
             # their output depends only on their own history, never on what else is running.
@@ -290,6 +302,8 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
+        if seq.matcher is not None:
+            seq.matcher.accept_token(token)
         p = seq.params
         if seq.logprobs:
             for tid, lp in seq.logprobs[-1].items():

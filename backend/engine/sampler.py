@@ -67,6 +67,7 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
 class Sampler:
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)  # for requests without a seed
+        self.guided = None  # a GuidedDecoding, set by the engine once a request asks for structured output
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """logits [N, V] fp32 on the CPU; fills each sequence's logprobs when asked; returns N token ids."""
@@ -75,6 +76,9 @@ class Sampler:
         if any(has_penalties(s.params) for s in seqs):
             logits = logits.clone()
             apply_penalties(logits, [(s.params, s.token_ids, s.num_prompt_tokens) for s in seqs])
+        if self.guided is not None and any(s.matcher is not None for s in seqs):
+            logits = logits.clone()
+            self.guided.mask(logits, [s.matcher for s in seqs])
         tokens = logits.argmax(dim=-1)
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if rows:

@@ -27,6 +27,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None  # set when the request is seeded
     leader: "Sequence | None" = None  # the sibling whose prompt blocks this one waits to share
+    matcher: object | None = None  # structured output: which tokens may come next (xgrammar)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission (-1: not yet)

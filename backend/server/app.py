@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.outputs import RequestOutput
+from backend.sampling_params import InvalidParameter
 from backend.server.async_engine import AsyncEngine
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import (
@@ -188,6 +189,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         requested = 16 if req.max_tokens is None else req.max_tokens  # the legacy completions API's default
         params = [sampling_params(req, _budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
                                   req.logprobs) for p in prompts]
+        await _check_guided(engine, params[0])
         rid = new_id("cmpl")
         gens = [engine.generate(f"{rid}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
         if req.stream:
@@ -214,6 +216,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         budget = _budget(engine.engine, len(prompt), requested, name, "messages")
         params = sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None)
+        await _check_guided(engine, params)
         rid = new_id("chatcmpl")
         gen = engine.generate(rid, prompt, params)
         if req.stream:
@@ -388,6 +391,16 @@ async def _until_disconnect(request: Request, coro):
     finally:
         if not task.done():
             task.cancel()
+
+
+async def _check_guided(engine: AsyncEngine, params) -> None:
+    """Compile a structured-output schema up front, so a bad one is a 400 and not an error mid-stream."""
+    if params.guided_json is None:
+        return
+    try:
+        await engine.call(lambda e: e.guided_matcher(params))
+    except InvalidParameter as e:
+        raise APIError(400, str(e), param="response_format") from None
 
 
 def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:

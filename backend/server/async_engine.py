@@ -115,6 +115,9 @@ class AsyncEngine:
                 return True  # aborted before it started
             try:
                 self.engine.add_request(request_id, prompt, params)
+            except ValueError as e:  # bad input found late: a client error, reported to its request
+                self._deliver(request_id, APIError(400, str(e), param=getattr(e, "param", None)))
+                self._streams.pop(request_id, None)
             except Exception as e:  # reported to the request that caused it
                 self._deliver(request_id, e)
                 self._streams.pop(request_id, None)

@@ -47,6 +47,8 @@ class CommonRequest(BaseModel):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    guided_json: dict | str | None = None
+    response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
 
 
 class CompletionRequest(CommonRequest):
@@ -80,6 +82,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def guided_json(req: CommonRequest) -> dict | str | bool | None:
+    """OpenAI's response_format (or vLLM's guided_json) as the engine's guided_json."""
+    fmt = req.response_format
+    if fmt is None:
+        return req.guided_json
+    kind = fmt.get("type")
+    if kind == "text":
+        return req.guided_json
+    if kind == "json_object":
+        return True
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
+                           param="response_format")
+        return schema
+    raise APIError(400, f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+                   param="response_format")
+
+
 def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise APIError(400, f"temperature must be in [0, 2], got {req.temperature}", param="temperature")
@@ -101,6 +123,7 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None) -
             stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            guided_json=guided_json(req),
         )
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param) from None

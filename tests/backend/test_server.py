@@ -305,3 +305,26 @@ def test_speculative_server_reports_acceptance(model_dir):
     bad = subprocess.run([sys.executable, "-m", "backend", "serve", "--model", str(model_dir), "--speculative",
                           '{"method": "eagle"}'], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "method 'eagle' is not supported" in bad.stderr
+
+
+def test_response_format_json_schema(client, server):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "tags": {"type": "array", "maxItems": 3,
+                                                        "items": {"type": "string", "maxLength": 10}}},
+              "required": ["name", "tags"], "additionalProperties": False}
+    out = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=200, temperature=0.7, seed=2,
+                                         response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "card", "schema": schema}})
+    import json
+
+    import jsonschema
+
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+    streamed = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=200, temperature=0,
+                                              response_format={"type": "json_object"}, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text[:1] in "{["
+    for fmt in ({"type": "yaml"}, {"type": "json_schema", "json_schema": {"name": "x"}},
+                {"type": "json_schema", "json_schema": {"schema": {"type": "object", "$ref": "#/missing"}}}):
+        r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": QUESTION, "response_format": fmt})
+        assert r.status_code == 400 and error_of(r)["param"] == "response_format", r.text
