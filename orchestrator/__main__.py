@@ -1,0 +1,161 @@
+"""python -m orchestrator: run, list, show, resume, cancel (and work, the detached worker)."""
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from orchestrator import api
+from orchestrator.clients.comfyui import ComfyUIError
+from orchestrator.clients.llm import LLMError
+from orchestrator.jobs import JobError, JobStore
+from orchestrator.pipeline.article import ArticleRun, Cancelled, Reporter
+from orchestrator.pipeline.params import ArticleParams, ParamsError
+from orchestrator.pipeline.research import ResearchError
+from orchestrator.settings import Settings
+from orchestrator.workflows import TemplateError
+
+USER_ERRORS = (JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled)
+
+
+class BarReporter(Reporter):
+    """One rich progress bar per stage."""
+
+    def __init__(self, progress):
+        self.progress = progress
+        self.tasks: dict[str, int] = {}
+
+    def stage(self, name: str, total: int) -> None:
+        if name not in self.tasks:
+            self.tasks[name] = self.progress.add_task(name, total=max(total, 1))
+            if total == 0:
+                self.progress.update(self.tasks[name], completed=1)
+
+    def advance(self, name: str) -> None:
+        self.progress.advance(self.tasks[name])
+
+    def detail(self, text: str) -> None:
+        if "illustration" in self.tasks:
+            self.progress.update(self.tasks["illustration"], description=f"illustration ({text})")
+
+
+def _execute(store: JobStore, run_id: str, settings: Settings, quiet: bool) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=quiet or not sys.stderr.isatty(), transient=False) as progress:
+        return asyncio.run(ArticleRun(store, run_id, settings, BarReporter(progress)).execute())
+
+
+def _print_run(run: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(run, indent=2, default=str))
+        return
+    state = "interrupted (resume it)" if run.get("interrupted") else run["status"]
+    print(f"run       {run['id']}\nstatus    {state}\nstage     {run.get('stage') or '-'}\n"
+          f"progress  {run['progress'] * 100:.0f}%\ntopic     {run['params']['topic']}")
+    if run.get("error"):
+        print(f"error     {run['error']}")
+    if run.get("result"):
+        print(f"article   {run['result']['article_html']}")
+        if run["result"].get("images_skipped"):
+            print(f"note      {run['result']['images_skipped']}")
+    for step in run.get("steps", []):
+        took = f"{step['finished'] - step['started']:.1f}s" if step.get("finished") and step.get("started") else ""
+        print(f"  {step['name']:<16} {step['status']:<8} {took:>8}  {step.get('error') or ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator", description="Scriptorium's content pipelines")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="write an article (in the foreground, with progress bars)")
+    run_p.add_argument("topic")
+    run_p.add_argument("--audience", default="general readers")
+    run_p.add_argument("--sections", type=int, default=4)
+    run_p.add_argument("--words", type=int, default=150, help="words per section")
+    run_p.add_argument("--images", type=int, default=2)
+    run_p.add_argument("--source", action="append", default=[], help="a text/Markdown file to ground the research")
+    run_p.add_argument("--template", default="sd15", help="sd15, sdxl, flux, or an API-format workflow file")
+    run_p.add_argument("--seed", type=int, default=None)
+    run_p.add_argument("--temperature", type=float, default=0.7)
+    run_p.add_argument("--model", default=None, help="the model name on the LLM server (default: its first)")
+    run_p.add_argument("--llm", default=None, help="an OpenAI-compatible base URL (default: SCRIPTORIUM_LLM_URL)")
+    run_p.add_argument("--comfyui", default=None, help="ComfyUI's URL (default: SCRIPTORIUM_COMFYUI_URL)")
+    run_p.add_argument("--detach", action="store_true", help="start the run in the background and print its id")
+    run_p.add_argument("--json", action="store_true")
+    for name, text in (("show", "one run and its steps"), ("resume", "continue an interrupted or failed run"),
+                       ("cancel", "cancel a run (between steps; interrupts ComfyUI)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("run_id")
+        p.add_argument("--json", action="store_true")
+    list_p = sub.add_parser("list", help="recent runs")
+    list_p.add_argument("--limit", type=int, default=20)
+    list_p.add_argument("--json", action="store_true")
+    work_p = sub.add_parser("work", help=argparse.SUPPRESS)
+    work_p.add_argument("run_id")
+    args = parser.parse_args(argv)
+
+    settings = Settings.from_env()
+    try:
+        store = JobStore(settings.jobs_db)
+        if args.command == "run":
+            params = ArticleParams(
+                topic=args.topic, audience=args.audience, sections=args.sections, words_per_section=args.words,
+                images=args.images, sources=args.source, template=args.template, seed=args.seed,
+                temperature=args.temperature, llm_url=args.llm, comfyui_url=args.comfyui, model=args.model,
+            )
+            run = store.create_run("article", params.to_dict())
+            if args.detach:
+                api.spawn_worker(run.id, settings)
+                print(json.dumps({"run_id": run.id}) if args.json else run.id)
+                return 0
+            started = time.monotonic()
+            result = _execute(store, run.id, settings, quiet=args.json)
+            if args.json:
+                print(json.dumps({"run_id": run.id, "seconds": round(time.monotonic() - started, 1), **result}))
+            else:
+                if result.get("images_skipped"):
+                    print(f"note: {result['images_skipped']}", file=sys.stderr)
+                print(result["article_html"])
+            return 0
+        if args.command == "work":
+            asyncio.run(ArticleRun(store, args.run_id, settings).execute())
+            return 0
+        if args.command == "resume":
+            run = store.get(args.run_id)
+            result = _execute(store, run.id, settings, quiet=args.json)
+            print(json.dumps({"run_id": run.id, **result}) if args.json else result["article_html"])
+            return 0
+        if args.command == "show":
+            _print_run(api.status(args.run_id, settings), args.json)
+            return 0
+        if args.command == "cancel":
+            run = store.request_cancel(args.run_id)
+            _print_run(run.to_dict(), args.json)
+            return 0
+        if args.command == "list":
+            runs = api.list_runs(args.limit, settings)
+            if args.json:
+                print(json.dumps({"runs": runs}, indent=2, default=str))
+            elif not runs:
+                print("no runs yet")
+            else:
+                for r in runs:
+                    state = "interrupted" if r["interrupted"] else r["status"]
+                    print(f"{r['id']}  {state:<11} {r['progress'] * 100:4.0f}%  {r['params']['topic'][:60]}")
+            return 0
+    except Cancelled:
+        print("cancelled", file=sys.stderr)
+        return 3
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; `python -m orchestrator resume` continues the run", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The orchestrator's Python API (the MCP server calls it): start, follow, cancel and list runs.
+
+A run started here is worked on by its own detached process (`python -m orchestrator work ID`),
+so it outlives the caller; its state lives in SQLite and its files in the run directory.
+"""
+
+import os
+import subprocess
+import sys
+
+from orchestrator.jobs import JobStore, Run
+from orchestrator.pipeline.params import ArticleParams
+from orchestrator.settings import Settings
+
+
+def store_for(settings: Settings) -> JobStore:
+    return JobStore(settings.jobs_db)
+
+
+def create_article_run(params: dict, settings: Settings) -> Run:
+    validated = ArticleParams.from_dict(params)  # refuse bad input before anything is stored
+    return store_for(settings).create_run("article", validated.to_dict())
+
+
+def spawn_worker(run_id: str, settings: Settings) -> int:
+    """Start the detached process that works on the run; returns its pid."""
+    settings.logs_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SCRIPTORIUM_HOME=str(settings.home), SCRIPTORIUM_LLM_URL=",".join(settings.llm_urls))
+    if settings.comfyui_url:
+        env["SCRIPTORIUM_COMFYUI_URL"] = settings.comfyui_url
+    with open(settings.logs_dir / f"run-{run_id}.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "work", run_id], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    store_for(settings).update(run_id, pid=proc.pid)
+    return proc.pid
+
+
+def start_article(params: dict, settings: Settings | None = None) -> Run:
+    settings = settings or Settings.from_env()
+    run = create_article_run(params, settings)
+    spawn_worker(run.id, settings)
+    return store_for(settings).get(run.id)
+
+
+def resume(run_id: str, settings: Settings | None = None) -> Run:
+    settings = settings or Settings.from_env()
+    run = store_for(settings).get(run_id)
+    if run.status in ("done", "cancelled"):
+        return run
+    if run.status in ("queued", "running") and run.worker_alive:
+        return run  # already being worked on
+    spawn_worker(run.id, settings)
+    return store_for(settings).get(run.id)
+
+
+def status(run_id: str, settings: Settings | None = None) -> dict:
+    settings = settings or Settings.from_env()
+    store = store_for(settings)
+    run = store.get(run_id)
+    return {**run.to_dict(), "steps": [s.to_dict() for s in store.steps(run.id)]}
+
+
+def cancel(run_id: str, settings: Settings | None = None) -> Run:
+    settings = settings or Settings.from_env()
+    return store_for(settings).request_cancel(run_id)
+
+
+def list_runs(limit: int = 50, settings: Settings | None = None) -> list[dict]:
+    settings = settings or Settings.from_env()
+    return [r.to_dict() for r in store_for(settings).recent(limit)]

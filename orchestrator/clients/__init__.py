@@ -1,0 +1,1 @@
+"""Clients of the services the orchestrator drives: an OpenAI-compatible LLM server and ComfyUI."""

@@ -1,0 +1,246 @@
+"""A client for ComfyUI's HTTP and websocket API.
+
+POST /prompt queues an API-format workflow under our client_id; /ws?clientId= reports its
+progress (executing, progress, executed, execution_error, execution_interrupted,
+execution_success); /history/{id} holds its outputs, fetched through /view.
+"""
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+
+class ComfyUIError(Exception):
+    pass
+
+
+@dataclass
+class NodeError(ComfyUIError):
+    """A node that failed validation or execution: its id, its class and ComfyUI's message."""
+
+    node_id: str
+    class_type: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"ComfyUI node {self.node_id} ({self.class_type}): {self.message}"
+
+
+class Interrupted(ComfyUIError):
+    pass
+
+
+Progress = Callable[[dict], None]  # called with {"node": id, "value": n, "max": m} or {"node": id}
+
+
+class ComfyUIClient:
+    def __init__(self, base_url: str, timeout: float = 900.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.client_id = uuid.uuid4().hex
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(60.0, connect=10.0))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> "ComfyUIClient":
+        return self
+
+    async def __aexit__(self, *_) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return await self.http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise ComfyUIError(f"ComfyUI at {self.base_url} did not answer {method} {path} within "
+                               f"{self.http.timeout.read:.0f} s") from None
+        except httpx.TransportError as e:
+            raise ComfyUIError(f"cannot reach ComfyUI at {self.base_url} ({type(e).__name__}: {e}); is it running? "
+                               "(SCRIPTORIUM_COMFYUI_URL)") from None
+
+    async def system_stats(self) -> dict:
+        return (await self._request("GET", "/system_stats")).json()
+
+    async def object_info(self, node_class: str | None = None) -> dict:
+        path = f"/object_info/{node_class}" if node_class else "/object_info"
+        return (await self._request("GET", path)).json()
+
+    async def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+        await self._request("POST", "/free", json={"unload_models": unload_models, "free_memory": free_memory})
+
+    async def interrupt(self) -> None:
+        await self._request("POST", "/interrupt")
+
+    async def check_choices(self, workflow: dict) -> None:
+        """Refuse, before submitting, a workflow naming a model file (or any other choice) ComfyUI does not have."""
+        classes = sorted({node["class_type"] for node in workflow.values()})
+        info = {}
+        for cls in classes:
+            data = await self.object_info(cls)
+            if cls not in data:
+                raise NodeError(_first_id(workflow, cls), cls, "this node type is not installed in ComfyUI")
+            info[cls] = data[cls]
+        for node_id, node in workflow.items():
+            spec = info[node["class_type"]].get("input", {})
+            declared = {**spec.get("required", {}), **spec.get("optional", {})}
+            for name, value in node.get("inputs", {}).items():
+                choices = declared.get(name, [None])[0]
+                if isinstance(choices, list) and isinstance(value, str) and value not in choices:
+                    shown = ", ".join(map(str, choices[:20])) or "none"
+                    raise NodeError(node_id, node["class_type"],
+                                    f"{name} {value!r} is not available in ComfyUI; available: {shown}")
+
+    async def submit(self, workflow: dict) -> str:
+        response = await self._request("POST", "/prompt", json={"prompt": workflow, "client_id": self.client_id})
+        if response.status_code == 400:
+            raise _validation_error(response)
+        if response.status_code >= 400:
+            raise ComfyUIError(f"ComfyUI at {self.base_url} refused the workflow ({response.status_code}): "
+                               f"{response.text[:300]}")
+        return response.json()["prompt_id"]
+
+    async def history(self, prompt_id: str) -> dict | None:
+        data = (await self._request("GET", f"/history/{prompt_id}")).json()
+        return data.get(prompt_id)
+
+    async def wait(self, prompt_id: str, on_progress: Progress | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> dict:
+        """Follow the prompt until it finishes; return its history entry. Falls back to polling /history
+        when the websocket cannot be opened."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            return await self._wait_ws(prompt_id, on_progress, should_stop, deadline)
+        except (OSError, _WebsocketUnavailable):
+            return await self._wait_poll(prompt_id, should_stop, deadline)
+
+    async def _wait_ws(self, prompt_id, on_progress, should_stop, deadline) -> dict:
+        import websockets
+
+        ws_url = self.base_url.replace("http://", "ws://").replace("https://", "wss://") + \
+            f"/ws?clientId={self.client_id}"
+        try:
+            connection = await websockets.connect(ws_url, max_size=None, open_timeout=10)
+        except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError) as e:
+            raise _WebsocketUnavailable(str(e)) from None
+        async with connection:
+            # The prompt may have finished before the socket opened: history settles that.
+            entry = await self.history(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None and _finished(entry):
+                return _outcome(entry, prompt_id)
+            while True:
+                if should_stop and should_stop():
+                    await self.interrupt()
+                    raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within "
+                                       f"{self.timeout:.0f} s")
+                try:
+                    raw = await asyncio.wait_for(connection.recv(), timeout=min(remaining, 1.0))
+                except asyncio.TimeoutError:
+                    continue
+                except websockets.exceptions.ConnectionClosed:
+                    return await self._wait_poll(prompt_id, should_stop, deadline)
+                if isinstance(raw, bytes):
+                    continue  # binary frames carry live previews
+                message = json.loads(raw)
+                kind, data = message.get("type"), message.get("data", {})
+                if data.get("prompt_id") not in (None, prompt_id):
+                    continue
+                if kind == "progress" and on_progress:
+                    on_progress({"node": data.get("node"), "value": data.get("value"), "max": data.get("max")})
+                elif kind == "executing" and data.get("prompt_id") == prompt_id:
+                    if data.get("node") is None:  # the end of this prompt
+                        return _outcome(await self.history(prompt_id) or {}, prompt_id)
+                    if on_progress:
+                        on_progress({"node": data["node"]})
+                elif kind == "execution_error":
+                    raise NodeError(str(data.get("node_id")), data.get("node_type", "?"),
+                                    data.get("exception_message", "execution failed").strip())
+                elif kind == "execution_interrupted":
+                    raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted at node {data.get('node_id')}")
+                elif kind == "execution_success":
+                    return _outcome(await self.history(prompt_id) or {}, prompt_id)
+
+    async def _wait_poll(self, prompt_id, should_stop, deadline) -> dict:
+        while time.monotonic() < deadline:
+            if should_stop and should_stop():
+                await self.interrupt()
+                raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
+            entry = await self.history(prompt_id)
+            if entry and _finished(entry):
+                return _outcome(entry, prompt_id)
+            await asyncio.sleep(0.5)
+        raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within {self.timeout:.0f} s")
+
+    async def download(self, image: dict) -> bytes:
+        params = {"filename": image["filename"], "subfolder": image.get("subfolder", ""),
+                  "type": image.get("type", "output")}
+        response = await self._request("GET", "/view", params=params)
+        if response.status_code != 200:
+            raise ComfyUIError(f"ComfyUI at {self.base_url} has no output {image['filename']} ({response.status_code})")
+        return response.content
+
+    async def generate(self, workflow: dict, on_progress: Progress | None = None,
+                       should_stop: Callable[[], bool] | None = None) -> list[bytes]:
+        """Check, submit, follow and download: the images of every output node, in node order."""
+        await self.check_choices(workflow)
+        prompt_id = await self.submit(workflow)
+        entry = await self.wait(prompt_id, on_progress, should_stop)
+        images = []
+        for node_id in sorted(entry.get("outputs", {}), key=_node_order):
+            for image in entry["outputs"][node_id].get("images", []):
+                if image.get("type", "output") == "output":
+                    images.append(await self.download(image))
+        if not images:
+            raise ComfyUIError(f"ComfyUI prompt {prompt_id} finished without saving an image (no SaveImage node?)")
+        return images
+
+
+class _WebsocketUnavailable(Exception):
+    pass
+
+
+def _node_order(node_id: str):
+    return (0, int(node_id)) if node_id.isdigit() else (1, node_id)
+
+
+def _first_id(workflow: dict, cls: str) -> str:
+    return next(node_id for node_id, node in workflow.items() if node["class_type"] == cls)
+
+
+def _finished(entry: dict) -> bool:
+    status = entry.get("status") or {}
+    return bool(status.get("completed")) or status.get("status_str") in ("success", "error")
+
+
+def _outcome(entry: dict, prompt_id: str) -> dict:
+    status = entry.get("status") or {}
+    if status.get("status_str") == "error":
+        for event, data in status.get("messages", []):
+            if event == "execution_error":
+                raise NodeError(str(data.get("node_id")), data.get("node_type", "?"),
+                                data.get("exception_message", "execution failed").strip())
+            if event == "execution_interrupted":
+                raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted")
+        raise ComfyUIError(f"ComfyUI prompt {prompt_id} failed")
+    return entry
+
+
+def _validation_error(response: httpx.Response) -> ComfyUIError:
+    try:
+        data = response.json()
+    except ValueError:
+        return ComfyUIError(f"ComfyUI refused the workflow: {response.text[:300]}")
+    for node_id, problem in (data.get("node_errors") or {}).items():
+        errors = problem.get("errors") or [{}]
+        message = "; ".join(f"{e.get('message', '')}: {e.get('details', '')}".strip(": ") for e in errors)
+        return NodeError(str(node_id), problem.get("class_type", "?"), message or "invalid")
+    error = data.get("error") or {}
+    return ComfyUIError(f"ComfyUI refused the workflow: {error.get('message', '')} {error.get('details', '')}".strip())

@@ -1,0 +1,241 @@
+"""Runs and their steps in SQLite, so a job outlives the process that started it."""
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    status TEXT NOT NULL,           -- queued | running | done | failed | cancelled
+    stage TEXT,
+    progress REAL NOT NULL DEFAULT 0,
+    message TEXT,
+    error TEXT,
+    result TEXT,
+    pid INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    finished REAL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,           -- running | done | failed | skipped
+    output TEXT,
+    error TEXT,
+    started REAL,
+    finished REAL,
+    PRIMARY KEY (run_id, name)
+);
+"""
+
+ACTIVE = ("queued", "running")
+
+
+class JobError(Exception):
+    pass
+
+
+@dataclass
+class Run:
+    id: str
+    kind: str
+    params: dict
+    status: str
+    stage: str | None
+    progress: float
+    message: str | None
+    error: str | None
+    result: dict | None
+    pid: int | None
+    cancel_requested: bool
+    created: float
+    updated: float
+    finished: float | None
+
+    @property
+    def worker_alive(self) -> bool:
+        return self.pid is not None and _pid_alive(self.pid)
+
+    @property
+    def interrupted(self) -> bool:
+        """Marked running, but the process running it is gone: `resume` picks it up."""
+        return self.status == "running" and not self.worker_alive
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["interrupted"] = self.interrupted
+        return d
+
+
+@dataclass
+class Step:
+    name: str
+    status: str
+    output: object
+    error: str | None
+    started: float | None
+    finished: float | None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not running anything
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+class JobStore:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.row_factory = sqlite3.Row
+            yield db
+        finally:
+            db.close()
+
+    # Runs ----------------------------------------------------------------------------------------------
+
+    def create_run(self, kind: str, params: dict) -> Run:
+        now = time.time()
+        run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
+        with self._connect() as db:
+            db.execute("INSERT INTO runs (id, kind, params, status, created, updated) VALUES (?, ?, ?, 'queued', ?, ?)",
+                       (run_id, kind, json.dumps(params), now, now))
+        return self.get(run_id)
+
+    def get(self, run_id: str) -> Run:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:  # allow a unique prefix, as people type ids from `list`
+                rows = db.execute("SELECT * FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
+                if len(rows) == 1:
+                    row = rows[0]
+                elif len(rows) > 1:
+                    raise JobError(f"run id {run_id!r} is ambiguous: {', '.join(r['id'] for r in rows[:5])}")
+        if row is None:
+            raise JobError(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
+        return _run(row)
+
+    def recent(self, limit: int = 50) -> list[Run]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
+        return [_run(r) for r in rows]
+
+    def update(self, run_id: str, **fields) -> None:
+        for key in ("result", "params"):
+            if key in fields and fields[key] is not None:
+                fields[key] = json.dumps(fields[key])
+        fields["updated"] = time.time()
+        if fields.get("status") in ("done", "failed", "cancelled"):
+            fields["finished"] = fields["updated"]
+        columns = ", ".join(f"{k} = ?" for k in fields)
+        with self._connect() as db:
+            db.execute(f"UPDATE runs SET {columns} WHERE id = ?", (*fields.values(), run_id))
+
+    def claim(self, run_id: str, pid: int) -> Run:
+        """Mark a run as being worked on by this process; refuse if another live process has it."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                db.execute("ROLLBACK")
+                raise JobError(f"no run {run_id!r}")
+            run = _run(row)
+            if run.status in ("done", "cancelled"):
+                db.execute("ROLLBACK")
+                raise JobError(f"run {run_id} is {run.status}; nothing to resume")
+            if run.pid is not None and run.pid != pid and run.worker_alive and run.status == "running":
+                db.execute("ROLLBACK")
+                raise JobError(f"run {run_id} is being worked on by process {run.pid}")
+            db.execute("UPDATE runs SET status = 'running', pid = ?, error = NULL, updated = ? WHERE id = ?",
+                       (pid, time.time(), run_id))
+            db.execute("COMMIT")
+        return self.get(run_id)
+
+    def request_cancel(self, run_id: str) -> Run:
+        run = self.get(run_id)
+        if run.status in ("done", "failed", "cancelled"):
+            return run
+        if run.status == "queued" and not run.worker_alive or run.interrupted:
+            self.update(run.id, status="cancelled", cancel_requested=1, message="cancelled")
+        else:
+            self.update(run.id, cancel_requested=1)
+        return self.get(run.id)
+
+    def cancel_requested(self, run_id: str) -> bool:
+        with self._connect() as db:
+            row = db.execute("SELECT cancel_requested FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return bool(row and row[0])
+
+    # Steps ---------------------------------------------------------------------------------------------
+
+    def steps(self, run_id: str) -> list[Step]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY started, name", (run_id,)).fetchall()
+        return [_step(r) for r in rows]
+
+    def step(self, run_id: str, name: str) -> Step | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM steps WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+        return _step(row) if row else None
+
+    def start_step(self, run_id: str, name: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT INTO steps (run_id, name, status, started) VALUES (?, ?, 'running', ?) "
+                       "ON CONFLICT (run_id, name) DO UPDATE SET status = 'running', error = NULL, started = ?",
+                       (run_id, name, time.time(), time.time()))
+
+    def finish_step(self, run_id: str, name: str, output, status: str = "done") -> None:
+        with self._connect() as db:
+            db.execute("UPDATE steps SET status = ?, output = ?, finished = ? WHERE run_id = ? AND name = ?",
+                       (status, json.dumps(output), time.time(), run_id, name))
+
+    def fail_step(self, run_id: str, name: str, error: str) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE steps SET status = 'failed', error = ?, finished = ? WHERE run_id = ? AND name = ?",
+                       (error, time.time(), run_id, name))
+
+
+def _run(row: sqlite3.Row) -> Run:
+    return Run(
+        id=row["id"], kind=row["kind"], params=json.loads(row["params"]), status=row["status"], stage=row["stage"],
+        progress=row["progress"], message=row["message"], error=row["error"],
+        result=json.loads(row["result"]) if row["result"] else None, pid=row["pid"],
+        cancel_requested=bool(row["cancel_requested"]), created=row["created"], updated=row["updated"],
+        finished=row["finished"],
+    )
+
+
+def _step(row: sqlite3.Row) -> Step:
+    return Step(name=row["name"], status=row["status"], output=json.loads(row["output"]) if row["output"] else None,
+                error=row["error"], started=row["started"], finished=row["finished"])

@@ -1,0 +1,1 @@
+"""The article pipeline: research -> writing -> illustration -> assembly, as stored, resumable steps."""

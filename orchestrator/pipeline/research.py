@@ -1,0 +1,108 @@
+"""Research: an outline (title, sections, key points) as validated JSON, grounded in the user's sources."""
+
+import json
+from pathlib import Path
+
+from orchestrator.clients.llm import LLMClient
+from orchestrator.pipeline.params import ArticleParams
+
+ATTEMPTS = 3
+SOURCE_CHARS = 6000  # of each source file, to stay well inside small models' context
+
+
+class ResearchError(Exception):
+    pass
+
+
+def outline_schema(sections: int) -> dict:
+    return {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "minLength": 3, "maxLength": 80},
+            "sections": {"type": "array", "minItems": sections, "maxItems": sections, "items": {
+                "type": "object",
+                "properties": {
+                    "heading": {"type": "string", "minLength": 2, "maxLength": 60},
+                    "key_points": {"type": "array", "minItems": 2, "maxItems": 3,
+                                   "items": {"type": "string", "minLength": 3, "maxLength": 120}},
+                },
+                "required": ["heading", "key_points"], "additionalProperties": False,
+            }},
+        },
+        "required": ["title", "sections"], "additionalProperties": False,
+    }
+
+
+def read_sources(paths: list[str]) -> list[dict]:
+    return [{"name": Path(p).name, "text": Path(p).read_text(errors="replace")[:SOURCE_CHARS]} for p in paths]
+
+
+def messages_for(params: ArticleParams, sources: list[dict]) -> list[dict]:
+    grounding = ""
+    if sources:
+        grounding = "\n\nBase the key points on these sources:\n" + "\n\n".join(
+            f"--- {s['name']} ---\n{s['text']}" for s in sources)
+    return [
+        {"role": "system", "content": "You are a careful research assistant. You answer with JSON only."},
+        {"role": "user", "content": (
+            f"Plan an article about: {params.topic}\nAudience: {params.audience}\n"
+            f"Give a title and exactly {params.sections} sections, each with a heading and 2 or 3 key points.\n"
+            'Answer with one JSON object: {"title": "...", "sections": [{"heading": "...", "key_points": '
+            '["...", "..."]}]}' + grounding)},
+    ]
+
+
+def parse_outline(text: str, sections: int) -> dict:
+    """The outline in `text`, checked; raises ValueError saying what is wrong."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise ValueError("the answer contains no JSON object")
+    try:
+        data = json.loads(text[start:end + 1])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"the JSON does not parse ({e})") from None
+    title = data.get("title") if isinstance(data, dict) else None
+    if not isinstance(title, str) or not title.strip():
+        raise ValueError("the outline has no title")
+    items = data.get("sections")
+    if not isinstance(items, list) or len(items) != sections:
+        raise ValueError(f"the outline needs exactly {sections} sections, got "
+                         f"{len(items) if isinstance(items, list) else 'none'}")
+    clean = []
+    for i, item in enumerate(items):
+        heading = item.get("heading") if isinstance(item, dict) else None
+        points = item.get("key_points") if isinstance(item, dict) else None
+        if not isinstance(heading, str) or not heading.strip():
+            raise ValueError(f"section {i + 1} has no heading")
+        if not isinstance(points, list) or not points or not all(isinstance(p, str) and p.strip() for p in points):
+            raise ValueError(f"section {i + 1} needs a list of key points (strings)")
+        clean.append({"heading": heading.strip(), "key_points": [p.strip() for p in points]})
+    return {"title": title.strip(), "sections": clean}
+
+
+async def research(llm: LLMClient, params: ArticleParams, structured: bool = True) -> dict:
+    """Ask for the outline; a malformed answer is retried (with the problem named) up to ATTEMPTS times."""
+    sources = read_sources(params.sources)
+    messages = messages_for(params, sources)
+    schema = outline_schema(params.sections) if structured else None
+    problem, text = "", ""
+    for attempt in range(ATTEMPTS):
+        # Room for the schema's longest answer even at one character per token (as small models can write).
+        reply = await llm.chat(messages, max_tokens=150 + 520 * params.sections, temperature=params.temperature,
+                               json_schema=schema, seed=None if params.seed is None else params.seed + attempt)
+        text = reply["text"]
+        try:
+            outline = parse_outline(text, params.sections)
+        except ValueError as e:
+            problem = str(e)
+            messages = messages[:2] + [
+                {"role": "assistant", "content": text[:2000]},
+                {"role": "user", "content": f"That is not usable: {problem}. Answer again with the JSON object only."},
+            ]
+            continue
+        outline["sources"] = [s["name"] for s in sources]
+        outline["attempts"] = attempt + 1
+        return outline
+    excerpt = text[:200].replace("\n", " ")
+    raise ResearchError(f"the model gave no usable outline in {ATTEMPTS} attempts (last problem: {problem}; "
+                        f"last answer began: {excerpt!r})")

@@ -1,0 +1,274 @@
+"""A stand-in for ComfyUI (which cannot be installed from package registries) that speaks its protocol.
+
+HTTP: POST /prompt (validated like ComfyUI: node types, required inputs, links and their types,
+choice lists; 400 with node_errors), GET /history[/{id}], GET /view, GET /object_info[/{class}],
+GET /system_stats, POST /free, POST /interrupt. Websocket /ws?clientId=: status,
+execution_start, executing, progress, executed, execution_error, execution_interrupted,
+execution_success. SaveImage writes real PNG files. Tests steer it through /_test/behaviour
+(fail a node class, or hang in KSampler until interrupted) and read what it saw at /_test/calls.
+
+Run: python -m tests.orchestrator.fake_comfyui --port P --output DIR
+"""
+
+import argparse
+import asyncio
+import contextlib
+import io
+import time
+import uuid
+from pathlib import Path
+
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, Response
+
+CHECKPOINTS = ["v1-5-pruned-emaonly.safetensors", "sd_xl_base_1.0.safetensors", "flux1-dev-fp8.safetensors"]
+INT, FLOAT, STRING = ["INT", {"default": 0}], ["FLOAT", {"default": 0.0}], ["STRING", {"default": ""}]
+NODES = {
+    "CheckpointLoaderSimple": ({"ckpt_name": [CHECKPOINTS]}, ["MODEL", "CLIP", "VAE"]),
+    "EmptyLatentImage": ({"width": INT, "height": INT, "batch_size": INT}, ["LATENT"]),
+    "EmptySD3LatentImage": ({"width": INT, "height": INT, "batch_size": INT}, ["LATENT"]),
+    "CLIPTextEncode": ({"text": STRING, "clip": ["CLIP"]}, ["CONDITIONING"]),
+    "ConditioningZeroOut": ({"conditioning": ["CONDITIONING"]}, ["CONDITIONING"]),
+    "FluxGuidance": ({"conditioning": ["CONDITIONING"], "guidance": FLOAT}, ["CONDITIONING"]),
+    "KSampler": ({"model": ["MODEL"], "seed": INT, "steps": INT, "cfg": FLOAT,
+                  "sampler_name": [["euler", "euler_ancestral", "dpmpp_2m"]],
+                  "scheduler": [["normal", "karras", "simple"]], "positive": ["CONDITIONING"],
+                  "negative": ["CONDITIONING"], "latent_image": ["LATENT"], "denoise": FLOAT}, ["LATENT"]),
+    "VAEDecode": ({"samples": ["LATENT"], "vae": ["VAE"]}, ["IMAGE"]),
+    "SaveImage": ({"images": ["IMAGE"], "filename_prefix": STRING}, []),
+}
+
+
+def object_info(cls: str) -> dict:
+    inputs, outputs = NODES[cls]
+    return {"input": {"required": inputs}, "output": outputs, "output_node": cls == "SaveImage", "name": cls,
+            "display_name": cls, "category": "test"}
+
+
+def node_error(kind: str, message: str, details: str) -> dict:
+    return {"type": kind, "message": message, "details": details, "extra_info": {}}
+
+
+def validate(prompt: dict) -> tuple[dict | None, dict]:
+    """(top-level error or None, node_errors) the way ComfyUI's validate_prompt reports them."""
+    if not isinstance(prompt, dict) or not prompt:
+        return node_error("invalid_prompt", "Invalid prompt", "empty"), {}
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or node.get("class_type") not in NODES:
+            cls = node.get("class_type") if isinstance(node, dict) else None
+            return node_error("invalid_prompt", f"Cannot execute because node {cls} does not exist.",
+                              f"Node ID '#{node_id}'"), {}
+    if not any(node["class_type"] == "SaveImage" for node in prompt.values()):
+        return node_error("prompt_no_outputs", "Prompt has no outputs", ""), {}
+    errors = {}
+    for node_id, node in prompt.items():
+        spec, _ = NODES[node["class_type"]]
+        problems = []
+        for name, kind in spec.items():
+            value = node.get("inputs", {}).get(name)
+            if value is None:
+                problems.append(node_error("required_input_missing", "Required input is missing", name))
+            elif isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                source = prompt.get(value[0])
+                outputs = NODES[source["class_type"]][1] if source else []
+                if source is None or not isinstance(value[1], int) or value[1] >= len(outputs):
+                    problems.append(node_error("bad_linked_input", "Bad linked input", f"{name}: {value}"))
+                elif outputs[value[1]] != kind[0]:
+                    problems.append(node_error("return_type_mismatch", "Return type mismatch between linked nodes",
+                                               f"{name}, received_type({outputs[value[1]]}) mismatch "
+                                               f"input_type({kind[0]})"))
+            elif isinstance(kind[0], list) and value not in kind[0]:
+                problems.append(node_error("value_not_in_list", "Value not in list",
+                                           f"{name}: '{value}' not in {kind[0]}"))
+            elif kind[0] in ("INT", "FLOAT") and not isinstance(value, (int, float)):
+                problems.append(node_error("invalid_input_type", f"Failed to convert an input value to a {kind[0]} "
+                                           "value", f"{name}, {value}"))
+        if problems:
+            errors[node_id] = {"errors": problems, "dependent_outputs": [], "class_type": node["class_type"]}
+    if errors:
+        return node_error("prompt_outputs_failed_validation", "Prompt outputs failed validation", ""), errors
+    return None, {}
+
+
+def order(prompt: dict) -> list[str]:
+    done, result = set(), []
+
+    def visit(node_id: str) -> None:
+        if node_id in done:
+            return
+        done.add(node_id)
+        for value in prompt[node_id].get("inputs", {}).values():
+            if isinstance(value, list) and len(value) == 2 and value[0] in prompt:
+                visit(value[0])
+        result.append(node_id)
+
+    for node_id in prompt:
+        visit(node_id)
+    return result
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    from PIL import Image
+
+    color = (seed * 97 % 256, seed * 57 % 256, seed * 31 % 256)
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def build_app(output_dir: Path) -> FastAPI:
+    app = FastAPI()
+    state = {"behaviour": {}, "history": {}, "sockets": {}, "calls": [], "interrupt": asyncio.Event(), "counter": 0}
+
+    async def send(client_id: str | None, kind: str, data: dict) -> None:
+        targets = [state["sockets"][client_id]] if client_id in state["sockets"] else list(state["sockets"].values())
+        for ws in targets:
+            with contextlib.suppress(Exception):  # a client that went away
+                await ws.send_json({"type": kind, "data": data})
+
+    async def execute(prompt_id: str, prompt: dict, client_id: str | None) -> None:
+        entry = state["history"][prompt_id]
+        messages = entry["status"]["messages"]
+        behaviour = state["behaviour"]
+        state["interrupt"].clear()
+
+        async def event(kind: str, data: dict, record: bool = False) -> None:
+            data = {**data, "prompt_id": prompt_id}
+            if record:
+                messages.append([kind, {**data, "timestamp": int(time.time() * 1000)}])
+            await send(client_id, kind, data)
+
+        await event("execution_start", {}, record=True)
+        executed = []
+        for node_id in order(prompt):
+            node = prompt[node_id]
+            cls = node["class_type"]
+            await event("executing", {"node": node_id, "display_node": node_id})
+            if behaviour.get("fail_class") == cls:
+                await event("execution_error", {"node_id": node_id, "node_type": cls, "executed": executed,
+                                                "exception_message": behaviour.get("message", "out of memory"),
+                                                "exception_type": "torch.OutOfMemoryError", "traceback": [],
+                                                "current_inputs": {}, "current_outputs": {}}, record=True)
+                entry["status"].update(status_str="error", completed=False)
+                return
+            if cls == "KSampler":
+                steps = int(node["inputs"]["steps"])
+                for step in range(1, steps + 1):
+                    while behaviour.get("hang") and not state["interrupt"].is_set():
+                        await asyncio.sleep(0.05)
+                    if state["interrupt"].is_set():
+                        await event("execution_interrupted", {"node_id": node_id, "node_type": cls,
+                                                              "executed": executed}, record=True)
+                        entry["status"].update(status_str="error", completed=False)
+                        return
+                    await event("progress", {"value": step, "max": steps, "node": node_id})
+                    await asyncio.sleep(0.005)
+            if cls == "SaveImage":
+                latent = next(n for n in prompt.values() if n["class_type"].startswith("Empty"))
+                sampler = next(n for n in prompt.values() if n["class_type"] == "KSampler")
+                state["counter"] += 1
+                name = f"{node['inputs']['filename_prefix']}_{state['counter']:05d}_.png"
+                (output_dir / name).write_bytes(png(int(latent["inputs"]["width"]), int(latent["inputs"]["height"]),
+                                                    int(sampler["inputs"]["seed"])))
+                output = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
+                entry["outputs"][node_id] = output
+                await event("executed", {"node": node_id, "display_node": node_id, "output": output})
+            executed.append(node_id)
+        await event("executing", {"node": None})
+        await event("execution_success", {}, record=True)
+        entry["status"].update(status_str="success", completed=True)
+
+    @app.post("/prompt")
+    async def post_prompt(request: Request):
+        body = await request.json()
+        prompt = body.get("prompt")
+        error, node_errors = validate(prompt)
+        state["calls"].append({"path": "/prompt", "valid": error is None})
+        if error is not None:
+            return JSONResponse({"error": error, "node_errors": node_errors}, status_code=400)
+        prompt_id = str(uuid.uuid4())
+        state["history"][prompt_id] = {"prompt": [len(state["history"]), prompt_id, prompt, {}, []], "outputs": {},
+                                       "status": {"status_str": None, "completed": False, "messages": []}}
+        asyncio.get_running_loop().create_task(execute(prompt_id, prompt, body.get("client_id")))
+        return {"prompt_id": prompt_id, "number": len(state["history"]), "node_errors": {}}
+
+    @app.get("/history")
+    async def history_all():
+        return {k: v for k, v in state["history"].items() if v["status"]["status_str"]}
+
+    @app.get("/history/{prompt_id}")
+    async def history(prompt_id: str):
+        entry = state["history"].get(prompt_id)
+        return {prompt_id: entry} if entry and entry["status"]["status_str"] else {}
+
+    @app.get("/view")
+    async def view(filename: str, subfolder: str = "", type: str = "output"):
+        path = output_dir / subfolder / filename
+        if type != "output" or not path.is_file() or ".." in filename:
+            return Response(status_code=404)
+        return Response(path.read_bytes(), media_type="image/png")
+
+    @app.get("/object_info")
+    async def all_object_info():
+        return {cls: object_info(cls) for cls in NODES}
+
+    @app.get("/object_info/{cls}")
+    async def one_object_info(cls: str):
+        return {cls: object_info(cls)} if cls in NODES else {}
+
+    @app.get("/system_stats")
+    async def system_stats():
+        return {"system": {"os": "posix", "comfyui_version": "fake", "python_version": "3", "embedded_python": False},
+                "devices": [{"name": "cpu", "type": "cpu", "index": None, "vram_total": 8 << 30,
+                             "vram_free": 6 << 30, "torch_vram_total": 0, "torch_vram_free": 0}]}
+
+    @app.post("/free")
+    async def free(request: Request):
+        state["calls"].append({"path": "/free", "body": await request.json()})
+        return {}
+
+    @app.post("/interrupt")
+    async def interrupt():
+        state["calls"].append({"path": "/interrupt"})
+        state["interrupt"].set()
+        return {}
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket, clientId: str | None = None):  # noqa: N803 ComfyUI's parameter name
+        await websocket.accept()
+        client_id = clientId or uuid.uuid4().hex
+        state["sockets"][client_id] = websocket
+        await websocket.send_json({"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}},
+                                                              "sid": client_id}})
+        try:
+            while True:
+                await websocket.receive_text()
+        except WebSocketDisconnect:
+            state["sockets"].pop(client_id, None)
+
+    @app.post("/_test/behaviour")
+    async def behaviour(request: Request):
+        state["behaviour"] = await request.json()
+        return state["behaviour"]
+
+    @app.get("/_test/calls")
+    async def calls():
+        return state["calls"]
+
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    uvicorn.run(build_app(output), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
