@@ -111,62 +111,70 @@ class ComfyUIClient:
 
     async def wait(self, prompt_id: str, on_progress: Progress | None = None,
                    should_stop: Callable[[], bool] | None = None) -> dict:
-        """Follow the prompt until it finishes; return its history entry. Falls back to polling /history
-        when the websocket cannot be opened."""
-        deadline = time.monotonic() + self.timeout
+        """Follow a submitted prompt until it finishes; return its history entry. Falls back to polling
+        /history when the websocket cannot be opened."""
+        connection = await self._connect()
         try:
-            return await self._wait_ws(prompt_id, on_progress, should_stop, deadline)
-        except (OSError, _WebsocketUnavailable):
-            return await self._wait_poll(prompt_id, should_stop, deadline)
+            return await self._follow(connection, prompt_id, on_progress, should_stop)
+        finally:
+            if connection is not None:
+                await connection.close()
 
-    async def _wait_ws(self, prompt_id, on_progress, should_stop, deadline) -> dict:
+    async def _connect(self):
+        """The progress websocket, or None where it cannot be opened (then we poll)."""
         import websockets
 
         ws_url = self.base_url.replace("http://", "ws://").replace("https://", "wss://") + \
             f"/ws?clientId={self.client_id}"
         try:
-            connection = await websockets.connect(ws_url, max_size=None, open_timeout=10)
-        except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError) as e:
-            raise _WebsocketUnavailable(str(e)) from None
-        async with connection:
-            # The prompt may have finished before the socket opened: history settles that.
-            entry = await self.history(prompt_id)
-            if entry and entry.get("status", {}).get("completed") is not None and _finished(entry):
-                return _outcome(entry, prompt_id)
-            while True:
-                if should_stop and should_stop():
-                    await self.interrupt()
-                    raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within "
-                                       f"{self.timeout:.0f} s")
-                try:
-                    raw = await asyncio.wait_for(connection.recv(), timeout=min(remaining, 1.0))
-                except asyncio.TimeoutError:
-                    continue
-                except websockets.exceptions.ConnectionClosed:
-                    return await self._wait_poll(prompt_id, should_stop, deadline)
-                if isinstance(raw, bytes):
-                    continue  # binary frames carry live previews
-                message = json.loads(raw)
-                kind, data = message.get("type"), message.get("data", {})
-                if data.get("prompt_id") not in (None, prompt_id):
-                    continue
-                if kind == "progress" and on_progress:
-                    on_progress({"node": data.get("node"), "value": data.get("value"), "max": data.get("max")})
-                elif kind == "executing" and data.get("prompt_id") == prompt_id:
-                    if data.get("node") is None:  # the end of this prompt
-                        return _outcome(await self.history(prompt_id) or {}, prompt_id)
-                    if on_progress:
-                        on_progress({"node": data["node"]})
-                elif kind == "execution_error":
-                    raise NodeError(str(data.get("node_id")), data.get("node_type", "?"),
-                                    data.get("exception_message", "execution failed").strip())
-                elif kind == "execution_interrupted":
-                    raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted at node {data.get('node_id')}")
-                elif kind == "execution_success":
+            return await websockets.connect(ws_url, max_size=None, open_timeout=10)
+        except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError):
+            return None
+
+    async def _follow(self, connection, prompt_id, on_progress, should_stop) -> dict:
+        import websockets
+
+        deadline = time.monotonic() + self.timeout
+        if connection is None:
+            return await self._wait_poll(prompt_id, should_stop, deadline)
+        # The prompt may have finished before the socket opened: history settles that.
+        entry = await self.history(prompt_id)
+        if entry and _finished(entry):
+            return _outcome(entry, prompt_id)
+        while True:
+            if should_stop and should_stop():
+                await self.interrupt()
+                raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within "
+                                   f"{self.timeout:.0f} s")
+            try:
+                raw = await asyncio.wait_for(connection.recv(), timeout=min(remaining, 1.0))
+            except asyncio.TimeoutError:
+                continue
+            except websockets.exceptions.ConnectionClosed:
+                return await self._wait_poll(prompt_id, should_stop, deadline)
+            if isinstance(raw, bytes):
+                continue  # binary frames carry live previews
+            message = json.loads(raw)
+            kind, data = message.get("type"), message.get("data", {})
+            if data.get("prompt_id") not in (None, prompt_id):
+                continue
+            if kind == "progress" and on_progress:
+                on_progress({"node": data.get("node"), "value": data.get("value"), "max": data.get("max")})
+            elif kind == "executing" and data.get("prompt_id") == prompt_id:
+                if data.get("node") is None:  # the end of this prompt
                     return _outcome(await self.history(prompt_id) or {}, prompt_id)
+                if on_progress:
+                    on_progress({"node": data["node"]})
+            elif kind == "execution_error":
+                raise NodeError(str(data.get("node_id")), data.get("node_type", "?"),
+                                data.get("exception_message", "execution failed").strip())
+            elif kind == "execution_interrupted":
+                raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted at node {data.get('node_id')}")
+            elif kind == "execution_success":
+                return _outcome(await self.history(prompt_id) or {}, prompt_id)
 
     async def _wait_poll(self, prompt_id, should_stop, deadline) -> dict:
         while time.monotonic() < deadline:
@@ -191,8 +199,13 @@ class ComfyUIClient:
                        should_stop: Callable[[], bool] | None = None) -> list[bytes]:
         """Check, submit, follow and download: the images of every output node, in node order."""
         await self.check_choices(workflow)
-        prompt_id = await self.submit(workflow)
-        entry = await self.wait(prompt_id, on_progress, should_stop)
+        connection = await self._connect()  # before submitting, so no progress message is missed
+        try:
+            prompt_id = await self.submit(workflow)
+            entry = await self._follow(connection, prompt_id, on_progress, should_stop)
+        finally:
+            if connection is not None:
+                await connection.close()
         images = []
         for node_id in sorted(entry.get("outputs", {}), key=_node_order):
             for image in entry["outputs"][node_id].get("images", []):
@@ -201,10 +214,6 @@ class ComfyUIClient:
         if not images:
             raise ComfyUIError(f"ComfyUI prompt {prompt_id} finished without saving an image (no SaveImage node?)")
         return images
-
-
-class _WebsocketUnavailable(Exception):
-    pass
 
 
 def _node_order(node_id: str):
