@@ -7,10 +7,11 @@ import sys
 import time
 
 from orchestrator import api
-from orchestrator.clients.comfyui import ComfyUIError
+from orchestrator.clients.comfyui import ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMError
 from orchestrator.jobs import JobError, JobStore
 from orchestrator.pipeline.article import ArticleRun, Cancelled, Reporter
+from orchestrator.pipeline.image import run_image
 from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.pipeline.research import ResearchError
 from orchestrator.settings import Settings
@@ -120,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(result["article_html"])
             return 0
         if args.command == "work":
-            asyncio.run(ArticleRun(store, args.run_id, settings).execute())
+            run = store.get(args.run_id)
+            if run.kind == "image":
+                asyncio.run(run_image(store, run.id, settings))
+            else:
+                asyncio.run(ArticleRun(store, run.id, settings).execute())
             return 0
         if args.command == "resume":
             run = store.get(args.run_id)
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     state = "interrupted" if r["interrupted"] else r["status"]
                     print(f"{r['id']}  {state:<11} {r['progress'] * 100:4.0f}%  {r['params']['topic'][:60]}")
             return 0
-    except Cancelled:
+    except (Cancelled, Interrupted):
         print("cancelled", file=sys.stderr)
         return 3
     except USER_ERRORS as e:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from orchestrator.jobs import JobStore, Run
+from orchestrator.pipeline.image import ImageParams
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.settings import Settings
 
@@ -33,6 +34,14 @@ def spawn_worker(run_id: str, settings: Settings) -> int:
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     store_for(settings).update(run_id, pid=proc.pid)
     return proc.pid
+
+
+def start_image(params: dict, settings: Settings | None = None) -> Run:
+    settings = settings or Settings.from_env()
+    validated = ImageParams.from_dict(params)
+    run = store_for(settings).create_run("image", validated.to_dict())
+    spawn_worker(run.id, settings)
+    return store_for(settings).get(run.id)
 
 
 def start_article(params: dict, settings: Settings | None = None) -> Run:

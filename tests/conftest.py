@@ -1,6 +1,10 @@
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 # Tests never write to the user's data directory: a run-wide home unless the caller chose one (CI does).
@@ -13,3 +17,57 @@ def smollm2_path() -> Path:
     from backend.model_store import pull
 
     return pull("smollm2")
+
+
+# Services shared by the orchestrator and MCP tests -----------------------------------------------------
+
+@pytest.fixture(scope="session")
+def llm_server(tmp_path_factory):
+    """The real backend serving a tiny random model with a context long enough for the pipeline's prompts."""
+    from tests.backend.server_process import ServerProcess
+    from tests.backend.tiny_models import build_model
+
+    model = build_model("llama", tmp_path_factory.mktemp("models") / "tiny-long", max_position_embeddings=4096)
+    server = ServerProcess(str(model), "--served-model-name", "tiny", "--max-num-seqs", "16")
+    yield server
+    server.stop()
+
+
+class FakeComfyUI:
+    """The ComfyUI stand-in of tests/orchestrator/fake_comfyui.py, as a real process on a free port."""
+
+    def __init__(self, output: Path):
+        from tests.backend.server_process import ROOT, free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.orchestrator.fake_comfyui", "--port",
+                                      str(self.port), "--output", str(output)], cwd=ROOT,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/system_stats", timeout=1)
+                return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise TimeoutError("fake ComfyUI did not start")
+
+    def behave(self, **behaviour) -> None:
+        httpx.post(f"{self.url}/_test/behaviour", json=behaviour).raise_for_status()
+
+    def calls(self) -> list[dict]:
+        return httpx.get(f"{self.url}/_test/calls").json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def comfyui(tmp_path):
+    fake = FakeComfyUI(tmp_path / "comfy-output")
+    yield fake
+    fake.stop()
+
+

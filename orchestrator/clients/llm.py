@@ -26,7 +26,7 @@ class LLMClient:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_wait = max_wait  # the longest a call keeps retrying before it gives up
-        self.max_retries = max_retries
+        self.max_retries = max_retries  # for connection errors and 429/5xx; a sleeping backend's 503 is waited out
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers,
                                       timeout=httpx.Timeout(timeout, connect=10.0))
@@ -154,3 +154,93 @@ def _message(response: httpx.Response) -> str:
         return json.dumps(data)[:300]
     except ValueError:
         return response.text[:300]
+
+
+class LLMRouter:
+    """Several OpenAI-compatible upstreams as one: a request goes to an upstream serving its model
+    (asked through /models) and fails over to the next when one is down."""
+
+    def __init__(self, urls: list[str] | tuple[str, ...], model: str | None = None, api_key: str | None = None,
+                 timeout: float = 600.0, max_wait: float = 600.0):
+        if not urls:
+            raise LLMError("no LLM upstream configured; set SCRIPTORIUM_LLM_URL")
+        # With more than one upstream, a dead one is skipped after a single retry instead of waited for.
+        retries = 8 if len(urls) == 1 else 1
+        self.clients = [LLMClient(u, None, api_key, timeout, max_wait, retries) for u in urls]
+        self.model = model
+        self._served: dict[str, list[str]] = {}
+
+    @property
+    def base_url(self) -> str:
+        return ", ".join(c.base_url for c in self.clients)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    async def __aenter__(self) -> "LLMRouter":
+        return self
+
+    async def __aexit__(self, *_) -> None:
+        await self.aclose()
+
+    async def upstreams(self) -> list[dict]:
+        """Every upstream with its models, or the error that kept us from asking."""
+        rows = []
+        for client in self.clients:
+            try:
+                models = await asyncio.wait_for(client.models(), timeout=10)
+                self._served[client.base_url] = models
+                rows.append({"url": client.base_url, "healthy": True, "models": models, "error": None})
+            except (LLMError, asyncio.TimeoutError) as e:
+                rows.append({"url": client.base_url, "healthy": False, "models": [], "error": str(e) or "timeout"})
+        return rows
+
+    async def models(self) -> list[str]:
+        seen = []
+        for row in await self.upstreams():
+            seen += [m for m in row["models"] if m not in seen]
+        return seen
+
+    async def _candidates(self, model: str | None) -> list[LLMClient]:
+        if model is None:
+            return self.clients
+        if not any(model in served for served in self._served.values()):
+            await self.upstreams()
+        serving = [c for c in self.clients if model in self._served.get(c.base_url, [])]
+        if not serving:
+            known = sorted({m for served in self._served.values() for m in served})
+            raise LLMError(f"no upstream serves model {model!r}; available: {', '.join(known) or 'none reachable'}")
+        return serving
+
+    async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
+        model = model or self.model
+        errors = []
+        for client in await self._candidates(model):
+            client.model = model
+            try:
+                return await client.chat(messages, **kwargs)
+            except LLMError as e:
+                if " answered 4" in str(e):  # the request itself is wrong: another upstream will not help
+                    raise
+                errors.append(str(e))
+        raise LLMError("every LLM upstream failed: " + " | ".join(errors) +
+                       "; start the backend with `ops up` or check SCRIPTORIUM_LLM_URL")
+
+    async def stream_chat(self, messages: list[dict], model: str | None = None, **kwargs) -> AsyncIterator[str]:
+        model = model or self.model
+        errors = []
+        for client in await self._candidates(model):
+            client.model = model
+            started = False
+            try:
+                async for delta in client.stream_chat(messages, **kwargs):
+                    started = True
+                    yield delta
+                return
+            except LLMError as e:
+                if started or " answered 4" in str(e):
+                    raise
+                errors.append(str(e))
+        raise LLMError("every LLM upstream failed: " + " | ".join(errors) +
+                       "; start the backend with `ops up` or check SCRIPTORIUM_LLM_URL")

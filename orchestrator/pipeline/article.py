@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
-from orchestrator.clients.llm import LLMClient
+from orchestrator.clients.llm import LLMRouter
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline import assembly
 from orchestrator.pipeline.illustration import image_prompt, render
@@ -42,7 +42,7 @@ class ArticleRun:
         self.params = ArticleParams.from_dict(run.params)
         self.dir = settings.runs_dir / run_id
         self.total_steps = 1 + self.params.sections + self.params.images + 2
-        self.llm_url = self.params.llm_url or settings.llm_urls[0]
+        self.llm_urls = [self.params.llm_url] if self.params.llm_url else list(settings.llm_urls)
         self.comfyui_url = self.params.comfyui_url or settings.comfyui_url
 
     def _cancel_requested(self) -> bool:
@@ -95,7 +95,7 @@ class ArticleRun:
 
     async def _pipeline(self) -> dict:
         p = self.params
-        async with LLMClient(self.llm_url, model=p.model or self.settings.llm_model, api_key=self.settings.llm_api_key,
+        async with LLMRouter(self.llm_urls, model=p.model or self.settings.llm_model, api_key=self.settings.llm_api_key,
                              timeout=self.settings.llm_timeout) as llm:
             self._stage("research", 1)
             outline = await self.step("research", lambda: self._research(llm))
@@ -145,15 +145,15 @@ class ArticleRun:
         self.store.update(self.run_id, stage=name)
         self.reporter.stage(name, total)
 
-    async def _research(self, llm: LLMClient) -> dict:
+    async def _research(self, llm: LLMRouter) -> dict:
         outline = await research(llm, self.params, structured=self.settings.llm_structured_output)
         self._save("research.json", json.dumps(outline, indent=2))
         return outline
 
-    async def _write(self, llm: LLMClient, outline: dict, i: int) -> str:
+    async def _write(self, llm: LLMRouter, outline: dict, i: int) -> str:
         return self._save(f"sections/{i:02d}.md", await write_section(llm, outline, i, self.params))
 
-    async def _illustrate(self, llm: LLMClient, comfyui: ComfyUIClient | None, outline: dict, i: int) -> dict:
+    async def _illustrate(self, llm: LLMRouter, comfyui: ComfyUIClient | None, outline: dict, i: int) -> dict:
         if comfyui is None:
             return {"skipped": "ComfyUI is not configured (set SCRIPTORIUM_COMFYUI_URL or pass --comfyui)"}
         prompt = await image_prompt(llm, outline, i, self.params)

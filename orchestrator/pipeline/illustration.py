@@ -4,11 +4,11 @@ from collections.abc import Callable
 
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
-from orchestrator.clients.llm import LLMClient
+from orchestrator.clients.llm import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 
-async def image_prompt(llm: LLMClient, outline: dict, index: int, params: ArticleParams) -> str:
+async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: ArticleParams) -> str:
     section = outline["sections"][index]
     reply = await llm.chat([
         {"role": "system", "content": "You write prompts for an image generator: one line of concrete visual detail."},

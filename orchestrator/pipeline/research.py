@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from orchestrator.clients.llm import LLMClient
+from orchestrator.clients.llm import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 ATTEMPTS = 3
@@ -80,7 +80,7 @@ def parse_outline(text: str, sections: int) -> dict:
     return {"title": title.strip(), "sections": clean}
 
 
-async def research(llm: LLMClient, params: ArticleParams, structured: bool = True) -> dict:
+async def research(llm: LLMRouter, params: ArticleParams, structured: bool = True) -> dict:
     """Ask for the outline; a malformed answer is retried (with the problem named) up to ATTEMPTS times."""
     sources = read_sources(params.sources)
     messages = messages_for(params, sources)

@@ -1,6 +1,6 @@
 """Writing: one section at a time per request; the run sends them all at once and the backend batches them."""
 
-from orchestrator.clients.llm import LLMClient
+from orchestrator.clients.llm import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 
@@ -17,7 +17,7 @@ def section_messages(outline: dict, index: int, params: ArticleParams) -> list[d
     ]
 
 
-async def write_section(llm: LLMClient, outline: dict, index: int, params: ArticleParams) -> str:
+async def write_section(llm: LLMRouter, outline: dict, index: int, params: ArticleParams) -> str:
     reply = await llm.chat(section_messages(outline, index, params), max_tokens=int(params.words_per_section * 2.2),
                            temperature=params.temperature, seed=None if params.seed is None else params.seed + index)
     text = reply["text"].strip()

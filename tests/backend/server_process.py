@@ -20,8 +20,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model: str, *extra: str, wait: bool = True, timeout: float = 180):
-        self.port = free_port()
+    def __init__(self, model: str, *extra: str, wait: bool = True, timeout: float = 180, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # SERVER_LOG=path keeps the server's output for debugging; the child holds its own copy of the fd.
         with open(os.environ.get("SERVER_LOG", os.devnull), "a") as log:

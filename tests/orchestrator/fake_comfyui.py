@@ -154,7 +154,7 @@ def build_app(output_dir: Path) -> FastAPI:
             if cls == "KSampler":
                 steps = int(node["inputs"]["steps"])
                 for step in range(1, steps + 1):
-                    while behaviour.get("hang") and not state["interrupt"].is_set():
+                    while state["behaviour"].get("hang") and not state["interrupt"].is_set():  # read live
                         await asyncio.sleep(0.05)
                     if state["interrupt"].is_set():
                         await event("execution_interrupted", {"node_id": node_id, "node_type": cls,

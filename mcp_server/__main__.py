@@ -1,0 +1,111 @@
+"""python -m mcp_server: serve MCP over stdio (default) or streamable HTTP (--http); install/uninstall."""
+
+import argparse
+import hmac
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from mcp_server.install import CLIENTS, InstallError, install, uninstall
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+class BearerGate:
+    """ASGI middleware: every request but /health must carry `Authorization: Bearer <token>`."""
+
+    def __init__(self, app, token: str):
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                from starlette.responses import JSONResponse
+
+                response = JSONResponse({"error": "unauthorized",
+                                         "message": "send Authorization: Bearer <SCRIPTORIUM_MCP_TOKEN>"},
+                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def serve_http(host: str, port: int, budget: float) -> int:
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from mcp_server.server import build_server
+
+    token = os.environ.get("SCRIPTORIUM_MCP_TOKEN") or None
+    if host not in LOCAL_HOSTS and not token:
+        print(f"error: refusing to serve MCP on {host} without a token; set SCRIPTORIUM_MCP_TOKEN (clients then send "
+              "Authorization: Bearer <token>) or bind to 127.0.0.1", file=sys.stderr)
+        return 2
+    server = build_server(budget=budget)
+    security = None
+    if host not in LOCAL_HOSTS:  # reached by name or address from elsewhere: the token is the protection
+        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=host)
+    if token:
+        app = BearerGate(app, token)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mcp_server", description="Scriptorium's MCP server")
+    parser.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--budget", type=float, default=float(os.environ.get("SCRIPTORIUM_MCP_BUDGET", 45)),
+                        help="seconds a tool call may block before it returns a job id (agents give up near 60)")
+    sub = parser.add_subparsers(dest="command")
+    for name in ("install", "uninstall"):
+        p = sub.add_parser(name, help=f"{name} the 'scriptorium' entry in an agent's MCP configuration")
+        p.add_argument("--client", required=True, choices=CLIENTS)
+        p.add_argument("--scope", default="user", choices=["user", "project"])
+        p.add_argument("--project-dir", default=".", help="the project for --scope project (default: here)")
+        if name == "install":
+            p.add_argument("--http", dest="http_url", default=None, metavar="URL",
+                           help="register the HTTP server at URL (e.g. http://127.0.0.1:8765/mcp) instead of stdio")
+            p.add_argument("--print", dest="dry_run", action="store_true", help="show the entry, write nothing")
+        p.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.command in ("install", "uninstall"):
+        try:
+            if args.command == "install":
+                result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
+                                 os.environ.get("SCRIPTORIUM_MCP_TOKEN") or None, args.dry_run)
+            else:
+                result = uninstall(args.client, args.scope, Path(args.project_dir))
+        except InstallError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(result))
+        elif result.get("snippet"):
+            print(f"# {result['path']}\n{result['snippet']}")
+        elif not result["changed"]:
+            print(f"nothing to do: {result['path']} already {'has' if args.command == 'install' else 'lacks'} "
+                  "the scriptorium entry")
+        else:
+            verb = "installed scriptorium in" if args.command == "install" else "removed scriptorium from"
+            backup = f" (backup: {result['backup']})" if result.get("backup") else ""
+            print(f"{verb} {result['path']}{backup}")
+        return 0
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
+    if args.http:
+        return serve_http(args.host, args.port, args.budget)
+    from mcp_server.server import build_server
+
+    build_server(budget=args.budget).run("stdio")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
