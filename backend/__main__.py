@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "models" and args.action == "pull":
-            path = pull(args.name)
+            from pathlib import Path
+
+            from backend.model_store import KNOWN_MODELS
+
+            # A model given as a path needs no fetching: ops' prepare step pulls whatever --model names.
+            path = Path(args.name).expanduser() if args.name not in KNOWN_MODELS and Path(args.name).expanduser().exists() \
+                else pull(args.name)
             print(path)
             return 0
         if args.command == "models" and args.action == "list":

@@ -1,0 +1,235 @@
+"""up, down, status and health over a stack: what the `ops` commands do, as functions."""
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops import gpu
+from ops.health import check
+from ops.plan import Plan, make_plan, order
+from ops.runners.process import ProcessRunner
+from ops.stack import Service, Stack, StackError
+from ops.state import Record, State
+
+
+def home() -> Path:
+    return Path(os.environ.get("SCRIPTORIUM_HOME") or Path.home() / ".local/share/scriptorium").expanduser()
+
+
+def runner_for(kind: str, state: State, stack: Stack):
+    if kind == "process":
+        return ProcessRunner(state)
+    if kind == "docker":
+        from ops.runners.docker import DockerRunner
+
+        devices, _ = gpu.probe()
+        return DockerRunner(state, stack.project, stack.path.parent, gpus=bool(devices))
+    raise StackError(f"unknown runner {kind!r}; use process or docker")
+
+
+def runner_of(record: Record, state: State, stack: Stack):
+    return runner_for(record.runner, state, stack)
+
+
+@dataclass
+class ServiceStatus:
+    service: str
+    runner: str | None
+    state: str  # stopped | starting | healthy | unhealthy | dead
+    pid: int | None = None
+    container: str | None = None
+    health: str | None = None
+    detail: str = ""
+    gpu_memory_measured: int | None = None
+    since: float | None = None
+
+
+def probe_health(url: str | None, runner, record: Record) -> tuple[bool, str]:
+    """A service's health: its x-ops health URL; else, in Docker, the container's own healthcheck."""
+    if url:
+        return check(url)
+    if runner.name == "docker":
+        status = runner.container_health(record)
+        if status is not None:
+            return status == "healthy", f"container health: {status}"
+    return runner.alive(record), "running (no health check defined)"
+
+
+def service_status(service: Service, state: State, stack: Stack) -> ServiceStatus:
+    record = state.get(service.name)
+    if record is None:
+        return ServiceStatus(service.name, None, "stopped", health=service.health)
+    runner = runner_of(record, state, stack)
+    base = dict(runner=record.runner, pid=record.pid, container=record.container, health=record.health,
+                gpu_memory_measured=record.gpu_memory_measured, since=record.started)
+    if not runner.alive(record):
+        return ServiceStatus(service.name, state="dead", detail="its process is gone (crashed or killed)", **base)
+    ok, detail = probe_health(record.health, runner, record)
+    return ServiceStatus(service.name, state="healthy" if ok else "unhealthy", detail=detail, **base)
+
+
+@dataclass
+class UpResult:
+    started: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    failed: str | None = None
+    message: str = ""
+    log_tail: str = ""
+    plan: Plan | None = None
+
+
+class Reporter:
+    def step(self, service: str, text: str) -> None: ...
+
+    def waiting(self, service: str, elapsed: float, timeout: float) -> None: ...
+
+
+def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: str, keep: bool = False,
+       reporter: Reporter | None = None) -> UpResult:
+    reporter = reporter or Reporter()
+    state = State(home())
+    services = stack.selected(names, profiles)
+    statuses = {s.name: service_status(s, state, stack) for s in services}
+    running = {n for n, st in statuses.items() if st.state == "healthy"}
+    devices, _ = gpu.probe()
+    plan = make_plan(services, devices, running)
+    result = UpResult(plan=plan)
+    if plan.problems:
+        result.failed = "plan"
+        result.message = "\n".join(plan.problems)
+        return result
+    by_name = {s.name: s for s in services}
+    started_now: list[tuple[Record, object, Service]] = []
+    for step in plan.steps:
+        service = by_name[step.service]
+        if step.running:
+            result.already.append(service.name)
+            reporter.step(service.name, "already healthy")
+            continue
+        stale = state.get(service.name)
+        if stale is not None:  # dead or unhealthy: clear it before starting again
+            runner_of(stale, state, stack).stop(stale, service.stop_timeout)
+        try:
+            for command in service.prepare:
+                reporter.step(service.name, "preparing: " + " ".join(command))
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise StackError(f"{service.name}: preparing ({' '.join(command)}) failed: "
+                                     f"{(done.stderr or done.stdout).strip()[-400:]}")
+            runner = runner_for(runner_kind, state, stack)
+            free_before = _free(devices)
+            record = runner.start(service)
+            started_now.append((record, runner, service))
+            reporter.step(service.name, f"started ({runner_kind})")
+            problem = _wait_healthy(service, record, runner, reporter)
+        except StackError as e:
+            problem = str(e)
+            record, runner = state.get(service.name), None
+        if problem:
+            result.failed = service.name
+            result.message = problem
+            if record is not None and runner is not None:
+                result.log_tail = runner.log_tail(record)
+            if not keep:
+                for rec, run, svc in reversed(started_now):
+                    run.stop(rec, svc.stop_timeout)
+            return result
+        record.gpu_memory_measured = _measured(record, free_before)
+        state.put(record)
+        result.started.append(service.name)
+        reporter.step(service.name, "healthy")
+    return result
+
+
+def _wait_healthy(service: Service, record: Record, runner, reporter: Reporter) -> str | None:
+    started = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - started
+        if not runner.alive(record):
+            return f"{service.name} exited before it became healthy"
+        ok, detail = probe_health(service.health, runner, record)
+        if ok:
+            return None
+        if elapsed > service.health_timeout:
+            return f"{service.name} was not healthy after {service.health_timeout:.0f} s ({detail})"
+        reporter.waiting(service.name, elapsed, service.health_timeout)
+        time.sleep(0.25)
+
+
+def _free(devices) -> int | None:
+    return devices[0].free if devices else None
+
+
+def _measured(record: Record, free_before: int | None) -> int | None:
+    if free_before is None:
+        return None
+    devices, _ = gpu.probe()
+    if not devices:
+        return None
+    if record.pid:
+        pids = _process_tree(record.pid)
+        used = sum(p.used for p in devices[0].processes if p.pid in pids)
+        if used:
+            return used
+    return max(free_before - devices[0].free, 0)
+
+
+def _process_tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().split(") ")[-1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, queue = set(), [root]
+    while queue:
+        pid = queue.pop()
+        if pid not in tree:
+            tree.add(pid)
+            queue += children.get(pid, [])
+    return tree
+
+
+def down(stack: Stack, names: list[str] | None, profiles: list[str]) -> list[str]:
+    """Stop services in reverse start order; returns the names stopped."""
+    state = State(home())
+    if names:
+        services = [stack.services[n] for n in names if n in stack.services]
+        unknown = [n for n in names if n not in stack.services]
+        if unknown:
+            raise StackError(f"unknown service(s) {', '.join(unknown)}; the stack has {', '.join(stack.services)}")
+    else:
+        services = list(stack.services.values())
+    stopped = []
+    for service in reversed(order(services)):
+        record = state.get(service.name)
+        if record is None:
+            continue
+        runner_of(record, state, stack).stop(record, service.stop_timeout)
+        stopped.append(service.name)
+    return stopped
+
+
+def health_report(stack: Stack, profiles: list[str]) -> dict:
+    """What `ops health` prints: every service ops started, GPU headroom, free disk; ok when all are healthy."""
+    state = State(home())
+    started = {r.service for r in state.all()}
+    services = [s for s in stack.services.values() if s.name in started]
+    statuses = [service_status(s, state, stack) for s in services]
+    devices, source = gpu.probe()
+    disk = shutil.disk_usage(home() if home().exists() else Path.home())
+    problems = [f"{s.service} is {s.state}: {s.detail}" for s in statuses if s.state != "healthy"]
+    if not services:
+        problems.append("no service is running; start the stack with `ops up`")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "services": [s.__dict__ for s in statuses],
+        "gpu": {"source": source, "devices": [d.to_dict() for d in devices]},
+        "disk": {"path": str(home()), "free": disk.free, "total": disk.total},
+    }

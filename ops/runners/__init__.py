@@ -1,0 +1,1 @@
+"""How a service runs: as a plain process (the embedded default) or as a Docker container."""
