@@ -27,7 +27,9 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed model
 	$(PY) bench/engine.py
 
+# The stack on the embedded default (backend on this machine with smollm2, MCP over HTTP), then one
+# article written through the MCP server as an agent would; prints where article.html is. The stack
+# stays up (`.venv/bin/ops down` stops it); running it again leaves healthy services alone.
 up: $(VENV)/.installed model
-	@echo "make up: the stack (ops up + an article pipeline) is coming with the ops issues; for now try:"
-	@echo "  $(PY) -m backend generate --model smollm2 'Write a haiku about scribes.'"
-	@exit 2
+	$(VENV)/bin/ops up
+	$(PY) -m mcp_server.try_pipeline
