@@ -2,14 +2,18 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# PyTorch first, pinned, so the project's torch range does not pull something else. On this project's
+# machines the pinned release is the CPU build; elsewhere set TORCH_INDEX (e.g. the CPU wheel index
+# https://download.pytorch.org/whl/cpu, or a CUDA one) to choose the build.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: up test lint model bench
 
-# A venv with the project installed. PyTorch goes in first, pinned to the CPU build that
-# the package index carries, so that the project's torch range does not pull a CUDA build.
+# A venv with the project installed.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 

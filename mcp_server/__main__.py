@@ -4,11 +4,11 @@ import argparse
 import hmac
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
 from mcp_server.install import CLIENTS, InstallError, install, uninstall
+from orchestrator.settings import Settings, SettingsError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -33,18 +33,18 @@ class BearerGate:
         await self.app(scope, receive, send)
 
 
-def serve_http(host: str, port: int, budget: float) -> int:
+def serve_http(settings: Settings, host: str, port: int, budget: float | None) -> int:
     import uvicorn
     from mcp.server.transport_security import TransportSecuritySettings
 
     from mcp_server.server import build_server
 
-    token = os.environ.get("SCRIPTORIUM_MCP_TOKEN") or None
+    token = settings.mcp_token
     if host not in LOCAL_HOSTS and not token:
         print(f"error: refusing to serve MCP on {host} without a token; set SCRIPTORIUM_MCP_TOKEN (clients then send "
               "Authorization: Bearer <token>) or bind to 127.0.0.1", file=sys.stderr)
         return 2
-    server = build_server(budget=budget)
+    server = build_server(settings, budget=budget)
     security = None
     if host not in LOCAL_HOSTS:  # reached by name or address from elsewhere: the token is the protection
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="serve streamable HTTP at /mcp instead of stdio")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--budget", type=float, default=float(os.environ.get("SCRIPTORIUM_MCP_BUDGET", 45)),
-                        help="seconds a tool call may block before it returns a job id (agents give up near 60)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds a tool call may block before it returns a job id (agents give up near 60; "
+                             "default 45 or SCRIPTORIUM_MCP_BUDGET)")
     sub = parser.add_subparsers(dest="command")
     for name in ("install", "uninstall"):
         p = sub.add_parser(name, help=f"{name} the 'scriptorium' entry in an agent's MCP configuration")
@@ -75,11 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
+    try:
+        settings = Settings.from_env()
+    except SettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.command in ("install", "uninstall"):
         try:
             if args.command == "install":
-                result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
-                                 os.environ.get("SCRIPTORIUM_MCP_TOKEN") or None, args.dry_run)
+                result = install(args.client, args.scope, Path(args.project_dir), args.http_url, settings.mcp_token,
+                                 args.dry_run)
             else:
                 result = uninstall(args.client, args.scope, Path(args.project_dir))
         except InstallError as e:
@@ -100,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
     if args.http:
-        return serve_http(args.host, args.port, args.budget)
+        return serve_http(settings, args.host, args.port, args.budget)
     from mcp_server.server import build_server
 
-    build_server(budget=args.budget).run("stdio")
+    build_server(settings, budget=args.budget).run("stdio")
     return 0
 
 

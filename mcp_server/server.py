@@ -116,8 +116,9 @@ def gpu_memory() -> list[dict] | None:
     return rows
 
 
-def build_server(settings: Settings | None = None, budget: float = 45.0) -> MCPServer:
+def build_server(settings: Settings | None = None, budget: float | None = None) -> MCPServer:
     settings = settings or Settings.from_env()
+    budget = budget or settings.mcp_budget
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer):
@@ -283,7 +284,7 @@ def build_server(settings: Settings | None = None, budget: float = 45.0) -> MCPS
                 async with ComfyUIClient(state.settings.comfyui_url) as client:
                     stats = await asyncio.wait_for(client.system_stats(), timeout=10)
                 comfy.update(healthy=True, devices=stats.get("devices", []))
-            except (ComfyUIError, asyncio.TimeoutError) as e:
+            except (TimeoutError, ComfyUIError) as e:
                 comfy["error"] = str(e) or "timeout"
         return StackStatus(llm=await state.llm.upstreams(), comfyui=comfy, gpu=await asyncio.to_thread(gpu_memory))
 

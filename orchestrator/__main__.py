@@ -14,10 +14,10 @@ from orchestrator.pipeline.article import ArticleRun, Cancelled, Reporter
 from orchestrator.pipeline.image import run_image
 from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.pipeline.research import ResearchError
-from orchestrator.settings import Settings
+from orchestrator.settings import Settings, SettingsError
 from orchestrator.workflows import TemplateError
 
-USER_ERRORS = (JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled)
+USER_ERRORS = (SettingsError, JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled)
 
 
 class BarReporter(Reporter):
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     work_p.add_argument("run_id")
     args = parser.parse_args(argv)
 
-    settings = Settings.from_env()
     try:
+        settings = Settings.from_env()
         store = JobStore(settings.jobs_db)
         if args.command == "run":
             params = ArticleParams(

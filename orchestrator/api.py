@@ -26,7 +26,8 @@ def create_article_run(params: dict, settings: Settings) -> Run:
 def spawn_worker(run_id: str, settings: Settings) -> int:
     """Start the detached process that works on the run; returns its pid."""
     settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SCRIPTORIUM_HOME=str(settings.home), SCRIPTORIUM_LLM_URL=",".join(settings.llm_urls))
+    env = dict(os.environ, SCRIPTORIUM_HOME=str(settings.home), SCRIPTORIUM_LLM_URL=",".join(settings.llm_urls),
+               SCRIPTORIUM_LLM_STRUCTURED_OUTPUT="1" if settings.llm_structured_output else "0")
     if settings.comfyui_url:
         env["SCRIPTORIUM_COMFYUI_URL"] = settings.comfyui_url
     with open(settings.logs_dir / f"run-{run_id}.log", "ab") as log:

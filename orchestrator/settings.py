@@ -1,10 +1,31 @@
-"""Where the orchestrator's upstreams and files are: environment variables, overridable per call."""
+"""The project's settings: environment variables over an optional TOML file over defaults.
+
+The file is $SCRIPTORIUM_CONFIG, else $SCRIPTORIUM_HOME/config.toml. Its keys are the field names
+below (llm_urls may be a list or a comma-separated string). The backend reads only SCRIPTORIUM_HOME:
+it imports nothing of ours, so it can run on its own.
+"""
 
 import os
-from dataclasses import dataclass, field, replace
+import tomllib
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8000/v1"
+ENV = {  # field -> environment variable
+    "llm_urls": "SCRIPTORIUM_LLM_URL",
+    "llm_model": "SCRIPTORIUM_LLM_MODEL",
+    "llm_api_key": "SCRIPTORIUM_LLM_API_KEY",
+    "comfyui_url": "SCRIPTORIUM_COMFYUI_URL",
+    "llm_structured_output": "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT",
+    "llm_timeout": "SCRIPTORIUM_LLM_TIMEOUT",
+    "comfyui_timeout": "SCRIPTORIUM_COMFYUI_TIMEOUT",
+    "mcp_token": "SCRIPTORIUM_MCP_TOKEN",
+    "mcp_budget": "SCRIPTORIUM_MCP_BUDGET",
+}
+
+
+class SettingsError(ValueError):
+    pass
 
 
 def _home() -> Path:
@@ -21,21 +42,29 @@ class Settings:
     llm_structured_output: bool = True  # ask for JSON via response_format (off for upstreams without it)
     llm_timeout: float = 600.0
     comfyui_timeout: float = 900.0
+    mcp_token: str | None = None  # required when the MCP server binds beyond localhost
+    mcp_budget: float = 45.0  # seconds an MCP call may block before it returns a job id
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
-        env = os.environ
-        urls = tuple(u.strip().rstrip("/") for u in env.get("SCRIPTORIUM_LLM_URL", DEFAULT_LLM_URL).split(",")
-                     if u.strip())
-        settings = cls(
-            home=_home(),
-            llm_urls=urls or (DEFAULT_LLM_URL,),
-            llm_model=env.get("SCRIPTORIUM_LLM_MODEL") or None,
-            llm_api_key=env.get("SCRIPTORIUM_LLM_API_KEY") or None,
-            comfyui_url=(env.get("SCRIPTORIUM_COMFYUI_URL") or "").rstrip("/") or None,
-            llm_structured_output=env.get("SCRIPTORIUM_LLM_STRUCTURED_OUTPUT", "1").lower() not in ("0", "false", "no"),
-        )
-        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        home = _home()
+        values: dict = {"home": home}
+        path = Path(os.environ.get("SCRIPTORIUM_CONFIG") or home / "config.toml").expanduser()
+        if path.is_file():
+            try:
+                data = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as e:
+                raise SettingsError(f"{path} is not valid TOML: {e}") from None
+            known = {f.name for f in fields(cls)} - {"home"}
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            values.update({k: _coerce(k, v, str(path)) for k, v in data.items()})
+        for name, var in ENV.items():
+            if os.environ.get(var) not in (None, ""):
+                values[name] = _coerce(name, os.environ[var], var)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
 
     @property
     def runs_dir(self) -> Path:
@@ -48,3 +77,25 @@ class Settings:
     @property
     def logs_dir(self) -> Path:
         return self.home / "logs"
+
+
+def _coerce(name: str, value, source: str):
+    try:
+        if name == "llm_urls":
+            urls = value.split(",") if isinstance(value, str) else list(value)
+            urls = tuple(str(u).strip().rstrip("/") for u in urls if str(u).strip())
+            if not urls:
+                raise ValueError("no URL given")
+            return urls
+        if name == "llm_structured_output":
+            return value if isinstance(value, bool) else str(value).lower() not in ("0", "false", "no", "off")
+        if name in ("llm_timeout", "comfyui_timeout", "mcp_budget"):
+            number = float(value)
+            if number <= 0:
+                raise ValueError("must be positive")
+            return number
+        if name == "comfyui_url":
+            return str(value).rstrip("/") or None
+        return str(value)
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"{source}: {name} = {value!r} is not usable ({e})") from None

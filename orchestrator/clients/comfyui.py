@@ -128,7 +128,7 @@ class ComfyUIClient:
             f"/ws?clientId={self.client_id}"
         try:
             return await websockets.connect(ws_url, max_size=None, open_timeout=10)
-        except (OSError, websockets.exceptions.WebSocketException, asyncio.TimeoutError):
+        except (TimeoutError, OSError, websockets.exceptions.WebSocketException):
             return None
 
     async def _follow(self, connection, prompt_id, on_progress, should_stop) -> dict:
@@ -151,7 +151,7 @@ class ComfyUIClient:
                                    f"{self.timeout:.0f} s")
             try:
                 raw = await asyncio.wait_for(connection.recv(), timeout=min(remaining, 1.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             except websockets.exceptions.ConnectionClosed:
                 return await self._wait_poll(prompt_id, should_stop, deadline)

@@ -192,7 +192,7 @@ class LLMRouter:
                 models = await asyncio.wait_for(client.models(), timeout=10)
                 self._served[client.base_url] = models
                 rows.append({"url": client.base_url, "healthy": True, "models": models, "error": None})
-            except (LLMError, asyncio.TimeoutError) as e:
+            except (TimeoutError, LLMError) as e:
                 rows.append({"url": client.base_url, "healthy": False, "models": [], "error": str(e) or "timeout"})
         return rows
 
