@@ -3,8 +3,6 @@
 import asyncio
 import base64
 import json
-import shutil
-import subprocess
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,6 +14,7 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field
 
+from ops.gpu import probe
 from orchestrator import api
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
 from orchestrator.clients.llm import LLMError, LLMRouter
@@ -75,7 +74,8 @@ class JobList(BaseModel):
 class StackStatus(BaseModel):
     llm: list[dict] = Field(description="each upstream: url, healthy, models, error")
     comfyui: dict = Field(description="url, configured, healthy, devices (VRAM) or error")
-    gpu: list[dict] | None = Field(description="per-GPU memory from nvidia-smi; null when there is no NVIDIA GPU")
+    gpu: list[dict] | None = Field(description="per-GPU total/free bytes and the processes holding memory; null "
+                                              "when there is no NVIDIA GPU")
 
 
 class ModelList(BaseModel):
@@ -100,20 +100,9 @@ def job_info(run, settings: Settings) -> JobInfo:
 
 
 def gpu_memory() -> list[dict] | None:
-    """Per-GPU memory from nvidia-smi, or None where there is no NVIDIA GPU."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used,memory.free",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    rows = []
-    for line in out.stdout.strip().splitlines():
-        index, name, total, used, free = [x.strip() for x in line.split(",")]
-        rows.append({"index": int(index), "name": name, "total_mib": int(total), "used_mib": int(used),
-                     "free_mib": int(free)})
-    return rows
+    """Per-GPU memory (the probe ops uses), or None where there is no NVIDIA GPU."""
+    devices, _ = probe()
+    return [d.to_dict() for d in devices] or None
 
 
 def build_server(settings: Settings | None = None, budget: float | None = None) -> MCPServer:

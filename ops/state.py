@@ -1,10 +1,13 @@
 """What ops started, under $SCRIPTORIUM_HOME/state: one JSON file per service."""
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from orchestrator.jobs import pid_alive
+
+__all__ = ["Record", "State", "now", "pid_alive"]
 
 
 @dataclass
@@ -51,19 +54,3 @@ class State:
 
 def now() -> float:
     return time.time()
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True

@@ -64,7 +64,7 @@ class Run:
 
     @property
     def worker_alive(self) -> bool:
-        return self.pid is not None and _pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid)
 
     @property
     def interrupted(self) -> bool:
@@ -90,7 +90,9 @@ class Step:
         return dict(self.__dict__)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

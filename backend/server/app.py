@@ -52,10 +52,16 @@ class ServerState:
                     "spec_draft_tokens": 0, "spec_accepted_tokens": 0, "spec_verifications": 0}
         return self.engine.engine.stats()
 
-    def ready_engine(self) -> AsyncEngine:
+    def loaded_engine(self) -> AsyncEngine:
+        """The engine once loaded, asleep or not; 503 + Retry-After while loading."""
         if self.engine is None:
             raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
                            headers=RETRY_AFTER)
+        return self.engine
+
+    def ready_engine(self) -> AsyncEngine:
+        """The engine when it can take requests: loaded and awake."""
+        self.loaded_engine()
         if self.sleep_level or self.draining:
             raise APIError(503, "the model is asleep while its memory is lent to another service; retry shortly",
                            type="service_unavailable", headers=RETRY_AFTER)
@@ -130,10 +136,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.get("/v1/models")
     async def models():
-        engine = state.engine
-        if engine is None:
-            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
-                           headers=RETRY_AFTER)
+        engine = state.loaded_engine()
         return {"object": "list", "data": [{
             "id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
             "root": config.model, "max_model_len": engine.engine.max_model_len,
@@ -144,10 +147,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         if level not in (1, 2):
             raise APIError(400, f"level must be 1 (weights kept in CPU memory) or 2 (weights dropped), got {level}",
                            param="level")
-        engine = state.engine
-        if engine is None:
-            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
-                           headers=RETRY_AFTER)
+        engine = state.loaded_engine()
         if not state.sleep_level:
             state.draining = True
             try:
@@ -160,10 +160,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.post("/wake_up")
     async def wake_up():
-        engine = state.engine
-        if engine is None:
-            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
-                           headers=RETRY_AFTER)
+        engine = state.loaded_engine()
         if state.sleep_level:
             await engine.call(lambda e: e.wake_up())
             state.sleep_level = 0
