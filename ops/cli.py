@@ -5,8 +5,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
-from ops import gpu, lifecycle
+from ops import alerts, gpu, lifecycle
+from ops.backup import BackupError
 from ops.gpu import fmt
 from ops.plan import make_plan
 from ops.stack import StackError, load
@@ -112,7 +114,17 @@ def _status(args) -> int:
 
 
 def _health(args) -> int:
-    report = lifecycle.health_report(load(args.file), args.profile)
+    stack = load(args.file)
+    if args.wait:
+        ok, detail = lifecycle.wait_healthy(stack, args.wait, args.timeout)
+        if not ok:
+            print(f"error: {detail}", file=sys.stderr)
+        return 0 if ok else 1
+    report = lifecycle.health_report(stack, args.profile, every=args.all)
+    if not report["ok"] and (args.alert or args.webhook):
+        alert_errors = alerts.send(report, args.alert, args.webhook)
+        for error in alert_errors:
+            print(f"error: alert not delivered: {error}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -142,6 +154,139 @@ def _logs(args) -> int:
     return 0
 
 
+def _systemd(args) -> int:
+    from ops import systemd
+
+    stack = load(args.file)
+    services = stack.selected(args.services, args.profile)
+    devices, _ = gpu.probe()
+    files = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
+                          user=args.user, gpus=bool(devices))
+    files = systemd.with_alerts(files, stack, args.alert, args.webhook)
+    if args.action == "print":
+        if args.output:
+            for path in systemd.write(files, Path(args.output)):
+                print(path)
+        else:
+            for name, text in files.items():
+                print(f"# --- {name}\n{text}")
+        return 0
+    paths, notes = systemd.install(files, args.user)
+    for path in paths:
+        print(path)
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0
+
+
+def _backup_configs(stack) -> list[Path]:
+    """compose.yaml, its .env, the settings file, and the backups `mcp_server install` kept of agent configs."""
+    from mcp_server.install import CLIENTS, InstallError, target
+
+    configs = [stack.path, stack.path.parent / ".env",
+               Path(os.environ.get("SCRIPTORIUM_CONFIG") or lifecycle.home() / "config.toml")]
+    for client in CLIENTS:
+        try:
+            path = target(client, "user", Path.cwd()).path
+        except (InstallError, KeyError):
+            continue
+        configs += sorted(path.parent.glob(f"{path.name}.*.scriptorium.bak"))
+    return configs
+
+
+def _docker_images(stack, backup_id_hint: str):
+    """(service, image stream) for each of this project's labelled containers: committed, then saved."""
+    import docker
+
+    from ops.runners.docker import LABEL, PROJECT_LABEL, SERVICE_LABEL
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:  # noqa: BLE001 no engine: nothing of Docker's to back up
+        return []
+    streams = []
+    for container in client.containers.list(all=True, filters={"label": [f"{LABEL}=1",
+                                                                           f"{PROJECT_LABEL}={stack.project}"]}):
+        service = container.labels.get(SERVICE_LABEL, container.name)
+        image = container.commit(repository=f"scriptorium-backup-{service}", tag=backup_id_hint)
+
+        def stream(image=image):
+            try:
+                yield from image.save(named=True)
+            finally:
+                client.images.remove(image.id, force=True)
+
+        streams.append((service, stream()))
+    return streams
+
+
+def _backup(args) -> int:
+    from ops import backup
+
+    root = backup.root_for(lifecycle.home(), args.to if args.action != "restore" else args.root)
+    if args.action == "create":
+        stack = load(args.file)
+        made = backup.create(lifecycle.home(), root, _backup_configs(stack), include_models="models" in args.include,
+                             docker_images=_docker_images(stack, time.strftime("%Y%m%d-%H%M%S")))
+        if args.json:
+            print(json.dumps({"id": made.id, "path": str(made.path), "files": len(made.files), "bytes": made.size}))
+        else:
+            print(f"backup {made.id}: {len(made.files)} files, {fmt(made.size)} in {made.path}")
+        return 0
+    if args.action == "list":
+        rows = backup.list_backups(root)
+        if args.json:
+            print(json.dumps({"backups": [{"id": b.id, "path": str(b.path), "created": b.created,
+                                           "files": len(b.files), "bytes": b.size} for b in rows]}, indent=2))
+        else:
+            for b in rows:
+                print(f"{b.id}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(b.created))}  "
+                      f"{len(b.files):5d} files  {fmt(b.size):>9}")
+            if not rows:
+                print(f"no backups in {root}")
+        return 0
+    if args.action == "verify":
+        chosen = backup.get(root, args.id)
+        problems = backup.verify(root, chosen)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if args.json:
+            print(json.dumps({"id": chosen.id, "ok": not problems, "problems": problems}))
+        elif not problems:
+            print(f"backup {chosen.id}: {len(chosen.files)} files verified")
+        return 1 if problems else 0
+    if args.action == "prune":
+        removed = backup.prune(root, args.keep_last, args.keep_daily, args.keep_weekly)
+        print(json.dumps({"removed": removed}) if args.json else
+              (f"removed {', '.join(removed)}" if removed else "nothing to remove"))
+        return 0
+    if args.id is None:
+        raise StackError("restore needs the backup id: ops backup restore ID (see ops backup list)")
+    chosen = backup.get(root, args.id)
+    written = backup.restore(root, chosen, Path(args.to).expanduser() if args.to else lifecycle.home(), args.force)
+    print(json.dumps({"id": chosen.id, "restored": [str(p) for p in written]}) if args.json else
+          f"restored {len(written)} files from backup {chosen.id}")
+    return 0
+
+
+def _monitor(args) -> int:
+    from ops import monitor
+
+    stack = load(args.file)
+    if args.once:
+        data = monitor.snapshot(stack)
+        if args.json:
+            print(json.dumps(data, indent=2))
+        else:
+            from rich.console import Console
+
+            Console().print(monitor.render(data))
+        return 0
+    monitor.live(stack, args.interval)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ops", description="Start, watch and stop Scriptorium's services")
     parser.add_argument("--file", "-f", default=None, help="the compose file (default: ./compose.yaml)")
@@ -161,17 +306,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep what was started when a later service fails")
     common(sub.add_parser("down", help="stop services (reverse order)"))
     common(sub.add_parser("status", help="every service's state"), services=False)
-    common(sub.add_parser("health", help="one-shot check: exit 0 when every started service is healthy"),
-           services=False)
+    p = sub.add_parser("health", help="one-shot check: exit 0 when every started service is healthy")
+    common(p, services=False)
+    p.add_argument("--all", action="store_true", help="check every service of the active profiles, however started")
+    p.add_argument("--wait", nargs="+", metavar="SERVICE", help="block until these services are healthy")
+    p.add_argument("--timeout", type=float, default=600, help="with --wait: seconds before giving up")
+    p.add_argument("--alert", metavar="CMD", help="on failure run CMD (a shell command) with the report on stdin")
+    p.add_argument("--webhook", metavar="URL", help="on failure POST the report as JSON to URL")
+    p = sub.add_parser("systemd", help="systemd units (memory-safe order) and health/backup timers")
+    p.add_argument("action", choices=["print", "install"])
+    common(p)
+    p.add_argument("--output", help="with print: write the files into this directory")
+    p.add_argument("--user", action="store_true", help="user units (~/.config/systemd/user) instead of system ones")
+    p.add_argument("--runner", choices=["process", "docker"], default=None)
+    p.add_argument("--alert", metavar="CMD", help="the health timer runs CMD when something fails")
+    p.add_argument("--webhook", metavar="URL", help="the health timer POSTs to URL when something fails")
+    p = sub.add_parser("backup", help="verified backups: create (default), list, verify, prune, restore")
+    p.add_argument("action", nargs="?", default="create", choices=["create", "list", "verify", "prune", "restore"])
+    p.add_argument("id", nargs="?", help="the backup (verify: default the newest; restore: required)")
+    p.add_argument("--to", help="create/list/verify/prune: the backup directory (default $SCRIPTORIUM_HOME/backups); "
+                                "restore: where to restore (default $SCRIPTORIUM_HOME)")
+    p.add_argument("--root", help="restore: the backup directory the backup is in")
+    p.add_argument("--include", action="append", default=[], choices=["models"], help="also back up the models")
+    p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--keep-daily", type=int, default=7)
+    p.add_argument("--keep-weekly", type=int, default=4)
+    p.add_argument("--force", action="store_true", help="restore: overwrite existing files")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("monitor", help="live GPU memory, temperature and service health")
+    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
     p = sub.add_parser("logs", help="a service's log")
     p.add_argument("service")
     p.add_argument("--follow", "-F", "-f", action="store_true")
     p.add_argument("--lines", type=int, default=50)
     args = parser.parse_args(argv)
-    commands = {"plan": _plan, "up": _up, "down": _down, "status": _status, "health": _health, "logs": _logs}
+    commands = {"plan": _plan, "up": _up, "down": _down, "status": _status, "health": _health, "logs": _logs,
+                "systemd": _systemd, "backup": _backup, "monitor": _monitor}
     try:
         return commands[args.command](args)
-    except StackError as e:
+    except (StackError, BackupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

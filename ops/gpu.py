@@ -25,6 +25,7 @@ class Device:
     total: int  # bytes
     free: int
     processes: list[GPUProcess] = field(default_factory=list)
+    temperature: int | None = None  # degrees Celsius
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -37,8 +38,8 @@ def probe() -> tuple[list[Device], str]:
         with open(path) as f:
             data = json.load(f)
         return [Device(d["index"], d["name"], int(d["total"]), int(d["free"]),
-                       [GPUProcess(int(p["pid"]), p["name"], int(p["used"])) for p in d.get("processes", [])])
-                for d in data], "file"
+                       [GPUProcess(int(p["pid"]), p["name"], int(p["used"])) for p in d.get("processes", [])],
+                       d.get("temperature")) for d in data], "file"
     devices = _nvml()
     if devices is not None:
         return devices, "nvml"
@@ -79,7 +80,11 @@ def _nvml() -> list[Device] | None:
                         procs.append(GPUProcess(p.pid, _process_name(p.pid), int(p.usedGpuMemory or 0)))
                 except Exception:  # noqa: BLE001 some drivers refuse one of the two queries
                     pass
-            devices.append(Device(i, name, int(info.total), int(info.free), procs))
+            try:
+                temperature = int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+            except Exception:  # noqa: BLE001 not every board reports it
+                temperature = None
+            devices.append(Device(i, name, int(info.total), int(info.free), procs, temperature))
         return devices
     finally:
         pynvml.nvmlShutdown()
@@ -89,7 +94,7 @@ def _nvidia_smi() -> list[Device] | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free",
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free,temperature.gpu",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15)
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15)
@@ -100,8 +105,9 @@ def _nvidia_smi() -> list[Device] | None:
     mib = 2**20
     devices, by_uuid = [], {}
     for line in gpus.stdout.strip().splitlines():
-        index, uuid, name, total, free = [x.strip() for x in line.split(",")]
-        device = Device(int(index), name, int(float(total) * mib), int(float(free) * mib))
+        index, uuid, name, total, free, temperature = [x.strip() for x in line.split(",")]
+        device = Device(int(index), name, int(float(total) * mib), int(float(free) * mib), [],
+                        int(temperature) if temperature.isdigit() else None)
         devices.append(device)
         by_uuid[uuid] = device
     for line in apps.stdout.strip().splitlines():

@@ -215,21 +215,66 @@ def down(stack: Stack, names: list[str] | None, profiles: list[str]) -> list[str
     return stopped
 
 
-def health_report(stack: Stack, profiles: list[str]) -> dict:
-    """What `ops health` prints: every service ops started, GPU headroom, free disk; ok when all are healthy."""
+def health_report(stack: Stack, profiles: list[str], every: bool = False) -> dict:
+    """What `ops health` prints: the services ops started (or, with every, all in the active profiles,
+    however they were started: systemd, compose), GPU headroom and free disk; ok when all are healthy."""
     state = State(home())
-    started = {r.service for r in state.all()}
-    services = [s for s in stack.services.values() if s.name in started]
-    statuses = [service_status(s, state, stack) for s in services]
+    if every:
+        services = stack.selected(None, profiles)
+    else:
+        started = {r.service for r in state.all()}
+        services = [s for s in stack.services.values() if s.name in started]
+    statuses = []
+    for s in services:
+        if state.get(s.name) is None:  # not ours to track (systemd or compose started it): ask its health URL
+            ok, detail = check(s.health)
+            statuses.append(ServiceStatus(s.name, None, "healthy" if ok else "unhealthy", health=s.health,
+                                          detail=detail))
+        else:
+            statuses.append(service_status(s, state, stack))
     devices, source = gpu.probe()
     disk = shutil.disk_usage(home() if home().exists() else Path.home())
     problems = [f"{s.service} is {s.state}: {s.detail}" for s in statuses if s.state != "healthy"]
     if not services:
         problems.append("no service is running; start the stack with `ops up`")
+    since = _failing_since(state, {s.service for s in statuses if s.state != "healthy"})
+    for s in statuses:
+        s.since = since.get(s.service, s.since) if s.state != "healthy" else s.since
     return {
         "ok": not problems,
         "problems": problems,
         "services": [s.__dict__ for s in statuses],
+        "failing_since": since,
         "gpu": {"source": source, "devices": [d.to_dict() for d in devices]},
         "disk": {"path": str(home()), "free": disk.free, "total": disk.total},
     }
+
+
+def _failing_since(state: State, failing: set[str]) -> dict[str, float]:
+    """When each failing service was first seen failing (kept across checks in state/failing.json)."""
+    import json
+
+    path = state.dir / "failing.json"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    current = {name: known.get(name, time.time()) for name in failing}
+    if current != known:
+        state.dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(current))
+    return current
+
+
+def wait_healthy(stack: Stack, names: list[str], timeout: float) -> tuple[bool, str]:
+    """Block until every named service's health URL answers (systemd's ExecStartPost uses this)."""
+    services = stack.selected(names, [])
+    deadline = time.monotonic() + timeout
+    while True:
+        waiting = [(s.name, check(s.health)) for s in services if s.name in names]
+        bad = [(name, detail) for name, (ok, detail) in waiting if not ok]
+        if not bad:
+            return True, "healthy"
+        if time.monotonic() > deadline:
+            return False, "; ".join(f"{name} not healthy after {timeout:.0f} s ({detail})" for name, detail in bad)
+        time.sleep(0.5)

@@ -101,3 +101,32 @@ def test_a_missing_image_says_how_to_get_it(tmp_path):
     up = run_ops(tmp_path / "home", "up", "--runner", "docker", env={"SCRIPTORIUM_COMPOSE": str(tmp_path /
                                                                                            "compose.yaml")})
     assert up.returncode == 1 and "image no-such-image:1 for ghost is not here" in up.stderr
+
+
+def test_backup_commits_and_saves_labelled_containers(tmp_path, image):
+    port = free_port()
+    (tmp_path / "compose.yaml").write_text(f"""
+name: opsbackup
+services:
+  keeper:
+    image: {image}
+    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
+    ports: ["127.0.0.1:{port}:8080"]
+    x-ops: {{health: "http://127.0.0.1:{port}/health", stop_timeout: 2}}
+""")
+    env = {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
+    try:
+        assert run_ops(tmp_path / "home", "up", "--runner", "docker", env=env).returncode == 0
+        made = run_ops(tmp_path / "home", "backup", "--json", env=env)
+        assert made.returncode == 0, made.stderr
+        saved = tmp_path / "home" / "backups" / json.loads(made.stdout)["id"] / "docker" / "keeper.tar"
+        with tarfile.open(saved) as tar:
+            names = tar.getnames()
+        assert "manifest.json" in names  # a `docker save` archive, loadable with `docker load`
+        assert run_ops(tmp_path / "home", "backup", "verify", env=env).returncode == 0
+        leftovers = subprocess.run(["docker", "images", "-q", "scriptorium-backup-keeper"], capture_output=True,
+                                   text=True).stdout.strip()
+        assert leftovers == ""  # the committed image was only a step on the way to the archive
+    finally:
+        run_ops(tmp_path / "home", "down", env=env)
+        subprocess.run(["docker", "rm", "-f", "opsbackup-keeper"], capture_output=True)
