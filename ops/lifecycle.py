@@ -251,17 +251,18 @@ def health_report(stack: Stack, profiles: list[str], every: bool = False) -> dic
 
 
 def _failing_since(state: State, failing: set[str]) -> dict[str, float]:
-    """When each failing service was first seen failing (kept across checks in state/failing.json)."""
+    """When each failing service was first seen failing (kept across checks in state/health/failing.json,
+    apart from the per-service records)."""
     import json
 
-    path = state.dir / "failing.json"
+    path = state.dir / "health" / "failing.json"
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
     current = {name: known.get(name, time.time()) for name in failing}
     if current != known:
-        state.dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(current))
     return current
 
