@@ -37,7 +37,7 @@ def _plan(args) -> int:
     state = State(lifecycle.home())
     running = {s.name for s in services if lifecycle.service_status(s, state, stack).state == "healthy"}
     devices, source = gpu.probe()
-    plan = make_plan(services, devices, running)
+    plan = make_plan(services, devices, running, leases=_leases_on())
     if args.json:
         print(json.dumps({**plan.to_dict(), "probe": source}, indent=2))
     else:
@@ -47,10 +47,15 @@ def _plan(args) -> int:
         for i, step in enumerate(plan.steps, 1):
             memory = f"{fmt(step.budget):>9} {step.memory:<7} (free then {fmt(step.free_before)})" \
                 if plan.device else "cpu"
-            print(f"{i}. {step.service:<10} {memory}{'  already running' if step.running else ''}")
+            print(f"{i}. {step.service:<10} {memory}{'  already running' if step.running else ''}"
+                  f"{'  ' + step.note if step.note else ''}")
     for problem in plan.problems:
         print(f"error: {problem}", file=sys.stderr)
     return 2 if plan.problems else 0
+
+
+def _leases_on() -> bool:
+    return os.environ.get("SCRIPTORIUM_LEASES", "1").lower() not in ("0", "false", "no", "off")
 
 
 def _up(args) -> int:
@@ -98,10 +103,12 @@ def _status(args) -> int:
     state = State(lifecycle.home())
     rows = [lifecycle.service_status(s, state, stack) for s in stack.services.values()]
     devices, source = gpu.probe()
+    from ops.lease import describe
+
+    lease = describe(lifecycle.home())
     if args.json:
-        print(json.dumps({"services": [r.__dict__ for r in rows], "gpu": {"source": source,
-                                                                         "devices": [d.to_dict() for d in devices]}},
-                         indent=2))
+        print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease,
+                          "gpu": {"source": source, "devices": [d.to_dict() for d in devices]}}, indent=2))
         return 0
     print(f"{'SERVICE':<10} {'STATE':<10} {'RUNNER':<8} {'PID/CONTAINER':<14} {'GPU MEM':>9}  HEALTH")
     for r in rows:
@@ -110,6 +117,11 @@ def _status(args) -> int:
         print(f"{r.service:<10} {r.state:<10} {r.runner or '-':<8} {ident:<14} {mem:>9}  {r.health or '-'}")
     for d in devices:
         print(f"GPU {d.index} {d.name}: {fmt(d.free)} free of {fmt(d.total)}")
+    if lease:
+        since = time.strftime("%H:%M:%S", time.localtime(lease["since"]))
+        print(f"the card is lent to ComfyUI since {since} ({lease['jobs']} image job(s) running); the LLM sleeps")
+    else:
+        print("the card is held by the services as planned (no lease)")
     return 0
 
 
@@ -120,7 +132,15 @@ def _health(args) -> int:
         if not ok:
             print(f"error: {detail}", file=sys.stderr)
         return 0 if ok else 1
+    from ops.lease import repair
+    from orchestrator.settings import Settings
+
+    repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
     report = lifecycle.health_report(stack, args.profile, every=args.all)
+    if repaired:  # something was wrong, even if it is mended now
+        report["problems"] = repaired + report["problems"]
+        report["repaired"] = repaired
+        report["ok"] = False
     if not report["ok"] and (args.alert or args.webhook):
         alert_errors = alerts.send(report, args.alert, args.webhook)
         for error in alert_errors:

@@ -95,7 +95,8 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
     statuses = {s.name: service_status(s, state, stack) for s in services}
     running = {n for n, st in statuses.items() if st.state == "healthy"}
     devices, _ = gpu.probe()
-    plan = make_plan(services, devices, running)
+    leases = os.environ.get("SCRIPTORIUM_LEASES", "1").lower() not in ("0", "false", "no", "off")
+    plan = make_plan(services, devices, running, leases=leases)
     result = UpResult(plan=plan)
     if plan.problems:
         result.failed = "plan"

@@ -18,6 +18,7 @@ class Step:
     free_before: int | None  # what the card will have free when this service starts (None: no GPU)
     free_after: int | None
     running: bool  # already running: it holds its memory, nothing to start
+    note: str = ""
 
 
 @dataclass
@@ -49,23 +50,31 @@ def order(services: list[Service]) -> list[Service]:
     return done
 
 
-def make_plan(services: list[Service], devices: list[Device], running: set[str] | None = None) -> Plan:
+def make_plan(services: list[Service], devices: list[Device], running: set[str] | None = None,
+              leases: bool = True) -> Plan:
     running = running or set()
     ordered = order(services)
     if not devices:  # the embedded default: everything on the CPU
         return Plan([Step(s.name, s.memory, 0, None, None, s.name in running) for s in ordered], None)
     device = devices[0]  # one card: the stack's services share it
     free = device.free
+    lendable = 0  # memory of services before this one that can sleep to lend it (leases)
     steps, problems = [], []
     for s in ordered:
         budget = s.budget(device.total) if s.gpu or s.gpu_memory else 0
+        note = ""
         if s.name in running:
             steps.append(Step(s.name, s.memory, budget, free, free, True))
+            lendable += budget if s.can_sleep else 0
             continue
         if budget > 0 and budget > free:
-            problems.append(_explain(s, budget, free, device, running))
-        steps.append(Step(s.name, s.memory, budget, free, free - budget, False))
+            if leases and s.memory == "elastic" and budget <= free + lendable:
+                note = "fits while the LLM sleeps: its jobs take a memory lease"
+            else:
+                problems.append(_explain(s, budget, free, device, running))
+        steps.append(Step(s.name, s.memory, budget, free, free - budget, False, note))
         free -= budget
+        lendable += budget if s.can_sleep else 0
     return Plan(steps, device, problems)
 
 

@@ -40,6 +40,7 @@ class Service:
     prepare: list[list[str]] = field(default_factory=list)  # commands run before a start (e.g. fetching a model)
     stop_timeout: float = 30.0
     health_timeout: float = 600.0
+    can_sleep: bool = False  # lends its memory (POST /sleep) to an elastic service that would not fit
 
     def budget(self, total: int) -> int:
         """The GPU memory this service needs on a card of `total` bytes."""
@@ -177,6 +178,7 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
             native_env=_environment(ops.get("env")), prepare=[_expand(c, context) for c in _list(ops.get("prepare"))],
             stop_timeout=float(ops.get("stop_timeout", spec.get("stop_grace_period_s", 30))),
             health_timeout=float(ops.get("health_timeout", 600)),
+            can_sleep=bool(ops.get("can_sleep", False)),
         )
     for service in services.values():
         missing = [d for d in service.depends_on if d not in services]

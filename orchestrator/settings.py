@@ -21,6 +21,10 @@ ENV = {  # field -> environment variable
     "comfyui_timeout": "SCRIPTORIUM_COMFYUI_TIMEOUT",
     "mcp_token": "SCRIPTORIUM_MCP_TOKEN",
     "mcp_budget": "SCRIPTORIUM_MCP_BUDGET",
+    "leases": "SCRIPTORIUM_LEASES",
+    "lease_idle": "SCRIPTORIUM_LEASE_IDLE",
+    "lease_drain_timeout": "SCRIPTORIUM_LEASE_DRAIN_TIMEOUT",
+    "lease_memory_timeout": "SCRIPTORIUM_LEASE_MEMORY_TIMEOUT",
 }
 
 
@@ -44,6 +48,10 @@ class Settings:
     comfyui_timeout: float = 900.0
     mcp_token: str | None = None  # required when the MCP server binds beyond localhost
     mcp_budget: float = 45.0  # seconds an MCP call may block before it returns a job id
+    leases: bool = True  # sleep the LLM to lend its GPU memory to an image job that would not fit
+    lease_idle: float = 30.0  # seconds ComfyUI stays idle before the card goes back to the LLM
+    lease_drain_timeout: float = 120.0  # longest wait for the LLM's requests in flight to finish
+    lease_memory_timeout: float = 60.0  # longest wait for the freed memory to show on the card
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -87,11 +95,12 @@ def _coerce(name: str, value, source: str):
             if not urls:
                 raise ValueError("no URL given")
             return urls
-        if name == "llm_structured_output":
+        if name in ("llm_structured_output", "leases"):
             return value if isinstance(value, bool) else str(value).lower() not in ("0", "false", "no", "off")
-        if name in ("llm_timeout", "comfyui_timeout", "mcp_budget"):
+        if name in ("llm_timeout", "comfyui_timeout", "mcp_budget", "lease_idle", "lease_drain_timeout",
+                    "lease_memory_timeout"):
             number = float(value)
-            if number <= 0:
+            if number < 0 or (number == 0 and name not in ("lease_idle",)):
                 raise ValueError("must be positive")
             return number
         if name == "comfyui_url":

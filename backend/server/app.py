@@ -74,7 +74,7 @@ class ServerState:
 
 
 def build_app(config: EngineConfig, served_model_name: str | None = None,
-              on_load_error: Callable[[str], None] | None = None) -> FastAPI:
+              on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True) -> FastAPI:
     state = ServerState(config, served_model_name or config.model)
 
     def load() -> None:
@@ -144,6 +144,8 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.post("/sleep")
     async def sleep(level: int = 1, timeout: float = 30.0):
+        if not allow_sleep:
+            raise APIError(409, "this server was started with --no-sleep: it keeps its GPU memory", type="conflict")
         if level not in (1, 2):
             raise APIError(400, f"level must be 1 (weights kept in CPU memory) or 2 (weights dropped), got {level}",
                            param="level")

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or '
                              '\'{"method": "draft", "model": "PATH", "num_tokens": "auto"}\'')
+    parser.add_argument("--no-sleep", action="store_true",
+                        help="refuse /sleep: never lend this server's GPU memory to another service")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -62,7 +64,7 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(config, args.served_model_name, on_load_error)
+    app = build_app(config, args.served_model_name, on_load_error, allow_sleep=not args.no_sleep)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a

@@ -6,11 +6,12 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ops.lease import LeaseError
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline import assembly
-from orchestrator.pipeline.illustration import image_prompt, render
+from orchestrator.pipeline.illustration import holding, image_prompt, lease_for, render
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.research import research
 from orchestrator.pipeline.writing import write_section
@@ -44,6 +45,7 @@ class ArticleRun:
         self.total_steps = 1 + self.params.sections + self.params.images + 2
         self.llm_urls = [self.params.llm_url] if self.params.llm_url else list(settings.llm_urls)
         self.comfyui_url = self.params.comfyui_url or settings.comfyui_url
+        self.lease = None
 
     def _cancel_requested(self) -> bool:
         return self.store.cancel_requested(self.run_id)
@@ -113,6 +115,7 @@ class ArticleRun:
             self._stage("illustration", p.images)
             images, notes = {}, []
             comfyui = ComfyUIClient(self.comfyui_url, self.settings.comfyui_timeout) if self.comfyui_url else None
+            self.lease = lease_for(self.settings, self.comfyui_url, self.llm_urls[0])
             try:
                 for i in range(p.images):
                     out = await self.step(f"illustrate:{i:02d}", lambda i=i: self._illustrate(llm, comfyui, outline, i))
@@ -124,6 +127,8 @@ class ArticleRun:
             finally:
                 if comfyui is not None:
                     await comfyui.aclose()
+                if self.lease is not None:  # gives the card back to the LLM once ComfyUI is idle
+                    await self.lease.finish()
 
         note = f"Images skipped: {'; '.join(notes)}" if notes else None
         self._stage("assembly", 2)
@@ -164,10 +169,11 @@ class ArticleRun:
                 self.reporter.detail(f"image {i + 1}: step {event['value']}/{event['max']}")
 
         try:
-            png = await render(comfyui, prompt, self.params, i, progress, self._cancel_requested)
+            async with holding(self.lease, self.params.template, f"{self.run_id}/illustrate:{i:02d}"):
+                png = await render(comfyui, prompt, self.params, i, progress, self._cancel_requested)
         except Interrupted:
             raise
-        except (ComfyUIError, TemplateError) as e:  # the article still completes, saying why
+        except (ComfyUIError, TemplateError, LeaseError) as e:  # the article still completes, saying why
             return {"skipped": str(e), "prompt": prompt}
         return {"file": self._save(f"images/{i:02d}.png", png), "prompt": prompt}
 

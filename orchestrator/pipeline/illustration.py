@@ -1,6 +1,7 @@
 """Illustration: an image prompt per illustrated section from the LLM, the image from ComfyUI."""
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
@@ -28,3 +29,39 @@ async def render(comfyui: ComfyUIClient, prompt: str, params: ArticleParams, ind
     filled = workflows.fill(workflow, {**defaults, "prompt": prompt, "seed": seed})
     images = await comfyui.generate(filled, on_progress, should_stop)
     return images[0]
+
+
+# What a render of each built-in template holds on the card (the model loaded plus working memory);
+# a user's template uses the comfyui service's x-ops.gpu_memory from compose.yaml.
+TEMPLATE_MEMORY = {"sd15": 4 << 30, "sdxl": 8 << 30, "flux": 16 << 30}
+DEFAULT_MEMORY = 8 << 30
+
+
+def image_memory(template: str) -> int:
+    if template in TEMPLATE_MEMORY:
+        return TEMPLATE_MEMORY[template]
+    from ops.gpu import probe
+    from ops.stack import StackError, load
+
+    try:
+        service = load().services.get("comfyui")
+    except StackError:
+        return DEFAULT_MEMORY
+    devices, _ = probe()
+    return service.budget(devices[0].total if devices else 0) if service else DEFAULT_MEMORY
+
+
+def lease_for(settings, comfyui_url: str | None, llm_url: str | None):
+    """The GPU lease coordinator for image jobs (None when there is nothing to coordinate)."""
+    if not comfyui_url:
+        return None
+    from ops.lease import Coordinator, LeaseConfig
+
+    config = LeaseConfig(enabled=settings.leases, idle=settings.lease_idle,
+                         drain_timeout=settings.lease_drain_timeout, memory_timeout=settings.lease_memory_timeout)
+    return Coordinator(settings.home, llm_url, comfyui_url, config)
+
+
+def holding(lease, template: str, job: str):
+    """A context that holds the card for one render (a no-op without a coordinator)."""
+    return lease.hold(image_memory(template), job) if lease is not None else nullcontext()

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
+from orchestrator.pipeline.illustration import holding, lease_for
 from orchestrator.pipeline.params import ParamsError
 from orchestrator.settings import Settings
 
@@ -63,8 +64,13 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
                 store.update(run_id, progress=min(event["value"] / event["max"], 0.99),
                              message=f"step {event['value']}/{event['max']}")
 
-        async with ComfyUIClient(url, settings.comfyui_timeout) as comfyui:
-            images = await comfyui.generate(filled, progress, lambda: store.cancel_requested(run_id))
+        lease = lease_for(settings, url, settings.llm_urls[0])
+        try:
+            async with holding(lease, params.template, run_id), ComfyUIClient(url, settings.comfyui_timeout) as comfy:
+                images = await comfy.generate(filled, progress, lambda: store.cancel_requested(run_id))
+        finally:
+            if lease is not None:
+                await lease.finish()
         run_dir.mkdir(parents=True, exist_ok=True)
         paths = []
         for i, data in enumerate(images):

@@ -27,16 +27,28 @@ def test_the_stack_order_and_budgets_fit_a_4090(tmp_path, gpu_file):
 
 
 def test_a_budget_that_does_not_fit_names_the_foreign_process_and_the_fix(tmp_path, gpu_file):
-    env = gpu_file(24, 9, processes=[(4242, "blender", 14.5)])
+    env = {**gpu_file(24, 9, processes=[(4242, "blender", 14.5)]), "SCRIPTORIUM_LEASES": "0"}
     result = run_ops(tmp_path, "plan", "--profile", "image", env=env)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 2  # backend does not fit, and then neither does comfyui
+    assert len(lines) == 2  # backend does not fit, and then (no leases) neither does comfyui
     assert "backend needs 10.8 GiB" in lines[0] and "only 9.0 GiB will be free" in lines[0]
     assert "blender (pid 4242) 14.5 GiB" in lines[0] and "lower x-ops.gpu_memory for backend" in lines[0]
     assert "comfyui" in lines[1] and "--lowvram" in lines[1]
     up = run_ops(tmp_path, "up", "--profile", "image", env=env)
     assert up.returncode == 2 and "blender" in up.stderr and not (tmp_path / "state").exists()  # nothing started
+
+
+def test_an_elastic_budget_may_exceed_what_is_free_when_the_llm_can_sleep(tmp_path, gpu_file):
+    env = {**gpu_file(24, 23), "SCRIPTORIUM_COMFYUI_GPU_MEMORY": "16GiB"}  # backend 10.8 GiB leaves 12.2 GiB
+    with_leases = run_ops(tmp_path, "plan", "--profile", "image", "--json", env=env)
+    assert with_leases.returncode == 0, with_leases.stderr
+    comfy = json.loads(with_leases.stdout)["steps"][-1]
+    assert comfy["service"] == "comfyui" and "lease" in comfy["note"]
+    without = run_ops(tmp_path, "plan", "--profile", "image", env={**env, "SCRIPTORIUM_LEASES": "0"})
+    assert without.returncode == 2 and "comfyui needs 16.0 GiB" in without.stderr
+    too_big = run_ops(tmp_path, "plan", "--profile", "image", env={**env, "SCRIPTORIUM_COMFYUI_GPU_MEMORY": "30GiB"})
+    assert too_big.returncode == 2  # more than the card has even with the LLM asleep
 
 
 def test_byte_and_fraction_budgets(tmp_path, gpu_file):

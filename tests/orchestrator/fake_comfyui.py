@@ -118,7 +118,8 @@ def png(width: int, height: int, seed: int) -> bytes:
 
 def build_app(output_dir: Path) -> FastAPI:
     app = FastAPI()
-    state = {"behaviour": {}, "history": {}, "sockets": {}, "calls": [], "interrupt": asyncio.Event(), "counter": 0}
+    state = {"behaviour": {}, "history": {}, "sockets": {}, "calls": [], "interrupt": asyncio.Event(), "counter": 0,
+             "loaded": False}
 
     async def send(client_id: str | None, kind: str, data: dict) -> None:
         targets = [state["sockets"][client_id]] if client_id in state["sockets"] else list(state["sockets"].values())
@@ -139,6 +140,7 @@ def build_app(output_dir: Path) -> FastAPI:
             await send(client_id, kind, data)
 
         await event("execution_start", {}, record=True)
+        state["loaded"] = True  # a checkpoint stays loaded until /free
         executed = []
         for node_id in order(prompt):
             node = prompt[node_id]
@@ -224,8 +226,19 @@ def build_app(output_dir: Path) -> FastAPI:
 
     @app.post("/free")
     async def free(request: Request):
-        state["calls"].append({"path": "/free", "body": await request.json()})
+        body = await request.json()
+        state["calls"].append({"path": "/free", "body": body})
+        if body.get("unload_models"):  # like ComfyUI, /free only sets a flag; the unload happens a moment later
+            async def unload():
+                await asyncio.sleep(0.5)
+                state["loaded"] = False
+
+            asyncio.get_running_loop().create_task(unload())
         return {}
+
+    @app.get("/_test/state")
+    async def test_state():
+        return {"loaded": state["loaded"]}
 
     @app.post("/interrupt")
     async def interrupt():
