@@ -71,6 +71,16 @@ class ModelRunner:
         rows.update({id(item): list(range(chunk.end - 1 - item.num_draft, chunk.end))
                      for item, chunk in zip(prefill, meta.prefills)})
         sample_rows = [r for item in batch if item.samples for r in rows[id(item)]]
+        if prefill:
+            first = meta.prefills[0].start
+            meta.prefill_cu_q = torch.tensor([c.start - first for c in meta.prefills] + [meta.prefills[-1].end - first],
+                                             dtype=torch.long, device=self.device)
+            meta.prefill_context_lens = torch.tensor([c.context_len for c in meta.prefills], dtype=torch.long,
+                                                     device=self.device)
+            width = max(len(item.seq.block_table) for item in prefill)
+            meta.prefill_block_tables = torch.tensor([item.seq.block_table + [0] * (width - len(item.seq.block_table))
+                                                      for item in prefill], dtype=torch.long, device=self.device)
+            meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
         meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device), meta, sample_rows)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from backend.kernels import use_triton
+
 
 @dataclass
 class PrefillChunk:
@@ -29,11 +31,21 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks], padded with 0
     decode_context_lens: torch.Tensor | None = None  # [num_decode]
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # The same prompt chunks as tensors, for the one-launch CUDA kernel: query offsets [N+1] (rows counted
+    # from the first prefill token), context lengths [N], block tables [N, max_blocks].
+    prefill_cu_q: torch.Tensor | None = None
+    prefill_context_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
+    prefill_max_len: int = 0
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    if use_triton(key):
+        from backend.kernels import triton_kernels
+
+        return triton_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
@@ -92,6 +104,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
+    if use_triton(q):
+        return _paged_attention_cuda(q, k_cache, v_cache, meta, scale, sliding_window)
     out = torch.empty_like(q)
     n = meta.num_decode
     if n:
@@ -100,4 +114,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for chunk in meta.prefills:
         out[chunk.start:chunk.end] = prefill_attention(q[chunk.start:chunk.end], k_cache, v_cache,
                                                        chunk.block_table, chunk.context_len, scale, sliding_window)
+    return out
+
+
+def _paged_attention_cuda(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, sliding_window):
+    from backend.kernels import triton_kernels
+
+    n = meta.num_decode
+    if not meta.prefills:
+        return triton_kernels.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                               meta.decode_context_lens, scale, sliding_window)
+    out = torch.empty_like(q)
+    if n:
+        out[:n] = triton_kernels.decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables,
+                                                  meta.decode_context_lens, scale, sliding_window)
+    out[n:] = triton_kernels.prefill_attention(q[n:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_q,
+                                               meta.prefill_context_lens, meta.prefill_max_len, scale, sliding_window)
     return out

@@ -3,6 +3,8 @@
 import torch
 import torch.nn.functional as F
 
+from backend.kernels import use_triton
+
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over all experts, keep the top k, optionally renormalise them to sum to one."""
@@ -18,8 +20,13 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, to
     """x [T, H]; w_gate_up [E, 2I, H]; w_down [E, H, I]; topk_* [T, K] -> [T, H].
 
     Every (token, expert) pair is sorted by expert so each active expert runs one GEMM over
-    all its tokens; results are weighted and scatter-added back to their tokens.
+    all its tokens; results are weighted and scatter-added back to their tokens. On CUDA the same
+    contract runs as two grouped-GEMM Triton kernels (backend/kernels/triton_kernels.py).
     """
+    if use_triton(x):
+        from backend.kernels import triton_kernels
+
+        return triton_kernels.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.flatten()
     order = torch.argsort(flat_ids, stable=True)

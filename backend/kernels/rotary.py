@@ -4,6 +4,8 @@ import math
 
 import torch
 
+from backend.kernels import use_triton
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -38,6 +40,10 @@ def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positio
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D]; cos/sin [T, D] already in x's dtype."""
+    if use_triton(x):
+        from backend.kernels import triton_kernels
+
+        return triton_kernels.apply_rotary(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

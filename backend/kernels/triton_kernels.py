@@ -1,0 +1,300 @@
+"""Triton kernels for CUDA, each the counterpart of a torch reference in this package.
+
+They are tested on the CPU with TRITON_INTERPRET=1 against those references (tests/backend/
+test_triton_kernels.py). Only this module imports triton, and only the CUDA path imports it.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+# KV-cache write through a slot mapping ----------------------------------------------------------------
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, row: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:  # a negative slot is a padding row (CUDA graphs pad decode batches)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < row
+        tl.store(k_cache_ptr + slot * row + offs, tl.load(k_ptr + t * row + offs, mask=mask), mask=mask)
+        tl.store(v_cache_ptr + slot * row + offs, tl.load(v_ptr + t * row + offs, mask=mask), mask=mask)
+
+
+def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    tokens = key.shape[0]
+    row = key.shape[1] * key.shape[2]
+    _store_kv_kernel[(tokens,)](key.contiguous(), value.contiguous(), k_cache, v_cache, slot_mapping, row,
+                                BLOCK=_pow2(row))
+
+
+# Paged decode attention (GQA, block tables, variable lengths) -----------------------------------------
+
+@triton.jit
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, scale, window,
+                   table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_head = h // (HQ // HKV)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    q = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
+    ctx = tl.load(lens_ptr + b)
+    m = -float("inf")
+    denom = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    offs = tl.arange(0, BS)
+    first = tl.maximum(ctx - window, 0) // BS  # blocks wholly before the sliding window are skipped
+    for n in range(first, tl.cdiv(ctx, BS)):
+        block = tl.load(tables_ptr + b * table_stride + n)
+        pos = n * BS + offs
+        valid = (pos < ctx) & (pos >= ctx - window)
+        base = ((block * BS + offs) * HKV + kv_head) * D
+        k = tl.load(k_cache_ptr + base[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet: keep exp() finite
+        alpha = tl.exp(m - m_safe)
+        p = tl.where(valid, tl.exp(s - m_safe), 0.0)
+        v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        denom = denom * alpha + tl.sum(p, axis=0)
+        m = m_new
+    out = acc / tl.where(denom > 0, denom, 1.0)  # a padding row (length 0) writes zeros
+    tl.store(out_ptr + (b * HQ + h) * D + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+    b, hq, d = q.shape
+    hkv, bs = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q)
+    window = sliding_window if sliding_window is not None else 1 << 30
+    _decode_kernel[(b, hq)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out, scale, window,
+                            block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=_pow2(d), BS=bs)
+    return out
+
+
+# Prefill attention over a paged cache with a prefix-cached context ------------------------------------
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_ptr, out_ptr, scale, window,
+                    table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BS: tl.constexpr, BLOCK_M: tl.constexpr):
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if tile * BLOCK_M < q_len:
+        kv_head = h // (HQ // HKV)
+        ctx = tl.load(lens_ptr + seq)
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len
+        q_pos = ctx - q_len + rows
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < D
+        q = tl.load(q_ptr + ((q_start + rows[:, None]) * HQ + h) * D + d[None, :],
+                    mask=row_ok[:, None] & dmask[None, :], other=0.0)
+        m = tl.full([BLOCK_M], -float("inf"), tl.float32)
+        denom = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        offs = tl.arange(0, BS)
+        last = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)  # causal: later keys are never needed
+        for n in range(0, tl.cdiv(last, BS)):
+            block = tl.load(tables_ptr + seq * table_stride + n)
+            k_pos = n * BS + offs
+            base = ((block * BS + offs) * HKV + kv_head) * D
+            kmask = (k_pos < ctx)[:, None] & dmask[None, :]
+            k = tl.load(k_cache_ptr + base[:, None] + d[None, :], mask=kmask, other=0.0)
+            v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=kmask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
+            allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < ctx) & \
+                (k_pos[None, :] > q_pos[:, None] - window) & row_ok[:, None]
+            s = tl.where(allowed, s, -float("inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)
+            p = tl.where(allowed, tl.exp(s - m_safe[:, None]), 0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
+            denom = denom * alpha + tl.sum(p, axis=1)
+            m = m_new
+        out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+        tl.store(out_ptr + ((q_start + rows[:, None]) * HQ + h) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & dmask[None, :])
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max_q_len, scale,
+                      sliding_window=None, block_m: int = 16):
+    """q [T, Hq, D]: every chunk's queries back to back (cu_q [N+1] offsets), each the last tokens of a
+    context of context_lens[i] tokens already in the cache (block_tables [N, max_blocks])."""
+    t, hq, d = q.shape
+    hkv, bs = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(q)
+    window = sliding_window if sliding_window is not None else 1 << 30
+    grid = (context_lens.shape[0], hq, triton.cdiv(max_q_len, block_m))
+    _prefill_kernel[grid](q.contiguous(), k_cache, v_cache, block_tables, cu_q, context_lens, out, scale, window,
+                          block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
+                          BLOCK_M=block_m)
+    return out
+
+
+# RMSNorm, optionally fused with the residual add -----------------------------------------------------
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, eps, HAS_RES: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        x = x + tl.load(res_ptr + row * n + offs, mask=mask, other=0.0)
+        tl.store(res_out_ptr + row * n + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
+    y = (xf * rstd).to(x.dtype) * tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n + offs, y, mask=mask)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    out = torch.empty_like(x2)
+    summed = torch.empty_like(x2) if residual is not None else out
+    res = residual.reshape(-1, shape[-1]).contiguous() if residual is not None else x2
+    _rms_norm_kernel[(x2.shape[0],)](x2, res, weight, out, summed, shape[-1], eps, HAS_RES=residual is not None,
+                                     BLOCK=_pow2(shape[-1]))
+    if residual is None:
+        return out.view(shape)
+    return out.view(shape), summed.view(shape)
+
+
+# Rotary embedding ("rotate half" layout) ---------------------------------------------------------------
+
+@triton.jit
+def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    mask = i < HALF
+    base = (t * H + h) * D
+    x1 = tl.load(x_ptr + base + i, mask=mask, other=0.0)
+    x2 = tl.load(x_ptr + base + HALF + i, mask=mask, other=0.0)
+    cos = tl.load(cos_ptr + t * D + i, mask=mask, other=0.0)  # cos/sin repeat their first half
+    sin = tl.load(sin_ptr + t * D + i, mask=mask, other=0.0)
+    tl.store(out_ptr + base + i, x1 * cos - x2 * sin, mask=mask)
+    tl.store(out_ptr + base + HALF + i, x2 * cos + x1 * sin, mask=mask)
+
+
+def apply_rotary(x, cos, sin):
+    t, h, d = x.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _rotary_kernel[(t, h)](x, cos.contiguous(), sin.contiguous(), out, H=h, D=d, HALF=d // 2, BLOCK=_pow2(d // 2))
+    return out
+
+
+# Fused mixture of experts -------------------------------------------------------------------------------
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(token,k) pairs sorted by expert and padded so that every block of block_m rows has one expert.
+
+    Returns sorted_pairs [padded] (pair ids, -1 for padding) and block_expert [padded // block_m].
+    """
+    flat = topk_ids.flatten()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = torch.cumsum(padded, 0) - padded
+    order = torch.argsort(flat, stable=True)
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    expert_of = flat[order]
+    rank = torch.arange(flat.numel(), device=flat.device) - first_of_expert[expert_of]
+    total = int(padded.sum().item())
+    sorted_pairs = torch.full((total,), -1, dtype=torch.long, device=flat.device)
+    sorted_pairs[starts[expert_of] + rank] = order
+    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
+    return sorted_pairs, block_expert
+
+
+@triton.jit
+def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, inter_ptr, H, INTER, TOP_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    mb = tl.program_id(0)
+    nb = tl.program_id(1)
+    expert = tl.load(experts_ptr + mb)
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + rows)
+    valid = pairs >= 0
+    tokens = tl.where(valid, pairs // TOP_K, 0)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < INTER
+    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, tl.cdiv(H, BLOCK_K)):
+        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = k < H
+        x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        w_base = w_ptr + expert * (2 * INTER * H)
+        wg = tl.load(w_base + n[None, :] * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
+        wu = tl.load(w_base + (INTER + n[None, :]) * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
+        gate += tl.dot(x, wg, input_precision="ieee")
+        up += tl.dot(x, wu, input_precision="ieee")
+    act = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
+    tl.store(inter_ptr + rows[:, None] * INTER + n[None, :], act.to(inter_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, weights_ptr, out_ptr, H, INTER,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    mb = tl.program_id(0)
+    nb = tl.program_id(1)
+    expert = tl.load(experts_ptr + mb)
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(pairs_ptr + rows)
+    valid = pairs >= 0
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < H
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, tl.cdiv(INTER, BLOCK_K)):
+        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = k < INTER
+        a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        w = tl.load(w_ptr + expert * (H * INTER) + n[None, :] * INTER + k[:, None], mask=nmask[None, :] & kmask[:, None],
+                    other=0.0)
+        acc += tl.dot(a, w, input_precision="ieee")
+    weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
+    acc = acc * weight[:, None]
+    tl.store(out_ptr + tl.where(valid, pairs, 0)[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, block_m: int = 16, block_n: int = 32,
+              block_k: int = 32):
+    """Same contract as backend.kernels.moe.fused_moe: x [T, H] -> [T, H]."""
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_experts, two_i, _ = w_gate_up.shape
+    inter_size = two_i // 2
+    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
+    blocks = block_expert.numel()
+    out_pairs = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    if blocks == 0:
+        return out_pairs.view(tokens, top_k, hidden).sum(1)
+    inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    _moe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
+        x, w_gate_up.contiguous(), sorted_pairs, block_expert, inter, hidden, inter_size, TOP_K=top_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    _moe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
+        inter, w_down.contiguous(), sorted_pairs, block_expert, topk_weights.flatten().contiguous(), out_pairs,
+        hidden, inter_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out_pairs.view(tokens, top_k, hidden).sum(1)

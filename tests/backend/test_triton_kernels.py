@@ -1,0 +1,128 @@
+"""Every Triton kernel against its torch reference, on the CPU through Triton's interpreter."""
+
+import math
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+assert os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET=1"
+
+from backend.kernels import attention, moe, norm, rotary  # noqa: E402
+from backend.kernels import triton_kernels as tk  # noqa: E402
+
+G = torch.Generator().manual_seed(0)
+
+
+def rand(*shape):
+    return torch.randn(*shape, generator=G)
+
+
+def paged_cache(lengths, hkv, d, bs, num_blocks):
+    """Random K/V for sequences of these lengths scattered into random blocks; returns caches, tables, k/v."""
+    k_cache, v_cache = rand(num_blocks, bs, hkv, d) * 50, rand(num_blocks, bs, hkv, d) * 50  # stale garbage
+    free = torch.randperm(num_blocks, generator=G).tolist()
+    tables, kv = [], []
+    for length in lengths:
+        table = [free.pop() for _ in range(max(1, math.ceil(length / bs)))]
+        k, v = rand(length, hkv, d), rand(length, hkv, d)
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(length)], dtype=torch.long)
+        attention.store_kv(k, v, k_cache, v_cache, slots)
+        tables.append(table)
+        kv.append((k, v))
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    return k_cache, v_cache, block_tables, kv
+
+
+def test_store_kv_matches_and_skips_padding_slots():
+    k, v = rand(7, 2, 8), rand(7, 2, 8)
+    slots = torch.tensor([3, 17, 0, -1, 9, 30, 5])
+    expected_k, expected_v = torch.zeros(4, 8, 2, 8), torch.zeros(4, 8, 2, 8)
+    keep = slots >= 0
+    attention.store_kv(k[keep], v[keep], expected_k, expected_v, slots[keep])
+    k_cache, v_cache = torch.zeros(4, 8, 2, 8), torch.zeros(4, 8, 2, 8)
+    tk.store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("hq,hkv,d,window", [(8, 2, 16, None), (4, 4, 24, None), (6, 3, 16, 5)])
+def test_decode_attention(hq, hkv, d, window):
+    lengths = [1, 7, 16, 33]  # one token; not a multiple of the block; exactly one block; several blocks
+    k_cache, v_cache, tables, _ = paged_cache(lengths, hkv, d, 16, 40)
+    q = rand(len(lengths), hq, d)
+    lens = torch.tensor(lengths)
+    expected = attention.decode_attention(q, k_cache, v_cache, tables, lens, 0.25, window)
+    ours = tk.decode_attention(q, k_cache, v_cache, tables, lens, 0.25, window)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_attention_padding_row_is_zero():
+    k_cache, v_cache, tables, _ = paged_cache([5], 2, 16, 16, 4)
+    out = tk.decode_attention(rand(1, 4, 16), k_cache, v_cache, tables, torch.tensor([0]), 0.25)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_prefill_attention_over_cached_prefixes(window):
+    hq, hkv, d, bs = 4, 2, 16, 16
+    contexts = [1, 20, 45, 16]  # per sequence: tokens in the cache, the chunk included
+    chunks = [1, 20, 13, 3]  # chunk = the last tokens: whole prompt, cached prefix + chunk, ...
+    k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 30)
+    q = rand(sum(chunks), hq, d)
+    cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
+    ours = tk.prefill_attention(q, k_cache, v_cache, tables, cu, torch.tensor(contexts), max(chunks), 0.3, window)
+    for i, ctx in enumerate(contexts):
+        expected = attention.prefill_attention(q[cu[i]:cu[i + 1]], k_cache, v_cache, tables[i], ctx, 0.3, window)
+        torch.testing.assert_close(ours[cu[i]:cu[i + 1]], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rms_norm_with_and_without_residual():
+    x, res, w = rand(5, 48), rand(5, 48), rand(48)
+    torch.testing.assert_close(tk.rms_norm(x, w, 1e-6), norm.rms_norm(x, w, 1e-6), atol=1e-5, rtol=1e-5)
+    out, summed = tk.rms_norm(x, w, 1e-6, residual=res)
+    expected_out, expected_sum = norm.add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(summed, expected_sum)
+
+
+def test_rotary():
+    table = rotary.cos_sin_table(24, 10000.0, None, 64)
+    positions = torch.tensor([0, 3, 17, 63, 5])
+    cos, sin = table[positions, 0], table[positions, 1]
+    x = rand(5, 3, 24)
+    torch.testing.assert_close(tk.apply_rotary(x, cos, sin), rotary.apply_rotary(x, cos, sin), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [(9, 6, 2, 40, 24), (1, 4, 2, 32, 16), (33, 8, 3, 48, 40)])
+def test_fused_moe(tokens, experts, top_k, hidden, inter):
+    x = rand(tokens, hidden)
+    w_gate_up, w_down = rand(experts, 2 * inter, hidden) / 4, rand(experts, hidden, inter) / 4
+    logits = rand(tokens, experts)
+    logits[:, 0] = -1e9  # expert 0 receives no tokens
+    weights, ids = moe.route(logits, top_k, renormalize=True)
+    expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
+    torch.testing.assert_close(tk.fused_moe(x, w_gate_up, w_down, weights, ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_align_by_expert_pads_each_expert_to_whole_blocks():
+    ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
+    pairs, experts = tk.align_by_expert(ids, 5, 4)
+    assert experts.tolist() == [0, 2, 3]  # experts 1 and 4 get no block
+    assert pairs.view(-1, 4).tolist() == [[1, 4, -1, -1], [0, 2, 5, -1], [3, -1, -1, -1]]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "mistral"])
+def test_a_whole_model_on_the_triton_path_matches_the_torch_path(family, tiny_dir, monkeypatch):
+    """The CUDA path (batch tensors, mixed decode + chunked prefill, every kernel) run through the interpreter."""
+    from backend import LLM, SamplingParams
+    from tests.backend.conftest import prompts_of_lengths
+
+    prompts = prompts_of_lengths(3, 21, 30)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in
+                LLM(str(tiny_dir(family)), block_size=16).generate(prompts, params, use_tqdm=False)]
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    llm = LLM(str(tiny_dir(family)), block_size=16, max_num_batched_tokens=24)  # chunks prompts beside decodes
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
