@@ -17,6 +17,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     speculative: dict | str | None = None  # see backend.spec.config.SpeculativeConfig
+    gpu_memory_utilization: float = 0.9  # CUDA: the share of the card the engine may fill (weights, KV cache)
+    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
+    moe_gpu_experts: int | None = None  # MoE experts per layer kept on the device; the rest in host memory
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -26,6 +29,10 @@ class EngineConfig:
 
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
             positive(name)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.moe_gpu_experts is not None and (not isinstance(self.moe_gpu_experts, int) or self.moe_gpu_experts < 1):
+            raise ValueError(f"moe_gpu_experts must be an integer >= 1, got {self.moe_gpu_experts!r}")
         m = self.kv_cache_memory
         if m is not None and not ((isinstance(m, float) and 0 < m <= 1) or (isinstance(m, int) and m > 0)):
             raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a number of bytes, got {m!r}")

@@ -24,6 +24,9 @@ class ModelSource:
 
     path: Path
     gguf_file: Path | None = None
+    # A config.json marked "scriptorium_random_weights": the weights are drawn at random on the device
+    # (benchmarks of real shapes with nothing to download, bench/device.py).
+    random_weights: bool = False
 
     @property
     def name(self) -> str:
@@ -37,7 +40,11 @@ def locate(model: str) -> ModelSource:
             raise ModelLoadError(f"{path}: a model is a Hugging Face directory (with config.json) or a .gguf file")
         return ModelSource(path.parent, path)
     if (path / "config.json").exists():
-        return ModelSource(path)
+        try:
+            marked = bool(json.loads((path / "config.json").read_text()).get("scriptorium_random_weights"))
+        except (ValueError, AttributeError):
+            marked = False
+        return ModelSource(path, random_weights=marked)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return ModelSource(path, ggufs[0])
@@ -138,9 +145,18 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
 
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
-               max_positions: int) -> CausalLM:
+               max_positions: int, moe_gpu_experts: int | None = None) -> CausalLM:
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
+    if source.random_weights:
+        model = model.to_empty(device=device).to(dtype)
+        model.tie_weights()
+        model.cos_sin = _cos_sin(config, max_positions).to(device)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.fill_(1.0) if "norm" in name else param.normal_(0.0, 0.02)
+        _offload(model, moe_gpu_experts, device)
+        return model.eval()
     model = model.to_empty(device="cpu").to(dtype)
     model.tie_weights()  # materialising meta tensors may have split the shared embedding
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
@@ -151,7 +167,20 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
                             config.num_kv_heads, source.name)
     with torch.no_grad():
         load_weights(model, tensors, source.name)
+    _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
+
+
+def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:
+    if slots is None:
+        return
+    from backend.models.moe import SparseMoE
+
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    if not layers:
+        raise ValueError("moe_gpu_experts is set but the model has no MoE layers")
+    for layer in layers:
+        layer.offload(slots, device)
 
 
 def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
@@ -163,6 +192,8 @@ def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
 def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
+    if source.random_weights and not any(source.path.glob("tokenizer*")):
+        return None  # a random-weight model for benchmarks takes token ids
     if source.gguf_file is None:
         try:
             return AutoTokenizer.from_pretrained(str(source.path))

@@ -18,7 +18,7 @@ from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_
 from backend.outputs import CompletionOutput, RequestOutput
 from backend.sampling_params import SamplingParams
 from backend.spec.config import SpeculativeConfig
-from backend.spec.draft import DraftProposer
+from backend.spec.draft import DraftProposer, load_draft
 from backend.spec.ngram import NgramProposer
 from backend.spec.verify import verify
 
@@ -52,6 +52,30 @@ def _available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
+            dtype: torch.dtype) -> int:
+    """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache; returns that
+    cache's size in blocks (its memory is part of the measured peak)."""
+    from backend.engine.scheduler import ScheduledSeq
+
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(min(max_model_len - 1, tokens - sum(lengths)))
+    blocks = sum((n + block_size - 1) // block_size for n in lengths)
+    runner = ModelRunner(model, blocks, block_size, device, dtype)
+    batch, next_block = [], 0
+    for n in lengths:
+        seq = Sequence(seq_id=-1, request_id="warm-up", index=0, token_ids=[0] * n, num_prompt_tokens=n,
+                       params=SamplingParams(max_tokens=1))
+        count = (n + block_size - 1) // block_size
+        seq.block_table = list(range(next_block, next_block + count))
+        next_block += count
+        batch.append(ScheduledSeq(seq, n))
+    runner.execute(batch)
+    runner.free_kv_cache()
+    return blocks
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -65,26 +89,32 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(limit, 8192)
         self.model_name = config.model
         self.tokenizer = load_tokenizer(source)
-        self.model = load_model(source, self.model_config, reader, self.dtype, self.device, self.max_model_len)
+        self.model = load_model(source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
+                                config.moe_gpu_experts)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.spec = SpeculativeConfig.parse(config.speculative)
+        draft_model = None
+        if self.spec is not None and self.spec.method == "draft":
+            draft_model = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or min(2048, self.max_model_len)
+
+        self.num_kv_blocks = self._num_kv_blocks(draft_model)
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        batched = config.max_num_batched_tokens or min(2048, self.max_model_len)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, batched)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.num_kv_blocks, config.block_size, self.device, self.dtype)
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.runner.capture_graphs(config.max_num_seqs, self.max_model_len)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         self.sampler = Sampler(config.seed)
-        self.spec = SpeculativeConfig.parse(config.speculative)
         self.proposer = None
         self.draft_cost = 0.0  # a draft token's cost relative to a target decode step (for "auto")
         if self.spec is not None and self.spec.method == "ngram":
             self.proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
         elif self.spec is not None:
-            self.proposer = DraftProposer(self.spec.model, self.model_config, self.device, self.dtype,
-                                          self.max_model_len, self.num_kv_blocks, config.block_size)
+            self.proposer = DraftProposer(draft_model, self.device, self.dtype, self.num_kv_blocks, config.block_size)
             target_params = sum(p.numel() for p in self.model.parameters())
             self.draft_cost = self.proposer.num_parameters / target_params
         if self.proposer is not None:
@@ -94,12 +124,16 @@ class LLMEngine:
         self.prompts: dict[str, str | None] = {}
         self._seq_ids = itertools.count()
 
-    def _num_kv_blocks(self) -> int:
+    def _num_kv_blocks(self, draft_model=None) -> int:
         c = self.config
         per_block = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype)
+        if draft_model is not None:  # the draft keeps a cache of the same number of blocks
+            per_block += ModelRunner.kv_bytes_per_block(draft_model.config, c.block_size, self.dtype)
         needed_per_seq = (self.max_model_len + c.block_size - 1) // c.block_size
         if c.num_kv_blocks is not None:
             blocks = c.num_kv_blocks
+        elif c.kv_cache_memory is None and self.device.type == "cuda":
+            blocks = self._profile_cuda(per_block, draft_model)
         elif c.kv_cache_memory is not None:
             budget = c.kv_cache_memory if isinstance(c.kv_cache_memory, int) else int(
                 c.kv_cache_memory * _available_memory(self.device))
@@ -118,6 +152,33 @@ class LLMEngine:
                 f"{self.max_model_len} needs {needed_per_seq}; give it more memory or lower max_model_len"
             )
         return blocks
+
+    def _profile_cuda(self, per_block: int, draft_model) -> int:
+        """Blocks that fit in gpu_memory_utilization of the card once the weights (the draft's too) and the
+        peak activations of the largest batch are counted: a warm-up runs that batch and measures it."""
+        c = self.config
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        warm_blocks = 0
+        for model in (m for m in (self.model, draft_model) if m is not None):
+            warm_blocks = max(warm_blocks, warm_up(model, self.max_num_batched_tokens, self.max_model_len,
+                                                   c.block_size, self.device, self.dtype))
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        warm_cache = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype) * warm_blocks
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        others = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+        budget = total * c.gpu_memory_utilization - others - (peak - warm_cache)
+        if budget < per_block:
+            raise ValueError(
+                f"no room for a KV cache: the card has {total / 2**30:.1f} GiB, other programs hold "
+                f"{others / 2**30:.1f} GiB, weights and activations peak at {peak / 2**30:.1f} GiB, and "
+                f"gpu_memory_utilization={c.gpu_memory_utilization} allows {total * c.gpu_memory_utilization / 2**30:.1f} GiB; "
+                "raise gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        return int(budget // per_block)
 
     # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
 
@@ -145,13 +206,16 @@ class LLMEngine:
             return
         if self.sleep_level == 2:
             self.model_config, reader = read_config(self.source)
-            self.model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len)
+            self.model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
+                                    self.config.moe_gpu_experts)
             self.runner.model = self.model
         elif self.device.type != "cpu":
             self.model.to(self.device)
         self.block_manager = BlockManager(self.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler.block_manager = self.block_manager
         self.runner.allocate_kv_cache(self.num_kv_blocks)
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            self.runner.capture_graphs(self.config.max_num_seqs, self.max_model_len)  # the caches are new
         self.sleep_level = 0
 
     # Requests ------------------------------------------------------------------------------------------
@@ -160,6 +224,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
             token_ids = self.tokenizer(prompt).input_ids
             text = prompt
         else:
@@ -180,7 +246,8 @@ class LLMEngine:
             seq = Sequence(
                 seq_id=next(self._seq_ids), request_id=request_id, index=i, token_ids=list(token_ids),
                 num_prompt_tokens=len(token_ids), params=params,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+                if self.tokenizer is not None else None,
                 leader=seqs[0] if seqs else None,
             )
             if params.seed is not None:
@@ -305,10 +372,10 @@ class LLMEngine:
         if seq.matcher is not None:
             seq.matcher.accept_token(token)
         p = seq.params
-        if seq.logprobs:
+        if seq.logprobs and self.tokenizer is not None:
             for tid, lp in seq.logprobs[-1].items():
                 lp.decoded_token = self.tokenizer.decode([tid])
-        delta = seq.detokenizer.add(token)
+        delta = seq.detokenizer.add(token) if seq.detokenizer is not None else ""
         stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
         out_of_room = (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
             seq.num_tokens >= self.max_model_len)

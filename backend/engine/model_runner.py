@@ -13,6 +13,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
+        self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
         self.allocate_kv_cache(num_blocks)
 
     def _attention_modules(self) -> list[Attention]:
@@ -27,8 +28,72 @@ class ModelRunner:
             module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def free_kv_cache(self) -> None:
+        self.graphs = {}  # they read the caches being freed
         for module in self._attention_modules():
             module.k_cache = module.v_cache = torch.empty(0)
+
+    # CUDA graphs for decode steps -------------------------------------------------------------------------
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Record one decode step per batch-size bucket, replayed instead of launching every kernel.
+
+        MoE models stay eager: routing decides on the host how many expert blocks to launch.
+        """
+        from backend.models.moe import SparseMoE
+
+        if any(isinstance(m, SparseMoE) for m in self.model.modules()):
+            return
+        largest = min(max_num_seqs, 512)
+        sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
+        width = (max_model_len + self.block_size - 1) // self.block_size
+        dev = self.device
+        self.static = {
+            "input_ids": torch.zeros(largest, dtype=torch.long, device=dev),
+            "positions": torch.zeros(largest, dtype=torch.long, device=dev),
+            "slots": torch.full((largest,), -1, dtype=torch.long, device=dev),
+            "tables": torch.zeros(largest, width, dtype=torch.long, device=dev),
+            "lens": torch.zeros(largest, dtype=torch.long, device=dev),
+        }
+        pool = None
+        with torch.inference_mode():
+            for bs in reversed(sizes):  # the largest first, so smaller ones reuse its memory pool
+                meta = self._static_meta(bs)
+                args = (self.static["input_ids"][:bs], self.static["positions"][:bs], meta)
+                self.model(*args)  # compiles the kernels and settles allocations before recording
+                torch.cuda.synchronize(dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(*args)
+                pool = graph.pool()
+                self.graphs[bs] = (graph, out)
+        torch.cuda.synchronize(dev)
+
+    def _static_meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.static["slots"][:bs], num_decode=bs,
+                                 decode_block_tables=self.static["tables"][:bs],
+                                 decode_context_lens=self.static["lens"][:bs])
+
+    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Hidden states of a decode batch through the smallest captured graph that holds it."""
+        n = len(batch)
+        bs = min(b for b in self.graphs if b >= n)
+        st = self.static
+        st["slots"][:bs].fill_(-1)  # padding rows write nothing and attend to nothing
+        st["lens"][:bs].zero_()
+        st["tables"][:bs].zero_()
+        bsz = self.block_size
+        positions = [item.seq.num_computed_tokens for item in batch]
+        st["input_ids"][:n].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)]))
+        st["positions"][:n].copy_(torch.tensor(positions))
+        st["slots"][:n].copy_(torch.tensor([item.seq.block_table[p // bsz] * bsz + p % bsz
+                                            for item, p in zip(batch, positions)]))
+        st["lens"][:n].copy_(torch.tensor([p + 1 for p in positions]))
+        for i, item in enumerate(batch):
+            table = item.seq.block_table
+            st["tables"][i, :len(table)].copy_(torch.tensor(table))
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:n]
 
     @staticmethod
     def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
@@ -88,6 +153,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Runs the batch; returns fp32 logits on the CPU for its sampling rows (see prepare), in batch order."""
+        if self.graphs and all(item.num_tokens == 1 and item.samples for item in batch) \
+                and len(batch) <= max(self.graphs):
+            hidden = self._replay(batch)
+            return self.model.compute_logits(hidden).cpu()
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, positions, meta)
         if not sample_rows:

@@ -18,14 +18,33 @@ class SparseMoE(nn.Module):
         # Experts stacked so a grouped kernel can address them by index: gate and up fused per expert.
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w_down = nn.Parameter(torch.empty(e, h, i))
+        self.expert_cache = None  # set by offload(): experts in host memory, some resident
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size, bias=False)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
 
+    def offload(self, slots: int, device: torch.device) -> None:
+        """Keep the experts in host memory with `slots` of them on `device` (see ExpertCache)."""
+        from backend.models.expert_cache import ExpertCache
+
+        self.expert_cache = ExpertCache(self.w_gate_up.data, self.w_down.data, slots, device)
+        del self.w_gate_up, self.w_down  # no longer parameters: module.to(device) must not move them
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        if self.expert_cache is not None:  # follow the module to its device, the host copies stay put
+            probe = fn(torch.empty(0, device=self.expert_cache.device))
+            if probe.device != self.expert_cache.device:
+                self.expert_cache.to(probe.device)
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
+        if self.expert_cache is not None:
+            out = self.expert_cache.compute(x, weights.to(x.dtype), ids)
+        else:
+            out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

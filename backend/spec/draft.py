@@ -37,17 +37,21 @@ class DraftState:
         return len(self.token_ids)
 
 
+def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int):
+    """The draft model's weights (loaded before the KV cache is sized, so its memory is counted)."""
+    source = locate(model)
+    config, reader = read_config(source)
+    if config.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
+            f"{target.vocab_size}; a draft must share the target's vocabulary"
+        )
+    return load_model(source, config, reader, dtype, device, max_model_len)
+
+
 class DraftProposer:
-    def __init__(self, model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 num_blocks: int, block_size: int):
-        source = locate(model)
-        config, reader = read_config(source)
-        if config.vocab_size != target.vocab_size:
-            raise ModelLoadError(
-                f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
-                f"{target.vocab_size}; a draft must share the target's vocabulary"
-            )
-        self.model = load_model(source, config, reader, dtype, device, max_model_len)
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int):
+        self.model = model
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype)

@@ -112,3 +112,22 @@ def test_scaled_rope_frequencies_match_transformers(rope):
                          rope_parameters={"rope_theta": 500000.0, **rope})
     expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
     torch.testing.assert_close(inverse_frequencies(128, 500000.0, rope), expected)
+
+
+def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_output(tiny_dir):
+    from backend import LLM, SamplingParams
+    from backend.models.moe import SparseMoE
+    from tests.backend.conftest import prompts_of_lengths
+
+    prompts = prompts_of_lengths(5, 23, 40)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for family in ("mixtral", "qwen2_moe"):
+        expected = [o.outputs[0].token_ids for o in LLM(str(tiny_dir(family)), block_size=8).generate(
+            prompts, params, use_tqdm=False)]
+        offloaded = LLM(str(tiny_dir(family)), block_size=8, moe_gpu_experts=2)  # 2 of 4 experts resident
+        assert [o.outputs[0].token_ids for o in offloaded.generate(prompts, params, use_tqdm=False)] == expected
+        caches = [m.expert_cache for m in offloaded.engine.model.modules() if isinstance(m, SparseMoE)]
+        assert caches and all(c.slots == 2 and c.misses > 2 and c.hits > 0 for c in caches)  # evictions happened
+        assert not any("w_gate_up" in name for name, _ in offloaded.engine.model.named_parameters())
+    with pytest.raises(ValueError, match="moe_gpu_experts is set but the model has no MoE layers"):
+        LLM(str(tiny_dir("llama")), moe_gpu_experts=2)
