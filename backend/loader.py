@@ -155,6 +155,9 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         with torch.no_grad():
             for name, param in model.named_parameters():
                 param.fill_(1.0) if "norm" in name else param.normal_(0.0, 0.02)
+            # Scale the logits so the next-token distribution is peaked like a trained model's: with the
+            # near-flat logits of raw random weights, rounding alone would decide the argmax.
+            model.model.norm.weight.fill_(8.0)
         _offload(model, moe_gpu_experts, device)
         return model.eval()
     model = model.to_empty(device="cpu").to(dtype)

@@ -55,3 +55,21 @@ def test_kv_cache_is_sized_from_gpu_memory_utilization(tiny_dir):
     small = LLM(str(tiny_dir("llama")), device="cuda", gpu_memory_utilization=0.3, enforce_eager=True)
     large = LLM(str(tiny_dir("llama")), device="cuda", gpu_memory_utilization=0.6, enforce_eager=True)
     assert large.engine.num_kv_blocks > small.engine.num_kv_blocks > 0
+
+
+def test_the_device_benchmark_runs_in_smoke_mode():
+    """bench/device.py on tiny shapes on the CPU (its kernels through the interpreter): every figure prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.backend.server_process import ROOT
+
+    result = subprocess.run([sys.executable, "bench/device.py", "--smoke"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    figures = [r["figure"] for r in rows]
+    assert figures.count("decode_batch1") == 3 and "throughput" in figures and figures.count("fused_moe") == 2
+    assert [r["identical"] for r in rows if r["figure"] == "speculative_self_draft"] == [True, True]

@@ -1,0 +1,264 @@
+"""The GPU benchmark: real model shapes with random weights, nothing downloaded, under 8 minutes on an H200.
+
+One JSON line per figure:
+- batch-1 decode tokens/s and the fraction of HBM bandwidth reached (weight bytes read per token over
+  the time per token, against a measured device-to-device copy), for a Qwen3-0.6B-like dense model,
+  a Mixtral-8x7B-like MoE (bf16) and a Qwen3-30B-A3B-like MoE;
+- throughput with 256 concurrent sequences, input and output lengths random in 100-1024;
+- the fused MoE kernel vs the torch reference and vs transformers' MoE block;
+- speculative decoding with the target as its own draft, at batch 1 and 64.
+
+python bench/device.py            (on the GPU machine)
+python bench/device.py --smoke    (tiny shapes on the CPU: checks that the script runs)
+"""
+
+import argparse
+import gc
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend import LLM, SamplingParams  # noqa: E402
+
+SHAPES = {
+    "qwen3-0.6b-like": dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=1024,
+                            intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                            max_position_embeddings=40960, rope_theta=1000000.0),
+    "mixtral-8x7b-like": dict(architectures=["MixtralForCausalLM"], vocab_size=32000, hidden_size=4096,
+                              intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                              num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                              max_position_embeddings=32768, rope_theta=1000000.0),
+    "qwen3-30b-a3b-like": dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=151936, hidden_size=2048,
+                               intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                               num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                               num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=40960,
+                               rope_theta=1000000.0),
+}
+SMOKE = {  # the same families, tiny, for the CPU
+    "qwen3-0.6b-like": dict(SHAPES["qwen3-0.6b-like"], vocab_size=512, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "mixtral-8x7b-like": dict(SHAPES["mixtral-8x7b-like"], vocab_size=512, hidden_size=64, intermediate_size=96,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "qwen3-30b-a3b-like": dict(SHAPES["qwen3-30b-a3b-like"], vocab_size=512, hidden_size=64, intermediate_size=96,
+                               moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2),
+}
+
+
+def emit(**row) -> None:
+    print(json.dumps({"bench": "device", **row}), flush=True)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def model_dir(root: Path, name: str, shape: dict) -> str:
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**shape, "scriptorium_random_weights": True}))
+    return str(path)
+
+
+def copy_bandwidth(device: str, smoke: bool) -> float:
+    """Bytes per second of a device-to-device copy (read plus write), the ceiling decode can approach."""
+    n = (1 << 20) if smoke else (2 << 30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    sync(device)
+    return 2 * n * 10 / (time.perf_counter() - start)
+
+
+def bytes_per_token(llm: LLM) -> int:
+    """Weight bytes one decode token reads: everything, except the experts it is not routed to."""
+    from backend.models.moe import SparseMoE
+
+    total = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+    for m in llm.engine.model.modules():
+        if isinstance(m, SparseMoE):
+            experts = m.w_gate_up.numel() * m.w_gate_up.element_size() + m.w_down.numel() * m.w_down.element_size()
+            total -= experts * (1 - m.top_k / m.w_gate_up.shape[0])
+    return int(total)
+
+
+def decode_speed(llm: LLM, new_tokens: int) -> float:
+    prompt = [[random.randrange(500) for _ in range(32)]]
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    full = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
+    llm.generate(prompt, full, use_tqdm=False)  # warm-up: kernels compiled, graphs captured
+    start = time.perf_counter()
+    llm.generate(prompt, first, use_tqdm=False)
+    t_first = time.perf_counter() - start
+    start = time.perf_counter()
+    llm.generate(prompt, full, use_tqdm=False)
+    t_full = time.perf_counter() - start
+    return new_tokens / max(t_full - t_first, 1e-9)
+
+
+def throughput(llm: LLM, sequences: int, low: int, high: int, vocab: int) -> dict:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(sequences)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(low, high), ignore_eos=True) for _ in prompts]
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"sequences": sequences, "generated_tokens": generated, "seconds": round(elapsed, 2),
+            "tok_s": round(generated / elapsed, 1)}
+
+
+def moe_kernels(device: str, dtype: torch.dtype, smoke: bool) -> list[dict]:
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    from backend.kernels import moe as ref
+    from backend.kernels import triton_kernels
+
+    shape = SMOKE["mixtral-8x7b-like"] if smoke else SHAPES["mixtral-8x7b-like"]
+    h, i, e, k = shape["hidden_size"], shape["intermediate_size"], shape["num_local_experts"], 2
+    config = MixtralConfig(hidden_size=h, intermediate_size=i, num_local_experts=e, num_experts_per_tok=k)
+    block = MixtralSparseMoeBlock(config).to(device=device, dtype=dtype).eval()
+    w_gate_up = torch.randn(e, 2 * i, h, device=device, dtype=dtype) * 0.02
+    w_down = torch.randn(e, h, i, device=device, dtype=dtype) * 0.02
+    with torch.no_grad():  # the same weights in transformers' layout (fused gate_up and down per expert)
+        block.experts.gate_up_proj.copy_(w_gate_up)
+        block.experts.down_proj.copy_(w_down)
+    rows = []
+    for tokens in ((1, 16) if smoke else (1, 64, 4096)):
+        x = torch.randn(tokens, h, device=device, dtype=dtype)
+        weights, ids = ref.route(torch.nn.functional.linear(x, block.gate.weight), k, True)
+        weights = weights.to(dtype)
+        fused = triton_kernels.fused_moe if device == "cuda" or smoke else ref.fused_moe
+
+        args = (x, w_gate_up, w_down, weights, ids)
+        ours = _timed(device, smoke, fused, *args)
+        reference = _timed(device, smoke, _torch_moe, *args)
+        hf = _timed(device, smoke, block, x.unsqueeze(0))
+        rows.append({"figure": "fused_moe", "tokens": tokens, "ms": round(ours * 1e3, 3),
+                     "torch_reference_ms": round(reference * 1e3, 3), "transformers_ms": round(hf * 1e3, 3),
+                     "vs_transformers": round(hf / ours, 2), "vs_reference": round(reference / ours, 2)})
+    return rows
+
+
+def _timed(device: str, smoke: bool, fn, *args) -> float:
+    repeats = 5 if smoke else 20
+    with torch.no_grad():
+        fn(*args)
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn(*args)
+        sync(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def _torch_moe(x, w_gate_up, w_down, weights, ids):
+    """The torch reference's loop, forced (on CUDA the public function dispatches to Triton)."""
+    import torch.nn.functional as F
+
+    out = torch.zeros_like(x)
+    flat = ids.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
+    w = weights.flatten()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            pairs = order[start:start + count]
+            start += count
+            tokens = pairs // ids.shape[1]
+            gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)
+            out.index_add_(0, tokens, F.linear(F.silu(gate) * up, w_down[expert]) * w[pairs, None])
+    return out
+
+
+def speculative(path: str, device: str, dtype: str, batch: int, new_tokens: int, smoke: bool) -> dict:
+    common = dict(device=device, dtype=dtype, max_num_seqs=max(batch, 8), max_model_len=2048)
+    prompts = [[random.randrange(500) for _ in range(64)] for _ in range(batch)]
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    plain = LLM(path, **common)
+    plain.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    expected = plain.generate(prompts, params, use_tqdm=False)
+    t_plain = time.perf_counter() - start
+    del plain
+    gc.collect()
+    spec = LLM(path, speculative={"method": "draft", "model": path, "num_tokens": 4, "max_batch_size": 10**6},
+               **common)
+    spec.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    got = spec.generate(prompts, params, use_tqdm=False)
+    t_spec = time.perf_counter() - start
+    stats = spec.engine.stats()
+    same = [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    del spec
+    gc.collect()
+    return {"figure": "speculative_self_draft", "batch": batch, "speedup": round(t_plain / t_spec, 3),
+            "identical": same, "acceptance_rate": round(stats["spec_accepted_tokens"] /
+                                                        max(stats["spec_draft_tokens"], 1), 3)}
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    args = parser.parse_args()
+    smoke = args.smoke
+    device = "cpu" if smoke else "cuda"
+    if not smoke and not torch.cuda.is_available():
+        sys.exit("bench/device.py needs a CUDA GPU (use --smoke on the CPU)")
+    random.seed(0)
+    torch.manual_seed(0)
+    dtype, torch_dtype = ("float32", torch.float32) if smoke else ("bfloat16", torch.bfloat16)
+    shapes = SMOKE if smoke else SHAPES
+    started = time.perf_counter()
+    bandwidth = copy_bandwidth(device, smoke)
+    emit(figure="copy_bandwidth", gb_s=round(bandwidth / 1e9, 1),
+         device=torch.cuda.get_device_name() if device == "cuda" else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, shape in shapes.items():
+            path = model_dir(root, name, shape)
+            llm = LLM(path, device=device, dtype=dtype, max_num_seqs=256 if not smoke else 8,
+                      max_model_len=4096 if not smoke else 256, max_num_batched_tokens=8192 if not smoke else 256)
+            tps = decode_speed(llm, 8 if smoke else 128)
+            moved = bytes_per_token(llm) * tps
+            emit(figure="decode_batch1", model=name, tok_s=round(tps, 1), weight_bytes_per_token=bytes_per_token(llm),
+                 hbm_fraction=round(moved / bandwidth, 3), kv_blocks=llm.engine.num_kv_blocks)
+            if name == "qwen3-0.6b-like":
+                low, high = (4, 16) if smoke else (100, 1024)
+                emit(figure="throughput", model=name,
+                     **throughput(llm, 8 if smoke else 256, low, high, shape["vocab_size"]))
+            del llm
+            free(device)
+        for row in moe_kernels(device, torch_dtype, smoke):
+            emit(**row)
+        free(device)
+        dense = model_dir(root, "qwen3-0.6b-like", shapes["qwen3-0.6b-like"])
+        for batch in ((1, 2) if smoke else (1, 64)):
+            emit(**speculative(dense, device, dtype, batch, 8 if smoke else 128, smoke))
+            free(device)
+    emit(figure="total", seconds=round(time.perf_counter() - started, 1))
+
+
+if __name__ == "__main__":
+    main()
