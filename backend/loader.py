@@ -149,7 +149,8 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     if source.random_weights:
-        model = model.to_empty(device=device).to(dtype)
+        # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
+        model = model.to_empty(device="cpu" if moe_gpu_experts else device).to(dtype)
         model.tie_weights()
         model.cos_sin = _cos_sin(config, max_positions).to(device)
         with torch.no_grad():
@@ -159,7 +160,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             # near-flat logits of raw random weights, rounding alone would decide the argmax.
             model.model.norm.weight.fill_(8.0)
         _offload(model, moe_gpu_experts, device)
-        return model.eval()
+        return model.to(device).eval()
     model = model.to_empty(device="cpu").to(dtype)
     model.tie_weights()  # materialising meta tensors may have split the shared embedding
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does

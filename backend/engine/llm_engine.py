@@ -11,7 +11,7 @@ from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
 from backend.engine.model_runner import ModelRunner
-from backend.engine.sampler import Sampler
+from backend.engine.sampler import Sampler, needs_only_argmax
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
@@ -20,7 +20,7 @@ from backend.sampling_params import SamplingParams
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
 from backend.spec.ngram import NgramProposer
-from backend.spec.verify import verify
+from backend.spec.verify import accept_greedy, verify
 
 
 def best_num_drafts(acceptance: float, max_k: int, cost_per_draft: float) -> int:
@@ -50,6 +50,13 @@ def _available_memory(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_cuda_block_size(block_size: int) -> None:
+    """The attention kernels load one cache block as a tile: a power of two, and at least the 16 rows
+    of a tensor-core matrix product."""
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two of at least 16 on CUDA, got {block_size}; use 16 or 32")
 
 
 def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
@@ -82,6 +89,8 @@ class LLMEngine:
         self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU; use device='cpu'")
+        if self.device.type == "cuda":
+            check_cuda_block_size(config.block_size)
         self.source = source = locate(config.model)
         self.model_config, reader = read_config(source)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
@@ -115,6 +124,8 @@ class LLMEngine:
             self.proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
         elif self.spec is not None:
             self.proposer = DraftProposer(draft_model, self.device, self.dtype, self.num_kv_blocks, config.block_size)
+            if self.device.type == "cuda" and not config.enforce_eager:
+                self.proposer.runner.capture_graphs(config.max_num_seqs, self.max_model_len)
             target_params = sum(p.numel() for p in self.model.parameters())
             self.draft_cost = self.proposer.num_parameters / target_params
         if self.proposer is not None:
@@ -196,6 +207,8 @@ class LLMEngine:
             self.runner.model = self.model = None
         elif self.device.type != "cpu":
             self.model.to("cpu")
+        if isinstance(self.proposer, DraftProposer):  # the draft's weights and cache go too
+            self.proposer.sleep(level)
         self.sleep_level = level
         gc.collect()
         if self.device.type == "cuda":
@@ -214,8 +227,16 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_kv_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler.block_manager = self.block_manager
         self.runner.allocate_kv_cache(self.num_kv_blocks)
-        if self.device.type == "cuda" and not self.config.enforce_eager:
+        graphs = self.device.type == "cuda" and not self.config.enforce_eager
+        if graphs:
             self.runner.capture_graphs(self.config.max_num_seqs, self.max_model_len)  # the caches are new
+        if isinstance(self.proposer, DraftProposer):
+            model = None
+            if self.sleep_level == 2:
+                model = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
+            self.proposer.wake_up(model, self.num_kv_blocks)
+            if graphs:
+                self.proposer.runner.capture_graphs(self.config.max_num_seqs, self.max_model_len)
         self.sleep_level = 0
 
     # Requests ------------------------------------------------------------------------------------------
@@ -285,7 +306,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        logits = self.runner.execute(batch)
+        logits = self.runner.execute(batch)  # on the device
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         verifying = []
@@ -294,20 +315,29 @@ class LLMEngine:
             if not item.samples:
                 continue
             if item.num_draft:
-                verifying.append((item.seq, logits[row:row + item.num_draft + 1]))
+                verifying.append((item.seq, row))
             else:
                 plain.append(item.seq)
                 plain_rows.append(row)
             row += item.num_draft + 1
-        tokens = self.sampler(logits[plain_rows], plain) if plain else []
+        # Greedy requests need only argmaxes: one small transfer serves them all, whole rows of logits
+        # leave the device only for the others.
+        simple = [needs_only_argmax(item.seq) for item in batch if item.samples]
+        top = logits.argmax(dim=-1).tolist() if any(simple) else None
+        if plain and top is not None and all(needs_only_argmax(seq) for seq in plain):
+            tokens = [top[r] for r in plain_rows]
+        else:
+            tokens = self.sampler(logits[plain_rows], plain) if plain else []
         for item in batch:
             if not item.num_draft:
                 item.seq.num_computed_tokens += item.num_tokens
                 self.block_manager.commit(item.seq)
         for seq, token in zip(plain, tokens):
             self._append_token(seq, token)
-        for seq, rows in verifying:
-            self._accept_drafts(seq, rows)
+        for seq, first in verifying:
+            rows = slice(first, first + len(seq.draft_tokens) + 1)
+            targets = top[rows] if needs_only_argmax(seq) else None
+            self._accept_drafts(seq, logits[rows], targets)
         touched = dict.fromkeys(item.seq.request_id for item in batch)
         return [self._request_output(rid) for rid in touched]
 
@@ -347,9 +377,14 @@ class LLMEngine:
                 return 1
         return k
 
-    def _accept_drafts(self, seq: Sequence, rows: torch.Tensor) -> None:
+    def _accept_drafts(self, seq: Sequence, rows: torch.Tensor, targets: list[int] | None) -> None:
+        """rows: the target's logits at the last known token and after each draft; targets: their argmaxes,
+        which decide alone for a plain greedy request."""
         drafted = len(seq.draft_tokens)
-        tokens = verify(rows, seq, self.sampler.generator_for(seq))
+        if targets is not None:
+            tokens = accept_greedy(seq.draft_tokens, targets)
+        else:
+            tokens = verify(rows, seq, self.sampler.generator_for(seq))
         accepted = len(tokens) - 1
         seq.num_computed_tokens += 1 + accepted  # the last known token and the accepted drafts have KV now
         self.block_manager.commit(seq)
@@ -358,7 +393,7 @@ class LLMEngine:
         seq.acceptance = 0.7 * seq.acceptance + 0.3 * accepted / drafted
         self.spec_stats["accepted_tokens"] += accepted
         self.spec_stats["verifications"] += 1
-        raw = torch.log_softmax(rows, dim=-1) if seq.params.logprobs is not None else None
+        raw = torch.log_softmax(rows.cpu(), dim=-1) if seq.params.logprobs is not None else None
         seq.draft_tokens, seq.draft_probs = [], None
         for j, token in enumerate(tokens):
             if raw is not None:

@@ -37,14 +37,31 @@ class ModelRunner:
     def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """Record one decode step per batch-size bucket, replayed instead of launching every kernel.
 
-        MoE models stay eager: routing decides on the host how many expert blocks to launch.
+        MoE layers are captured too (their routing never waits for the host); with experts offloaded
+        the host picks which experts to copy in, so those models stay eager.
         """
         from backend.models.moe import SparseMoE
 
-        if any(isinstance(m, SparseMoE) for m in self.model.modules()):
+        if any(isinstance(m, SparseMoE) and m.expert_cache is not None for m in self.model.modules()):
             return
         largest = min(max_num_seqs, 512)
         sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
+        self.allocate_static(largest, max_model_len)
+        pool = None
+        with torch.inference_mode():
+            for bs in reversed(sizes):  # the largest first, so smaller ones reuse its memory pool
+                args = self.static_args(bs)
+                self.model(*args)  # compiles the kernels and settles allocations before recording
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(*args)
+                pool = graph.pool()
+                self.graphs[bs] = (graph, out)
+        torch.cuda.synchronize(self.device)
+
+    def allocate_static(self, largest: int, max_model_len: int) -> None:
+        """The inputs a captured decode step reads: a batch of `largest` rows, padded rows write nothing."""
         width = (max_model_len + self.block_size - 1) // self.block_size
         dev = self.device
         self.static = {
@@ -54,46 +71,38 @@ class ModelRunner:
             "tables": torch.zeros(largest, width, dtype=torch.long, device=dev),
             "lens": torch.zeros(largest, dtype=torch.long, device=dev),
         }
-        pool = None
-        with torch.inference_mode():
-            for bs in reversed(sizes):  # the largest first, so smaller ones reuse its memory pool
-                meta = self._static_meta(bs)
-                args = (self.static["input_ids"][:bs], self.static["positions"][:bs], meta)
-                self.model(*args)  # compiles the kernels and settles allocations before recording
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(*args)
-                pool = graph.pool()
-                self.graphs[bs] = (graph, out)
-        torch.cuda.synchronize(dev)
 
-    def _static_meta(self, bs: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.static["slots"][:bs], num_decode=bs,
-                                 decode_block_tables=self.static["tables"][:bs],
-                                 decode_context_lens=self.static["lens"][:bs])
+    def static_args(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        st = self.static
+        meta = AttentionMetadata(slot_mapping=st["slots"][:bs], num_decode=bs, decode_block_tables=st["tables"][:bs],
+                                 decode_context_lens=st["lens"][:bs])
+        return st["input_ids"][:bs], st["positions"][:bs], meta
+
+    def fill_static(self, batch: list[ScheduledSeq], bs: int) -> None:
+        """Write a decode batch into the static inputs, rows n..bs as padding (slot -1: nothing stored;
+        length 0: nothing attended). One host-to-device copy per input."""
+        n = len(batch)
+        st, bsz, pad = self.static, self.block_size, bs - n
+        positions = [item.seq.num_computed_tokens for item in batch]
+        st["input_ids"][:bs].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)] + [0] * pad))
+        st["positions"][:bs].copy_(torch.tensor(positions + [0] * pad))
+        st["slots"][:bs].copy_(torch.tensor([item.seq.block_table[p // bsz] * bsz + p % bsz
+                                             for item, p in zip(batch, positions)] + [-1] * pad))
+        st["lens"][:bs].copy_(torch.tensor([p + 1 for p in positions] + [0] * pad))
+        # Columns past a row's own blocks keep older numbers: the kernel reads only a row's first
+        # ceil(length / block_size) entries.
+        limit = st["tables"].shape[1]  # blocks of max_model_len; a table may hold more (reserved for drafts)
+        tables = [item.seq.block_table[:limit] for item in batch]
+        width = max(len(t) for t in tables)
+        st["tables"][:n, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables]))
 
     def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Hidden states of a decode batch through the smallest captured graph that holds it."""
-        n = len(batch)
-        bs = min(b for b in self.graphs if b >= n)
-        st = self.static
-        st["slots"][:bs].fill_(-1)  # padding rows write nothing and attend to nothing
-        st["lens"][:bs].zero_()
-        st["tables"][:bs].zero_()
-        bsz = self.block_size
-        positions = [item.seq.num_computed_tokens for item in batch]
-        st["input_ids"][:n].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)]))
-        st["positions"][:n].copy_(torch.tensor(positions))
-        st["slots"][:n].copy_(torch.tensor([item.seq.block_table[p // bsz] * bsz + p % bsz
-                                            for item, p in zip(batch, positions)]))
-        st["lens"][:n].copy_(torch.tensor([p + 1 for p in positions]))
-        for i, item in enumerate(batch):
-            table = item.seq.block_table
-            st["tables"][i, :len(table)].copy_(torch.tensor(table))
+        bs = min(b for b in self.graphs if b >= len(batch))
+        self.fill_static(batch, bs)
         graph, out = self.graphs[bs]
         graph.replay()
-        return out[:n]
+        return out[:len(batch)]
 
     @staticmethod
     def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
@@ -152,14 +161,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Runs the batch; returns fp32 logits on the CPU for its sampling rows (see prepare), in batch order."""
+        """Runs the batch; returns fp32 logits for its sampling rows (see prepare), in batch order, on the
+        device: the caller moves to the host only what it needs (token ids, for greedy requests)."""
         if self.graphs and all(item.num_tokens == 1 and item.samples for item in batch) \
                 and len(batch) <= max(self.graphs):
             hidden = self._replay(batch)
-            return self.model.compute_logits(hidden).cpu()
+            return self.model.compute_logits(hidden)
         input_ids, positions, meta, sample_rows = self.prepare(batch)
         hidden = self.model(input_ids, positions, meta)
         if not sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[index]).cpu()
+        return self.model.compute_logits(hidden[index])

@@ -34,6 +34,13 @@ def has_penalties(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
 
+def needs_only_argmax(seq: Sequence) -> bool:
+    """Greedy with nothing that reads the whole distribution: its token is the argmax of the raw logits,
+    which is all that has to leave the device."""
+    p = seq.params
+    return p.greedy and p.logprobs is None and not has_penalties(p) and seq.matcher is None
+
+
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """The distribution each (non-greedy) row samples from: temperature, then top-k, top-p, min-p (unnormalised)."""
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
@@ -70,7 +77,10 @@ class Sampler:
         self.guided = None  # a GuidedDecoding, set by the engine once a request asks for structured output
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits [N, V] fp32 on the CPU; fills each sequence's logprobs when asked; returns N token ids."""
+        """logits [N, V] fp32; fills each sequence's logprobs when asked; returns N token ids."""
+        if all(needs_only_argmax(s) for s in seqs):
+            return logits.argmax(dim=-1).tolist()
+        logits = logits.cpu()  # per-request generators, penalties and grammars work on the host
         want_logprobs = [s.params.logprobs is not None for s in seqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         if any(has_penalties(s.params) for s in seqs):

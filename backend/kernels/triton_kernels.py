@@ -38,37 +38,43 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, scale, window,
                    table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BS: tl.constexpr):
+                   BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, TILE: tl.constexpr):
+    # One program per (sequence, kv head): the GROUP query heads that share a kv head read its keys and
+    # values once, as the rows of a matrix product (padded to BLOCK_G >= 16 rows, the tensor-core minimum).
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    kv_head = h // (HQ // HKV)
+    kv_head = tl.program_id(1)
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < GROUP
+    heads = kv_head * GROUP + g
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
-    q = tl.load(q_ptr + (b * HQ + h) * D + d, mask=dmask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + (b * HQ + heads)[:, None] * D + d[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
     ctx = tl.load(lens_ptr + b)
-    m = -float("inf")
-    denom = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    offs = tl.arange(0, BS)
-    first = tl.maximum(ctx - window, 0) // BS  # blocks wholly before the sliding window are skipped
-    for n in range(first, tl.cdiv(ctx, BS)):
-        block = tl.load(tables_ptr + b * table_stride + n)
-        pos = n * BS + offs
+    m = tl.full([BLOCK_G], -float("inf"), tl.float32)
+    denom = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs = tl.arange(0, TILE)  # TILE tokens (whole cache blocks) per step
+    first = tl.maximum(ctx - window, 0) // TILE  # tiles wholly before the sliding window are skipped
+    for n in range(first, tl.cdiv(ctx, TILE)):
+        pos = n * TILE + offs
         valid = (pos < ctx) & (pos >= ctx - window)
-        base = ((block * BS + offs) * HKV + kv_head) * D
-        k = tl.load(k_cache_ptr + base[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
-        s = tl.where(valid, s, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
+        block = tl.load(tables_ptr + b * table_stride + pos // BS, mask=pos < ctx, other=0)
+        base = ((block * BS + pos % BS) * HKV + kv_head) * D
+        kv_mask = valid[:, None] & dmask[None, :]
+        k = tl.load(k_cache_ptr + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale  # [BLOCK_G, TILE]
+        s = tl.where(valid[None, :], s, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet: keep exp() finite
         alpha = tl.exp(m - m_safe)
-        p = tl.where(valid, tl.exp(s - m_safe), 0.0)
-        v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
-        denom = denom * alpha + tl.sum(p, axis=0)
+        p = tl.where(valid[None, :], tl.exp(s - m_safe[:, None]), 0.0)
+        v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
+        denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    out = acc / tl.where(denom > 0, denom, 1.0)  # a padding row (length 0) writes zeros
-    tl.store(out_ptr + (b * HQ + h) * D + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # a padding row (length 0) writes zeros
+    tl.store(out_ptr + (b * HQ + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=gmask[:, None] & dmask[None, :])
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
@@ -76,8 +82,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sli
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
     window = sliding_window if sliding_window is not None else 1 << 30
-    _decode_kernel[(b, hq)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out, scale, window,
-                            block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=_pow2(d), BS=bs)
+    group = hq // hkv
+    _decode_kernel[(b, hkv)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out, scale, window,
+                             block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
+                             GROUP=group, BLOCK_G=max(_pow2(group), 16), TILE=max(bs, 64))
     return out
 
 
@@ -86,7 +94,9 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sli
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_ptr, out_ptr, scale, window,
                     table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BS: tl.constexpr, BLOCK_M: tl.constexpr):
+                    BS: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
+    # One program per (sequence, query head, tile of BLOCK_M queries); keys in tiles of TILE tokens,
+    # each token's cache block looked up in the table (a tile spans several blocks).
     seq = tl.program_id(0)
     h = tl.program_id(1)
     tile = tl.program_id(2)
@@ -105,17 +115,20 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_
         m = tl.full([BLOCK_M], -float("inf"), tl.float32)
         denom = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        offs = tl.arange(0, BS)
-        last = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)  # causal: later keys are never needed
-        for n in range(0, tl.cdiv(last, BS)):
-            block = tl.load(tables_ptr + seq * table_stride + n)
-            k_pos = n * BS + offs
-            base = ((block * BS + offs) * HKV + kv_head) * D
-            kmask = (k_pos < ctx)[:, None] & dmask[None, :]
+        offs = tl.arange(0, TILE)
+        # Causal: no query of this tile sees past its last row; the window: nor before its first row's reach.
+        last = tl.minimum(ctx, ctx - q_len + (tile + 1) * BLOCK_M)
+        first = tl.maximum(ctx - q_len + tile * BLOCK_M - window + 1, 0) // TILE
+        for n in range(first, tl.cdiv(last, TILE)):
+            k_pos = n * TILE + offs
+            in_ctx = k_pos < ctx
+            block = tl.load(tables_ptr + seq * table_stride + k_pos // BS, mask=in_ctx, other=0)
+            base = ((block * BS + k_pos % BS) * HKV + kv_head) * D
+            kmask = in_ctx[:, None] & dmask[None, :]
             k = tl.load(k_cache_ptr + base[:, None] + d[None, :], mask=kmask, other=0.0)
             v = tl.load(v_cache_ptr + base[:, None] + d[None, :], mask=kmask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision="ieee").to(tl.float32) * scale
-            allowed = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < ctx) & \
+            allowed = (k_pos[None, :] <= q_pos[:, None]) & in_ctx[None, :] & \
                 (k_pos[None, :] > q_pos[:, None] - window) & row_ok[:, None]
             s = tl.where(allowed, s, -float("inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -131,17 +144,18 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max_q_len, scale,
-                      sliding_window=None, block_m: int = 16):
+                      sliding_window=None, block_m: int = 64):
     """q [T, Hq, D]: every chunk's queries back to back (cu_q [N+1] offsets), each the last tokens of a
     context of context_lens[i] tokens already in the cache (block_tables [N, max_blocks])."""
     t, hq, d = q.shape
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
     window = sliding_window if sliding_window is not None else 1 << 30
+    block_m = min(block_m, max(_pow2(max_q_len), 16))  # short chunks (speculative verification) in short tiles
     grid = (context_lens.shape[0], hq, triton.cdiv(max_q_len, block_m))
     _prefill_kernel[grid](q.contiguous(), k_cache, v_cache, block_tables, cu_q, context_lens, out, scale, window,
                           block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
-                          BLOCK_M=block_m)
+                          BLOCK_M=block_m, TILE=max(bs, 64))
     return out
 
 
@@ -205,29 +219,35 @@ def apply_rotary(x, cos, sin):
 # Fused mixture of experts -------------------------------------------------------------------------------
 
 def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
-    """(token,k) pairs sorted by expert and padded so that every block of block_m rows has one expert.
+    """(token, k) pairs sorted by expert, each expert's run padded to whole blocks of block_m rows.
 
-    Returns sorted_pairs [padded] (pair ids, -1 for padding) and block_expert [padded // block_m].
+    Every shape depends on the input's shape only, never on the routing, so nothing waits for the
+    device and a CUDA graph can hold the whole MoE layer: the padded length is bounded by
+    pairs + experts * (block_m - 1). Returns sorted_pairs [bound] (pair ids, -1 for padding),
+    block_expert [bound // block_m] and used_blocks [1]; the kernels skip blocks past used_blocks.
     """
     flat = topk_ids.flatten()
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    starts = torch.cumsum(padded, 0) - padded
+    dev = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    blocks_of = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks_of, 0)  # each expert's blocks end here (exclusive)
     order = torch.argsort(flat, stable=True)
-    first_of_expert = torch.cumsum(counts, 0) - counts
     expert_of = flat[order]
-    rank = torch.arange(flat.numel(), device=flat.device) - first_of_expert[expert_of]
-    total = int(padded.sum().item())
-    sorted_pairs = torch.full((total,), -1, dtype=torch.long, device=flat.device)
-    sorted_pairs[starts[expert_of] + rank] = order
-    block_expert = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
-    return sorted_pairs, block_expert
+    rank = torch.arange(flat.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[expert_of]
+    bound = triton.cdiv(flat.numel() + num_experts * (block_m - 1), block_m) * block_m
+    sorted_pairs = torch.full((bound,), -1, dtype=torch.long, device=dev)
+    sorted_pairs[(block_end - blocks_of)[expert_of] * block_m + rank] = order
+    blocks = torch.arange(bound // block_m, device=dev)
+    block_expert = torch.searchsorted(block_end, blocks, right=True).clamp_(max=num_experts - 1)
+    return sorted_pairs, block_expert, block_end[-1:]
 
 
 @triton.jit
-def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, inter_ptr, H, INTER, TOP_K: tl.constexpr,
+def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, TOP_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     mb = tl.program_id(0)
+    if mb >= tl.load(used_ptr):
+        return
     nb = tl.program_id(1)
     expert = tl.load(experts_ptr + mb)
     rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -238,11 +258,11 @@ def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, inter_ptr, H, INTER, TO
     nmask = n < INTER
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_base = w_ptr + expert * (2 * INTER * H)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
         k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = k < H
         x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
-        w_base = w_ptr + expert * (2 * INTER * H)
         wg = tl.load(w_base + n[None, :] * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
         wu = tl.load(w_base + (INTER + n[None, :]) * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
         gate += tl.dot(x, wg, input_precision="ieee")
@@ -253,9 +273,11 @@ def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, inter_ptr, H, INTER, TO
 
 
 @triton.jit
-def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, weights_ptr, out_ptr, H, INTER,
+def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     mb = tl.program_id(0)
+    if mb >= tl.load(used_ptr):
+        return
     nb = tl.program_id(1)
     expert = tl.load(experts_ptr + mb)
     rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -277,24 +299,33 @@ def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, weights_ptr, out_
              mask=valid[:, None] & nmask[None, :])
 
 
-def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, block_m: int = 16, block_n: int = 32,
-              block_k: int = 32):
-    """Same contract as backend.kernels.moe.fused_moe: x [T, H] -> [T, H]."""
+def moe_tiles(pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): decode-sized batches (a few rows per expert) read weights in narrow
+    tiles so that many programs stream them at once; larger ones use square tiles for reuse.
+    Not tuned on a device yet."""
+    if pairs <= 16 * num_experts:
+        return 16, 32, 128
+    return 64, 64, 64
+
+
+def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
+    """Same contract as backend.kernels.moe.fused_moe: x [T, H] -> [T, H]. Never waits for the device."""
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_experts, two_i, _ = w_gate_up.shape
     inter_size = two_i // 2
-    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
+    if tokens == 0:
+        return torch.zeros_like(x)
+    block_m, block_n, block_k = tiles or moe_tiles(tokens * top_k, num_experts)
+    sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
     blocks = block_expert.numel()
-    out_pairs = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    if blocks == 0:
-        return out_pairs.view(tokens, top_k, hidden).sum(1)
+    out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
     inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     _moe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
-        x, w_gate_up.contiguous(), sorted_pairs, block_expert, inter, hidden, inter_size, TOP_K=top_k,
+        x, w_gate_up.contiguous(), sorted_pairs, block_expert, used, inter, hidden, inter_size, TOP_K=top_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     _moe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
-        inter, w_down.contiguous(), sorted_pairs, block_expert, topk_weights.flatten().contiguous(), out_pairs,
+        inter, w_down.contiguous(), sorted_pairs, block_expert, used, topk_weights.flatten().contiguous(), out_pairs,
         hidden, inter_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return out_pairs.view(tokens, top_k, hidden).sum(1)

@@ -50,6 +50,10 @@ class ExpertCache:
             else:
                 missing.append(e)
         free = [s for s in range(self.slots) if s not in self.slot_of.values()]
+        if self.stream is not None and missing:
+            # The slots about to be overwritten may still be read by kernels queued on the compute stream
+            # (an earlier round of this batch, the previous batch): the copies start after them.
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         for e in missing:
             if free:
                 slot = free.pop()

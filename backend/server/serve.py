@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
                         help="KV-cache size: a fraction (0, 1] of free memory, or bytes when > 1")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="CUDA: the share (0, 1] of the card this server may fill; the KV cache gets what the "
+                             "weights and a measured warm-up leave")
+    parser.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
+    parser.add_argument("--moe-gpu-experts", type=int, default=None,
+                        help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
+                             "pinned host memory")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,
@@ -49,6 +56,8 @@ def serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        moe_gpu_experts=args.moe_gpu_experts,
     )
     # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)

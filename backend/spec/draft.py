@@ -12,7 +12,7 @@ import torch
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.model_runner import ModelRunner
-from backend.engine.sampler import apply_penalties, has_penalties, sampling_probs
+from backend.engine.sampler import apply_penalties, has_penalties, needs_only_argmax, sampling_probs
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, locate, read_config
@@ -57,6 +57,25 @@ class DraftProposer:
         self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype)
         self.states: dict[int, DraftState] = {}
 
+    def sleep(self, level: int) -> None:
+        """Give back the device memory: the cache always, the weights to host memory (1) or dropped (2)."""
+        self.runner.free_kv_cache()
+        self.states.clear()
+        if level == 2:
+            self.runner.model = self.model = None
+        elif self.runner.device.type != "cpu":
+            self.model.to("cpu")
+
+    def wake_up(self, model, num_blocks: int) -> None:
+        """model: the reloaded draft after a level-2 sleep, else None. The prefix cache starts empty: the
+        blocks it indexed were freed."""
+        if model is not None:
+            self.runner.model = self.model = model
+        elif self.runner.device.type != "cpu":
+            self.model.to(self.runner.device)
+        self.block_manager = BlockManager(num_blocks, self.block_manager.block_size, enable_prefix_caching=True)
+        self.runner.allocate_kv_cache(num_blocks)
+
     def _reserve(self, seq: Sequence, k: int) -> DraftState | None:
         """Bring the sequence's draft state up to date and make room for k - 1 fed drafts."""
         state = self.states.get(seq.seq_id)
@@ -93,11 +112,17 @@ class DraftProposer:
             for seq in group:
                 state = states[seq.seq_id]
                 items.append(ScheduledSeq(state, state.num_tokens - state.num_computed_tokens))
-            logits = self.runner.execute(items)
+            logits = self.runner.execute(items)  # on the device
             for item in items:
                 item.seq.num_computed_tokens += item.num_tokens
+            simple = [needs_only_argmax(seq) for seq in group]
+            top = logits.argmax(dim=-1).tolist() if any(simple) else None
+            host = logits.cpu() if not all(simple) else None
             for row, seq in enumerate(group):
-                token, q = self._sample(logits[row], seq, states[seq.seq_id], sampler)
+                if simple[row]:
+                    token, q = top[row], None
+                else:
+                    token, q = self._sample(host[row], seq, states[seq.seq_id], sampler)
                 states[seq.seq_id].token_ids.append(token)
                 seq.draft_tokens.append(token)
                 if q is not None:

@@ -15,6 +15,14 @@ from backend.engine.sampler import apply_penalties, has_penalties, sampling_prob
 from backend.engine.sequence import Sequence
 
 
+def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
+    """targets: the target's argmax at the last known token and after each draft."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == targets[accepted]:
+        accepted += 1
+    return drafts[:accepted] + [targets[accepted]]
+
+
 def verify(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> list[int]:
     """logits [k+1, V]: the target at the last known token and at each of the k drafts.
 
@@ -23,15 +31,14 @@ def verify(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> l
     drafts = seq.draft_tokens
     params = seq.params
     k = len(drafts)
+    if params.greedy and not has_penalties(params):
+        return accept_greedy(drafts, logits.argmax(dim=-1).tolist())
+    logits = logits.cpu()
     if has_penalties(params):
         logits = logits.clone()
         apply_penalties(logits, [(params, seq.token_ids + drafts[:j], seq.num_prompt_tokens) for j in range(k + 1)])
     if params.greedy:
-        targets = logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < k and drafts[accepted] == targets[accepted]:
-            accepted += 1
-        return drafts[:accepted] + [targets[accepted]]
+        return accept_greedy(drafts, logits.argmax(dim=-1).tolist())
     p = sampling_probs(logits, [params] * (k + 1))
     p = p / p.sum(dim=-1, keepdim=True)
     q = seq.draft_probs

@@ -73,3 +73,59 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     figures = [r["figure"] for r in rows]
     assert figures.count("decode_batch1") == 3 and "throughput" in figures and figures.count("fused_moe") == 2
     assert [r["identical"] for r in rows if r["figure"] == "speculative_self_draft"] == [True, True]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_a_padded_static_decode_batch_matches_the_eager_step(family, tiny_dir, monkeypatch):
+    """What a CUDA graph replays: a decode batch written into the static inputs and padded to its bucket,
+    run through the CUDA path's kernels (interpreted here). Its rows match the eager step; the padding
+    rows write nothing into the cache."""
+    from backend.engine.scheduler import ScheduledSeq
+
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    engine = LLM(str(tiny_dir(family)), block_size=16).engine
+    for i, prompt in enumerate(prompts_of_lengths(3, 20, 35)):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(3):  # prompts in, then decodes
+        engine.step()
+    batch = [ScheduledSeq(seq, 1) for seq in engine.scheduler.running]
+    assert len(batch) == 3 and all(item.samples for item in batch)
+    runner = engine.runner
+    runner.allocate_static(8, engine.max_model_len)
+    runner.static["tables"].fill_(7)  # stale entries past each row's blocks must not matter
+    caches = runner._attention_modules()
+    before = [m.k_cache.clone() for m in caches]
+    runner.fill_static(batch, 8)
+    with torch.inference_mode():
+        static = runner.model(*runner.static_args(8))
+        written = [m.k_cache.clone() for m in caches]
+        eager = runner.model(*runner.prepare(batch)[:3])
+    torch.testing.assert_close(static[:3], eager, atol=1e-5, rtol=1e-5)
+    slots = torch.tensor([item.seq.block_table[item.seq.num_computed_tokens // 16] * 16
+                          + item.seq.num_computed_tokens % 16 for item in batch])
+    for old, new, module in zip(before, written, caches):
+        changed = (old != new).flatten(2).any(-1).flatten().nonzero().flatten()
+        assert sorted(changed.tolist()) == sorted(slots.tolist())  # the three real rows, no padding row
+        torch.testing.assert_close(new, module.k_cache, atol=1e-5, rtol=1e-5)  # the eager step wrote the same
+
+
+def test_a_draft_model_sleeps_and_wakes_with_the_target(tiny_dir):
+    """Sleep gives back the draft's cache (and weights, level 2) too; after waking, speculation still
+    accepts every self-drafted token and the output is unchanged."""
+    path = str(tiny_dir("llama"))
+    prompts = prompts_of_lengths(5, 30)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(path, block_size=16, speculative={"method": "draft", "model": path, "num_tokens": 3})
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    draft = llm.engine.proposer
+    for level in (1, 2):
+        attention = draft.runner._attention_modules()
+        llm.engine.sleep(level)
+        assert all(m.k_cache.numel() == 0 for m in attention)
+        assert (draft.model is None) == (level == 2)
+        llm.engine.wake_up()
+        before = llm.engine.stats()
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+        after = llm.engine.stats()
+        drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+        assert drafted > 0 and after["spec_accepted_tokens"] - before["spec_accepted_tokens"] == drafted

@@ -47,9 +47,11 @@ def test_store_kv_matches_and_skips_padding_slots():
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
 
-@pytest.mark.parametrize("hq,hkv,d,window", [(8, 2, 16, None), (4, 4, 24, None), (6, 3, 16, 5)])
+@pytest.mark.parametrize("hq,hkv,d,window", [(8, 2, 16, None), (4, 4, 24, None), (6, 3, 16, 5), (9, 3, 16, 70)])
 def test_decode_attention(hq, hkv, d, window):
-    lengths = [1, 7, 16, 33]  # one token; not a multiple of the block; exactly one block; several blocks
+    # One token; not a multiple of the block; exactly one block; several blocks; several 64-token tiles.
+    # Groups of 4, 1, 2 and 3 query heads per kv head; windows inside one tile and across tiles.
+    lengths = [1, 7, 16, 33, 150]
     k_cache, v_cache, tables, _ = paged_cache(lengths, hkv, d, 16, 40)
     q = rand(len(lengths), hq, d)
     lens = torch.tensor(lengths)
@@ -64,12 +66,14 @@ def test_decode_attention_padding_row_is_zero():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-@pytest.mark.parametrize("window", [None, 7])
-def test_prefill_attention_over_cached_prefixes(window):
+@pytest.mark.parametrize("window", [None, 7, 90])
+@pytest.mark.parametrize("contexts,chunks", [
+    ([1, 20, 45, 16], [1, 20, 13, 3]),  # one token; a whole prompt; a cached prefix + a chunk; a short chunk
+    ([150, 200, 70], [130, 70, 70]),  # several query tiles and 64-token key tiles, a prefix + chunk among them
+])
+def test_prefill_attention_over_cached_prefixes(window, contexts, chunks):
     hq, hkv, d, bs = 4, 2, 16, 16
-    contexts = [1, 20, 45, 16]  # per sequence: tokens in the cache, the chunk included
-    chunks = [1, 20, 13, 3]  # chunk = the last tokens: whole prompt, cached prefix + chunk, ...
-    k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 30)
+    k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 40)
     q = rand(sum(chunks), hq, d)
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
     ours = tk.prefill_attention(q, k_cache, v_cache, tables, cu, torch.tensor(contexts), max(chunks), 0.3, window)
@@ -108,9 +112,21 @@ def test_fused_moe(tokens, experts, top_k, hidden, inter):
 
 def test_align_by_expert_pads_each_expert_to_whole_blocks():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
-    pairs, experts = tk.align_by_expert(ids, 5, 4)
-    assert experts.tolist() == [0, 2, 3]  # experts 1 and 4 get no block
-    assert pairs.view(-1, 4).tolist() == [[1, 4, -1, -1], [0, 2, 5, -1], [3, -1, -1, -1]]
+    pairs, experts, used = tk.align_by_expert(ids, 5, 4)
+    assert used.tolist() == [3] and experts[:3].tolist() == [0, 2, 3]  # experts 1 and 4 get no block
+    assert pairs[:12].view(-1, 4).tolist() == [[1, 4, -1, -1], [0, 2, 5, -1], [3, -1, -1, -1]]
+    # Sized from the shape alone (6 pairs + 5 experts * 3 rows of padding, in whole blocks): no device sync.
+    assert pairs.numel() == 24 and experts.numel() == 6 and bool((pairs[12:] == -1).all())
+
+
+@pytest.mark.parametrize("tiles", [(16, 32, 128), (64, 64, 64)])
+def test_fused_moe_tile_shapes(tiles):
+    """Both tile configurations, each with lengths that are not multiples of the tiles."""
+    x, w_gate_up, w_down = rand(21, 72), rand(6, 2 * 40, 72) / 4, rand(6, 72, 40) / 4
+    weights, ids = moe.route(rand(21, 6), 2, renormalize=False)
+    expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
+    torch.testing.assert_close(tk.fused_moe(x, w_gate_up, w_down, weights, ids, tiles=tiles), expected,
+                               atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mixtral", "mistral"])

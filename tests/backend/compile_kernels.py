@@ -1,0 +1,126 @@
+"""Compiles every Triton kernel for a GPU target without a GPU (see test_triton_compile.py).
+
+Run in a process of its own, without TRITON_INTERPRET: the interpreter replaces triton.language's
+operators process-wide, which the compiler cannot work with.
+
+python -m tests.backend.compile_kernels   one JSON line per (case, kernel specialisation)
+"""
+
+import json
+import os
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from backend.kernels import triton_kernels as tk
+
+# Shared memory one block may use (CUDA programming guide, "Technical specifications per compute capability").
+SHARED_LIMIT = {90: 227 * 1024, 89: 99 * 1024, 80: 163 * 1024}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+         torch.int32: "i32", torch.bool: "i1"}
+# Real shapes: (q heads, kv heads, head dim, hidden, MoE intermediate, experts, top-k)
+MODELS = {"mixtral-8x7b": (32, 8, 128, 4096, 14336, 8, 2), "qwen3-30b-a3b": (32, 4, 128, 2048, 768, 128, 8),
+          "smollm2-135m": (9, 3, 64, 576, 1536, 4, 2)}
+
+
+class Recorder:
+    """Stands where a kernel is: `kernel[grid](*args)` records the launch instead of running it."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+def signature(kernel, args, kwargs) -> tuple[dict, dict, dict]:
+    """Triton's signature and constants for a launch, specialised as its launcher does (ints equal to 1)."""
+    values = dict(zip(kernel.arg_names, args)) | kwargs
+    options = {k: values.pop(k) for k in ("num_warps", "num_stages") if k in values}
+    sig, consts = {}, {}
+    for p in kernel.params:
+        v = values[p.name]
+        if p.is_constexpr or (type(v) is int and v == 1 and not p.do_not_specialize):
+            sig[p.name], consts[p.name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + TYPES[v.dtype]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            sig[p.name] = "i32" if -2**31 <= v < 2**31 else "i64"
+        else:
+            sig[p.name] = "fp32"
+    return sig, consts, options
+
+
+def launches(dtype, model):
+    """Call every wrapper as the engine does for this model and dtype; return the recorded launches."""
+    hq, hkv, d, hidden, inter, experts, top_k = MODELS[model]
+    recorders = {}
+    for name in ("_store_kv_kernel", "_decode_kernel", "_prefill_kernel", "_rms_norm_kernel", "_rotary_kernel",
+                 "_moe_up_kernel", "_moe_down_kernel"):
+        recorders[name] = Recorder(getattr(tk, name))
+        setattr(tk, name, recorders[name])
+    bs, blocks = 16, 64
+    k_cache = torch.zeros(blocks, bs, hkv, d, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    tables = torch.zeros(3, 5, dtype=torch.long)
+    lens = torch.tensor([1, 40, 70])
+    tk.store_kv(torch.zeros(7, hkv, d, dtype=dtype), torch.zeros(7, hkv, d, dtype=dtype), k_cache, v_cache,
+                torch.arange(7))
+    for window in (None, 4096):
+        tk.decode_attention(torch.zeros(3, hq, d, dtype=dtype), k_cache, v_cache, tables, lens, d ** -0.5, window)
+        for chunk in (30, 70):  # query tiles of 32 and 64 rows
+            tk.prefill_attention(torch.zeros(chunk + 21, hq, d, dtype=dtype), k_cache, v_cache, tables,
+                                 torch.tensor([0, 1, 21, chunk + 21]), lens, chunk, d ** -0.5, window)
+    x, w = torch.zeros(5, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
+    tk.rms_norm(x, w, 1e-6)
+    tk.rms_norm(x, w, 1e-6, residual=x)
+    tk.rms_norm(torch.zeros(5, hq, d, dtype=dtype), torch.ones(d, dtype=dtype), 1e-6)  # Qwen3's q/k norm
+    tk.apply_rotary(torch.zeros(5, hq + hkv, d, dtype=dtype), torch.zeros(5, d, dtype=dtype),
+                    torch.zeros(5, d, dtype=dtype))
+    w_gate_up = torch.zeros(experts, 2 * inter, hidden, dtype=dtype)
+    w_down = torch.zeros(experts, hidden, inter, dtype=dtype)
+    for tokens in (1, 512):  # both tile configurations
+        ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
+        tk.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), w_gate_up, w_down,
+                     torch.ones(tokens, top_k, dtype=torch.float32), ids)
+    for name, recorder in recorders.items():
+        setattr(tk, name, recorder.kernel)
+    return [(r.kernel, args, kwargs) for r in recorders.values() for args, kwargs in r.launches]
+
+
+CASES = [(90, torch.bfloat16, "mixtral-8x7b"), (90, torch.float16, "qwen3-30b-a3b"),
+         (90, torch.float32, "smollm2-135m"), (89, torch.bfloat16, "qwen3-30b-a3b"),
+         (89, torch.float16, "mixtral-8x7b"), (89, torch.float32, "smollm2-135m"), (80, torch.bfloat16, "mixtral-8x7b")]
+
+
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+    for capability, dtype, model in CASES:
+        case = f"sm_{capability}-{TYPES[dtype]}-{model}"
+        seen = set()
+        for kernel, args, kwargs in launches(dtype, model):
+            sig, consts, options = signature(kernel, args, kwargs)
+            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()}}
+            try:
+                binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+                                        target=GPUTarget("cuda", capability, 32), options=options or None)
+                row.update(cubin_bytes=len(binary.asm["cubin"]), shared=binary.metadata.shared,
+                           shared_limit=SHARED_LIMIT[capability])
+            except Exception as e:  # reported, the test names the kernel and the case
+                row["error"] = f"{type(e).__name__}: {e}"[-3000:]
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

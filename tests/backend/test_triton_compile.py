@@ -1,0 +1,59 @@
+"""Every Triton kernel compiled, down to a cubin by ptxas, for the GPUs our users run, on this CPU-only machine.
+
+The interpreter (test_triton_kernels.py) proves what the kernels compute, but it runs them as Python:
+it neither type-checks them as the compiler does nor lays them out in shared memory. Here each
+public wrapper is called with the argument types the engine passes (real model shapes, bf16, fp16
+and fp32); its launches are recorded instead of run, and each is compiled for sm_90 (H100/H200),
+sm_89 (RTX 4090) and sm_80 (A100), its shared memory checked against what the card has
+(tests/backend/compile_kernels.py, in a process without the interpreter).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+from tests.backend.compile_kernels import CASES, TYPES  # noqa: E402
+from tests.backend.server_process import ROOT  # noqa: E402
+
+KERNELS = {"_store_kv_kernel", "_decode_kernel", "_prefill_kernel", "_rms_norm_kernel", "_rotary_kernel",
+           "_moe_up_kernel", "_moe_down_kernel"}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SCRIPTORIUM_TRITON")}
+    result = subprocess.run([sys.executable, "-m", "tests.backend.compile_kernels"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    by_case = {}
+    for row in rows:
+        by_case.setdefault(row["case"], []).append(row)
+    return by_case
+
+
+@pytest.mark.parametrize("capability,dtype,model", CASES)
+def test_every_kernel_compiles_for_the_card(capability, dtype, model, compiled):
+    rows = compiled[f"sm_{capability}-{TYPES[dtype]}-{model}"]
+    assert {r["kernel"] for r in rows} == KERNELS
+    for row in rows:
+        assert "error" not in row, f"{row['kernel']} {row['constants']}: {row.get('error')}"
+        assert row["cubin_bytes"] > 0
+        assert row["shared"] <= row["shared_limit"], (
+            f"{row['kernel']} needs {row['shared']} bytes of shared memory, the card has {row['shared_limit']}")
+
+
+def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():
+    """Block tables index the cache in blocks that the attention kernels load as one tile."""
+    from backend.engine.llm_engine import check_cuda_block_size
+
+    check_cuda_block_size(16)
+    check_cuda_block_size(32)
+    for bad in (8, 24):
+        with pytest.raises(ValueError, match="block_size must be a power of two of at least 16 on CUDA"):
+            check_cuda_block_size(bad)
