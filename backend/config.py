@@ -1,6 +1,26 @@
 """Settings of one engine instance (the offline LLM and the server share them)."""
 
+import re
 from dataclasses import dataclass
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_memory(text: str) -> float | int:
+    """'0.45' -> a fraction of the card; '18GiB', '20GB', '19327352832' -> bytes. The forms compose.yaml's
+    x-ops gpu_memory takes, so ops can hand a service's budget to the backend as it is written."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or (unit and unit not in _UNITS):
+        raise ValueError(f"{text!r} is not a GPU memory amount: give a fraction of the card such as 0.45, or a size "
+                         "such as 18GiB, 512MiB or 20GB")
+    number = float(m.group(1))
+    if not unit and number <= 1:
+        return number
+    if not unit and not number.is_integer():
+        raise ValueError(f"{text!r}: a fraction of the card is at most 1; a size takes a unit, such as 18GiB")
+    return int(number * _UNITS[unit or "b"])
 
 
 @dataclass
@@ -17,7 +37,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     speculative: dict | str | None = None  # see backend.spec.config.SpeculativeConfig
-    gpu_memory_utilization: float = 0.9  # CUDA: the share of the card the engine may fill (weights, KV cache)
+    # CUDA: what this engine may use (weights, activations, KV cache): a fraction (0, 1] of the card, or bytes.
+    gpu_memory_utilization: float | int = 0.9
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
     moe_gpu_experts: int | None = None  # MoE experts per layer kept on the device; the rest in host memory
 
@@ -29,8 +50,9 @@ class EngineConfig:
 
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
             positive(name)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not ((isinstance(u, float) and 0 < u <= 1) or (isinstance(u, int) and u > 1)):
+            raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1] or a number of bytes, got {u!r}")
         if self.moe_gpu_experts is not None and (not isinstance(self.moe_gpu_experts, int) or self.moe_gpu_experts < 1):
             raise ValueError(f"moe_gpu_experts must be an integer >= 1, got {self.moe_gpu_experts!r}")
         m = self.kv_cache_memory

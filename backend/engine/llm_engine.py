@@ -59,6 +59,28 @@ def check_cuda_block_size(block_size: int) -> None:
         raise ValueError(f"block_size must be a power of two of at least 16 on CUDA, got {block_size}; use 16 or 32")
 
 
+def kv_cache_blocks(allowed: int, weights: int, peak: int, warm_cache: int, free: int, per_block: int,
+                    setting: float | int) -> int:
+    """The KV cache's size in blocks on CUDA. allowed: the bytes this engine may use (its
+    gpu_memory_utilization, a per-instance budget as ops hands it out); weights: resident before the
+    warm-up; peak: the warm-up's peak (weights, its throwaway cache, activations); free: the card's free
+    memory after it (weights still resident)."""
+    gib = 2**30
+    activations = max(peak - warm_cache - weights, 0)
+    kv = allowed - weights - activations
+    if kv < per_block:
+        raise ValueError(
+            f"no room for a KV cache: gpu_memory_utilization={setting} allows {allowed / gib:.1f} GiB, but the "
+            f"weights take {weights / gib:.1f} GiB and the activations of a full batch {activations / gib:.1f} GiB; "
+            "raise gpu_memory_utilization or lower max_num_batched_tokens")
+    if kv + activations > free:
+        raise ValueError(
+            f"gpu_memory_utilization={setting} allows {allowed / gib:.1f} GiB, but only {(free + weights) / gib:.1f} GiB "
+            f"of the card are free for this engine (other programs hold the rest); lower gpu_memory_utilization to "
+            f"at most {(free + weights) / gib:.1f}GiB or stop them (ops status shows who holds the card)")
+    return kv // per_block
+
+
 def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
             dtype: torch.dtype) -> int:
     """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache; returns that
@@ -165,31 +187,26 @@ class LLMEngine:
         return blocks
 
     def _profile_cuda(self, per_block: int, draft_model) -> int:
-        """Blocks that fit in gpu_memory_utilization of the card once the weights (the draft's too) and the
-        peak activations of the largest batch are counted: a warm-up runs that batch and measures it."""
+        """Blocks that fit in gpu_memory_utilization once the weights (the draft's too) and the peak
+        activations of the largest batch are counted: a warm-up runs that batch and measures it."""
         c = self.config
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
+        weights = torch.cuda.memory_allocated(self.device)
         warm_blocks = 0
         for model in (m for m in (self.model, draft_model) if m is not None):
             warm_blocks = max(warm_blocks, warm_up(model, self.max_num_batched_tokens, self.max_model_len,
                                                    c.block_size, self.device, self.dtype))
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        warm_cache = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype) * warm_blocks
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        others = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
-        budget = total * c.gpu_memory_utilization - others - (peak - warm_cache)
-        if budget < per_block:
-            raise ValueError(
-                f"no room for a KV cache: the card has {total / 2**30:.1f} GiB, other programs hold "
-                f"{others / 2**30:.1f} GiB, weights and activations peak at {peak / 2**30:.1f} GiB, and "
-                f"gpu_memory_utilization={c.gpu_memory_utilization} allows {total * c.gpu_memory_utilization / 2**30:.1f} GiB; "
-                "raise gpu_memory_utilization or lower max_num_batched_tokens"
-            )
-        return int(budget // per_block)
+        u = c.gpu_memory_utilization
+        allowed = int(u * total) if isinstance(u, float) else u
+        # The target's throwaway cache: the larger of the two warm-ups, so activations are not undercounted.
+        warm_cache = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype) * warm_blocks
+        return kv_cache_blocks(allowed, weights, peak, warm_cache, free, per_block, u)
 
     # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
 

@@ -5,7 +5,14 @@ import logging
 import signal
 import sys
 
-from backend.config import EngineConfig
+from backend.config import EngineConfig, parse_memory
+
+
+def _memory(text: str) -> float | int:
+    try:
+        return parse_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
                         help="KV-cache size: a fraction (0, 1] of free memory, or bytes when > 1")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="CUDA: the share (0, 1] of the card this server may fill; the KV cache gets what the "
-                             "weights and a measured warm-up leave")
+    parser.add_argument("--gpu-memory-utilization", type=_memory, default=0.9,
+                        help="CUDA: what this server may use, a fraction of the card (0.45) or a size (18GiB); the "
+                             "KV cache gets what the weights and a measured warm-up leave of it")
     parser.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     parser.add_argument("--moe-gpu-experts", type=int, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "

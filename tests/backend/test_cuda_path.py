@@ -129,3 +129,34 @@ def test_a_draft_model_sleeps_and_wakes_with_the_target(tiny_dir):
         after = llm.engine.stats()
         drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
         assert drafted > 0 and after["spec_accepted_tokens"] - before["spec_accepted_tokens"] == drafted
+
+
+def test_the_kv_cache_gets_what_the_budget_leaves_after_weights_and_activations():
+    from backend.engine.llm_engine import kv_cache_blocks
+
+    gib, mib = 2**30, 2**20
+    # 40 GiB allowed; 16 GiB of weights; the warm-up peaked at weights + its 1 GiB cache + 3 GiB of activations.
+    assert kv_cache_blocks(40 * gib, 16 * gib, 20 * gib, 1 * gib, 60 * gib, mib, 40 * gib) == (40 - 16 - 3) * 1024
+    with pytest.raises(ValueError, match=r"no room for a KV cache: gpu_memory_utilization=0.2 allows 18.0 GiB, "
+                                         r"but the weights take 16.0 GiB and the activations of a full batch 3.0 GiB"):
+        kv_cache_blocks(18 * gib, 16 * gib, 20 * gib, 1 * gib, 60 * gib, mib, 0.2)
+    # Other programs hold the card: 10 GiB free beside our weights, 24 needed.
+    with pytest.raises(ValueError, match=r"only 26.0 GiB of the card are free for this engine .* lower "
+                                         r"gpu_memory_utilization to at most 26.0GiB"):
+        kv_cache_blocks(40 * gib, 16 * gib, 20 * gib, 1 * gib, 10 * gib, mib, 0.5)
+
+
+def test_gpu_memory_is_a_fraction_or_a_size_as_compose_yaml_writes_it():
+    from backend.config import EngineConfig, parse_memory
+
+    assert parse_memory("0.45") == 0.45 and parse_memory("1") == 1.0
+    assert parse_memory("18GiB") == 18 * 2**30 and parse_memory("20GB") == 20 * 10**9
+    assert parse_memory("512 MiB") == 512 * 2**20 and parse_memory("19327352832") == 19327352832
+    for bad, message in (("18XB", "is not a GPU memory amount"), ("1.5", "a fraction of the card is at most 1"),
+                         ("lots", "is not a GPU memory amount")):
+        with pytest.raises(ValueError, match=message):
+            parse_memory(bad)
+    EngineConfig(model="m", gpu_memory_utilization=18 * 2**30)
+    for bad in (0.0, 1.5, -3, True):
+        with pytest.raises(ValueError, match="gpu_memory_utilization must be a fraction in"):
+            EngineConfig(model="m", gpu_memory_utilization=bad)
