@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,20 +149,26 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
                max_positions: int, moe_gpu_experts: int | None = None) -> CausalLM:
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
+    # Cast while still on meta: materialising in fp32 first would need twice the memory (Mixtral: 187 GB).
+    model = model.to(dtype)
     if source.random_weights:
         # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
-        model = model.to_empty(device="cpu" if moe_gpu_experts else device).to(dtype)
+        # Seeded from config.json, so every load of one model (a target and itself as draft) is the same model.
+        home = torch.device("cpu") if moe_gpu_experts else device
+        model = model.to_empty(device=home)
         model.tie_weights()
         model.cos_sin = _cos_sin(config, max_positions).to(device)
+        seed = zlib.crc32((source.path / "config.json").read_bytes())
+        generator = torch.Generator(device=home).manual_seed(seed)
         with torch.no_grad():
             for name, param in model.named_parameters():
-                param.fill_(1.0) if "norm" in name else param.normal_(0.0, 0.02)
+                param.fill_(1.0) if "norm" in name else param.normal_(0.0, 0.02, generator=generator)
             # Scale the logits so the next-token distribution is peaked like a trained model's: with the
             # near-flat logits of raw random weights, rounding alone would decide the argmax.
             model.model.norm.weight.fill_(8.0)
         _offload(model, moe_gpu_experts, device)
         return model.to(device).eval()
-    model = model.to_empty(device="cpu").to(dtype)
+    model = model.to_empty(device="cpu")
     model.tie_weights()  # materialising meta tensors may have split the shared embedding
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     if reader is None:

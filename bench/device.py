@@ -135,22 +135,32 @@ def moe_kernels(device: str, dtype: torch.dtype, smoke: bool) -> list[dict]:
     w_gate_up = torch.randn(e, 2 * i, h, device=device, dtype=dtype) * 0.02
     w_down = torch.randn(e, h, i, device=device, dtype=dtype) * 0.02
     with torch.no_grad():  # the same weights in transformers' layout (fused gate_up and down per expert)
+        for param in block.parameters():  # a standalone block is left uninitialised (its router too)
+            param.normal_(0.0, 0.02)
         block.experts.gate_up_proj.copy_(w_gate_up)
         block.experts.down_proj.copy_(w_down)
     rows = []
+    fused = triton_kernels.fused_moe if device == "cuda" or smoke else ref.fused_moe
+
+    def routed(experts):  # the router included, as transformers' block includes it
+        def layer(x):
+            weights, ids = ref.route(torch.nn.functional.linear(x, block.gate.weight), k, True)
+            return experts(x, w_gate_up, w_down, weights.to(dtype), ids)
+        return layer
+
     for tokens in ((1, 16) if smoke else (1, 64, 4096)):
         x = torch.randn(tokens, h, device=device, dtype=dtype)
-        weights, ids = ref.route(torch.nn.functional.linear(x, block.gate.weight), k, True)
-        weights = weights.to(dtype)
-        fused = triton_kernels.fused_moe if device == "cuda" or smoke else ref.fused_moe
-
-        args = (x, w_gate_up, w_down, weights, ids)
-        ours = _timed(device, smoke, fused, *args)
-        reference = _timed(device, smoke, _torch_moe, *args)
+        ours = _timed(device, smoke, routed(fused), x)
+        reference = _timed(device, smoke, routed(_torch_moe), x)
         hf = _timed(device, smoke, block, x.unsqueeze(0))
+        with torch.no_grad():  # the same numbers as transformers' block, or the speed means nothing
+            expected = block(x.unsqueeze(0))
+            expected = (expected[0] if isinstance(expected, tuple) else expected).squeeze(0).float()
+            error = (routed(fused)(x).float() - expected).abs().max().item() / expected.abs().max().item()
         rows.append({"figure": "fused_moe", "tokens": tokens, "ms": round(ours * 1e3, 3),
                      "torch_reference_ms": round(reference * 1e3, 3), "transformers_ms": round(hf * 1e3, 3),
-                     "vs_transformers": round(hf / ours, 2), "vs_reference": round(reference / ours, 2)})
+                     "vs_transformers": round(hf / ours, 2), "vs_reference": round(reference / ours, 2),
+                     "relative_error_vs_transformers": round(error, 5)})
     return rows
 
 

@@ -2,6 +2,7 @@
 
 import gc
 import itertools
+import logging
 import os
 
 import torch
@@ -21,6 +22,8 @@ from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
 from backend.spec.ngram import NgramProposer
 from backend.spec.verify import accept_greedy, verify
+
+log = logging.getLogger(__name__)
 
 
 def best_num_drafts(acceptance: float, max_k: int, cost_per_draft: float) -> int:
@@ -50,6 +53,9 @@ def _available_memory(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+MAX_CUDA_BLOCKS = 1 << 20
 
 
 def check_cuda_block_size(block_size: int) -> None:
@@ -82,9 +88,10 @@ def kv_cache_blocks(allowed: int, weights: int, peak: int, warm_cache: int, free
 
 
 def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
-            dtype: torch.dtype) -> int:
-    """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache; returns that
-    cache's size in blocks (its memory is part of the measured peak)."""
+            dtype: torch.dtype, logit_rows: int = 1) -> int:
+    """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache, then the
+    logits of the most rows one step can sample (a full decode batch, drafts included: 256 rows of a
+    152k vocabulary are 230 MB). Returns the throwaway cache's size in blocks (part of the measured peak)."""
     from backend.engine.scheduler import ScheduledSeq
 
     lengths = []
@@ -101,6 +108,8 @@ def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: tor
         next_block += count
         batch.append(ScheduledSeq(seq, n))
     runner.execute(batch)
+    with torch.inference_mode():
+        model.compute_logits(torch.zeros(logit_rows, model.config.hidden_size, dtype=dtype, device=device))
     runner.free_kv_cache()
     return blocks
 
@@ -152,6 +161,8 @@ class LLMEngine:
             self.draft_cost = self.proposer.num_parameters / target_params
         if self.proposer is not None:
             self.scheduler.on_release.append(self.proposer.release)
+        if self.device.type == "cuda":
+            self._report_memory()
         self.spec_stats = {"draft_tokens": 0, "accepted_tokens": 0, "verifications": 0}
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
@@ -166,7 +177,10 @@ class LLMEngine:
         if c.num_kv_blocks is not None:
             blocks = c.num_kv_blocks
         elif c.kv_cache_memory is None and self.device.type == "cuda":
-            blocks = self._profile_cuda(per_block, draft_model)
+            # A small model on a large card could have tens of millions of blocks, each a Python object in
+            # the block manager; past 2**20 (16M tokens at block 16) they would cost host memory and start-up
+            # time for a cache no batch fills.
+            blocks = min(self._profile_cuda(per_block, draft_model), MAX_CUDA_BLOCKS)
         elif c.kv_cache_memory is not None:
             budget = c.kv_cache_memory if isinstance(c.kv_cache_memory, int) else int(
                 c.kv_cache_memory * _available_memory(self.device))
@@ -186,6 +200,25 @@ class LLMEngine:
             )
         return blocks
 
+    def _report_memory(self) -> None:
+        """What the engine holds once ready (weights, KV cache, CUDA graphs); the CUDA context comes on top."""
+        held = torch.cuda.memory_reserved(self.device)
+        u = self.config.gpu_memory_utilization
+        allowed = int(u * torch.cuda.get_device_properties(self.device).total_memory) if isinstance(u, float) else u
+        gib = 2**30
+        line = (f"KV cache: {self.num_kv_blocks} blocks of {self.config.block_size} tokens; the engine holds "
+                f"{held / gib:.2f} GiB of the card, gpu_memory_utilization={u} allows {allowed / gib:.2f} GiB")
+        if held > allowed and self.config.num_kv_blocks is None and self.config.kv_cache_memory is None:
+            log.warning("%s: over by %.2f GiB (CUDA graphs)", line, (held - allowed) / gib)
+        else:
+            log.info(line)
+
+    def _max_logit_rows(self) -> int:
+        drafts = 0
+        if self.spec is not None:
+            drafts = self.spec.num_tokens if isinstance(self.spec.num_tokens, int) else self.spec.max_num_tokens
+        return min(self.config.max_num_seqs * (1 + drafts), self.max_num_batched_tokens)
+
     def _profile_cuda(self, per_block: int, draft_model) -> int:
         """Blocks that fit in gpu_memory_utilization once the weights (the draft's too) and the peak
         activations of the largest batch are counted: a warm-up runs that batch and measures it."""
@@ -197,7 +230,7 @@ class LLMEngine:
         warm_blocks = 0
         for model in (m for m in (self.model, draft_model) if m is not None):
             warm_blocks = max(warm_blocks, warm_up(model, self.max_num_batched_tokens, self.max_model_len,
-                                                   c.block_size, self.device, self.dtype))
+                                                   c.block_size, self.device, self.dtype, self._max_logit_rows()))
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()

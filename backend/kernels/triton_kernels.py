@@ -164,7 +164,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, eps, HAS_RES: tl.constexpr,
                      BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + row * n + offs, mask=mask, other=0.0)
@@ -250,7 +250,7 @@ def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H,
         return
     nb = tl.program_id(1)
     expert = tl.load(experts_ptr + mb)
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
     pairs = tl.load(pairs_ptr + rows)
     valid = pairs >= 0
     tokens = tl.where(valid, pairs // TOP_K, 0)
@@ -280,7 +280,7 @@ def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights
         return
     nb = tl.program_id(1)
     expert = tl.load(experts_ptr + mb)
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
     pairs = tl.load(pairs_ptr + rows)
     valid = pairs >= 0
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
