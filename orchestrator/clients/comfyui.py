@@ -74,11 +74,18 @@ class ComfyUIClient:
     async def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
         await self._request("POST", "/free", json={"unload_models": unload_models, "free_memory": free_memory})
 
-    async def interrupt(self) -> None:
-        await self._request("POST", "/interrupt")
+    async def cancel(self, prompt_id: str) -> None:
+        """Stop this prompt and only it: dropped from the queue if it has not started, interrupted if it is
+        running. (A bare POST /interrupt would stop whatever runs, perhaps another client's prompt.)"""
+        await self._request("POST", "/queue", json={"delete": [prompt_id]})
+        await self._request("POST", "/interrupt", json={"prompt_id": prompt_id})
 
     async def check_choices(self, workflow: dict) -> None:
         """Refuse, before submitting, a workflow naming a model file (or any other choice) ComfyUI does not have."""
+        for node_id, node in workflow.items():
+            if not isinstance(node, dict) or not isinstance(node.get("class_type"), str):
+                raise ComfyUIError(f"workflow node {node_id} has no class_type; each node needs one, such as "
+                                   "\"SaveImage\"")
         classes = sorted({node["class_type"] for node in workflow.values()})
         info = {}
         for cls in classes:
@@ -90,8 +97,8 @@ class ComfyUIClient:
             spec = info[node["class_type"]].get("input", {})
             declared = {**spec.get("required", {}), **spec.get("optional", {})}
             for name, value in node.get("inputs", {}).items():
-                choices = declared.get(name, [None])[0]
-                if isinstance(choices, list) and isinstance(value, str) and value not in choices:
+                choices = _choices(declared.get(name))
+                if choices is not None and isinstance(value, str) and value not in choices:
                     shown = ", ".join(map(str, choices[:20])) or "none"
                     raise NodeError(node_id, node["class_type"],
                                     f"{name} {value!r} is not available in ComfyUI; available: {shown}")
@@ -143,7 +150,7 @@ class ComfyUIClient:
             return _outcome(entry, prompt_id)
         while True:
             if should_stop and should_stop():
-                await self.interrupt()
+                await self.cancel(prompt_id)
                 raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -164,8 +171,8 @@ class ComfyUIClient:
             if kind == "progress" and on_progress:
                 on_progress({"node": data.get("node"), "value": data.get("value"), "max": data.get("max")})
             elif kind == "executing" and data.get("prompt_id") == prompt_id:
-                if data.get("node") is None:  # the end of this prompt
-                    return _outcome(await self.history(prompt_id) or {}, prompt_id)
+                if data.get("node") is None:  # the end of this prompt, its history written
+                    return await self._wait_poll(prompt_id, should_stop, deadline, interval=0.05)
                 if on_progress:
                     on_progress({"node": data["node"]})
             elif kind == "execution_error":
@@ -174,17 +181,18 @@ class ComfyUIClient:
             elif kind == "execution_interrupted":
                 raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted at node {data.get('node_id')}")
             elif kind == "execution_success":
-                return _outcome(await self.history(prompt_id) or {}, prompt_id)
+                # ComfyUI sends this before it writes the prompt's history: wait for the entry.
+                return await self._wait_poll(prompt_id, should_stop, deadline, interval=0.05)
 
-    async def _wait_poll(self, prompt_id, should_stop, deadline) -> dict:
+    async def _wait_poll(self, prompt_id, should_stop, deadline, interval: float = 0.5) -> dict:
         while time.monotonic() < deadline:
             if should_stop and should_stop():
-                await self.interrupt()
+                await self.cancel(prompt_id)
                 raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
             entry = await self.history(prompt_id)
             if entry and _finished(entry):
                 return _outcome(entry, prompt_id)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(interval)
         raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within {self.timeout:.0f} s")
 
     async def download(self, image: dict) -> bytes:
@@ -220,6 +228,18 @@ def _node_order(node_id: str):
     return (0, int(node_id)) if node_id.isdigit() else (1, node_id)
 
 
+def _choices(spec) -> list | None:
+    """The allowed values of an input, as /object_info describes it: [[choices], {...}] (classic), or
+    ["COMBO", {"options": [choices], ...}] (newer nodes, model pickers among them); None for other inputs."""
+    if not isinstance(spec, (list, tuple)) or not spec:
+        return None
+    if isinstance(spec[0], list):
+        return spec[0]
+    if spec[0] == "COMBO" and len(spec) > 1 and isinstance(spec[1], dict):
+        return list(spec[1].get("options", []))
+    return None
+
+
 def _first_id(workflow: dict, cls: str) -> str:
     return next(node_id for node_id, node in workflow.items() if node["class_type"] == cls)
 
@@ -247,9 +267,16 @@ def _validation_error(response: httpx.Response) -> ComfyUIError:
         data = response.json()
     except ValueError:
         return ComfyUIError(f"ComfyUI refused the workflow: {response.text[:300]}")
-    for node_id, problem in (data.get("node_errors") or {}).items():
-        errors = problem.get("errors") or [{}]
-        message = "; ".join(f"{e.get('message', '')}: {e.get('details', '')}".strip(": ") for e in errors)
-        return NodeError(str(node_id), problem.get("class_type", "?"), message or "invalid")
+    problems = list((data.get("node_errors") or {}).items())
+    if problems:
+        def describe(problem: dict) -> str:
+            errors = problem.get("errors") or [{}]
+            return "; ".join(f"{e.get('message', '')}: {e.get('details', '')}".strip(": ") for e in errors) or "invalid"
+
+        node_id, first = problems[0]
+        message = describe(first)
+        for other_id, other in problems[1:]:  # every invalid node, not only the first
+            message += f"; also node {other_id} ({other.get('class_type', '?')}): {describe(other)}"
+        return NodeError(str(node_id), first.get("class_type", "?"), message)
     error = data.get("error") or {}
     return ComfyUIError(f"ComfyUI refused the workflow: {error.get('message', '')} {error.get('details', '')}".strip())

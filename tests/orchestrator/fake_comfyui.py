@@ -1,11 +1,18 @@
 """A stand-in for ComfyUI (which cannot be installed from package registries) that speaks its protocol.
 
 HTTP: POST /prompt (validated like ComfyUI: node types, required inputs, links and their types,
-choice lists; 400 with node_errors), GET /history[/{id}], GET /view, GET /object_info[/{class}],
-GET /system_stats, POST /free, POST /interrupt. Websocket /ws?clientId=: status,
-execution_start, executing, progress, executed, execution_error, execution_interrupted,
-execution_success. SaveImage writes real PNG files. Tests steer it through /_test/behaviour
-(fail a node class, or hang in KSampler until interrupted) and read what it saw at /_test/calls.
+classic choice lists; 400 with node_errors), GET /history[/{id}], GET /view, GET /object_info[/{class}],
+GET /system_stats, POST /free, POST /interrupt (of one prompt_id, or of whatever runs), GET/POST /queue
+(delete pending prompts). Websocket /ws?clientId=: status, execution_start, execution_cached,
+executing, progress, executed, execution_error, execution_interrupted, execution_success.
+
+Behaviours checked against ComfyUI 0.3.64 run on the CPU: one worker runs prompts in order; a prompt's
+history appears only after execution_success (written by the worker afterwards), then `executing`
+with node null ends it; a prompt identical to one already run is answered from the cache
+(execution_cached lists its nodes, no executing events, executed sent again with the same files);
+"COMBO"-style inputs (newer nodes) are not checked at submission, a missing choice fails at run time.
+SaveImage writes real PNG files. Tests steer it through /_test/behaviour (fail a node class, or hang
+in KSampler until interrupted) and read what it saw at /_test/calls.
 
 Run: python -m tests.orchestrator.fake_comfyui --port P --output DIR
 """
@@ -14,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import json
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +29,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response
 
+UPSCALERS = ["RealESRGAN_x4plus.pth"]
 CHECKPOINTS = ["v1-5-pruned-emaonly.safetensors", "sd_xl_base_1.0.safetensors", "flux1-dev-fp8.safetensors"]
 INT, FLOAT, STRING = ["INT", {"default": 0}], ["FLOAT", {"default": 0.0}], ["STRING", {"default": ""}]
 NODES = {
@@ -36,6 +45,10 @@ NODES = {
                   "negative": ["CONDITIONING"], "latent_image": ["LATENT"], "denoise": FLOAT}, ["LATENT"]),
     "VAEDecode": ({"samples": ["LATENT"], "vae": ["VAE"]}, ["IMAGE"]),
     "SaveImage": ({"images": ["IMAGE"], "filename_prefix": STRING}, []),
+    # Newer nodes describe choices as ["COMBO", {"options": [...]}]; ComfyUI leaves them to run time.
+    "UpscaleModelLoader": ({"model_name": ["COMBO", {"multiselect": False, "options": UPSCALERS}]},
+                           ["UPSCALE_MODEL"]),
+    "ImageUpscaleWithModel": ({"upscale_model": ["UPSCALE_MODEL"], "image": ["IMAGE"]}, ["IMAGE"]),
 }
 
 
@@ -51,8 +64,8 @@ def node_error(kind: str, message: str, details: str) -> dict:
 
 def validate(prompt: dict) -> tuple[dict | None, dict]:
     """(top-level error or None, node_errors) the way ComfyUI's validate_prompt reports them."""
-    if not isinstance(prompt, dict) or not prompt:
-        return node_error("invalid_prompt", "Invalid prompt", "empty"), {}
+    if not isinstance(prompt, dict):
+        return node_error("invalid_prompt", "Invalid prompt", "not an object"), {}
     for node_id, node in prompt.items():
         if not isinstance(node, dict) or node.get("class_type") not in NODES:
             cls = node.get("class_type") if isinstance(node, dict) else None
@@ -77,6 +90,8 @@ def validate(prompt: dict) -> tuple[dict | None, dict]:
                     problems.append(node_error("return_type_mismatch", "Return type mismatch between linked nodes",
                                                f"{name}, received_type({outputs[value[1]]}) mismatch "
                                                f"input_type({kind[0]})"))
+            elif kind[0] == "COMBO":
+                pass  # checked when the node runs
             elif isinstance(kind[0], list) and value not in kind[0]:
                 problems.append(node_error("value_not_in_list", "Value not in list",
                                            f"{name}: '{value}' not in {kind[0]}"))
@@ -119,7 +134,7 @@ def png(width: int, height: int, seed: int) -> bytes:
 def build_app(output_dir: Path) -> FastAPI:
     app = FastAPI()
     state = {"behaviour": {}, "history": {}, "sockets": {}, "calls": [], "interrupt": asyncio.Event(), "counter": 0,
-             "loaded": False}
+             "loaded": False, "pending": [], "running": None, "worker": None, "cache": {}}
 
     async def send(client_id: str | None, kind: str, data: dict) -> None:
         targets = [state["sockets"][client_id]] if client_id in state["sockets"] else list(state["sockets"].values())
@@ -127,7 +142,8 @@ def build_app(output_dir: Path) -> FastAPI:
             with contextlib.suppress(Exception):  # a client that went away
                 await ws.send_json({"type": kind, "data": data})
 
-    async def execute(prompt_id: str, prompt: dict, client_id: str | None) -> None:
+    async def execute(prompt_id: str, prompt: dict, client_id: str | None) -> str:
+        """Runs one prompt; returns its status_str. Its history is written by the worker afterwards."""
         entry = state["history"][prompt_id]
         messages = entry["status"]["messages"]
         behaviour = state["behaviour"]
@@ -140,19 +156,32 @@ def build_app(output_dir: Path) -> FastAPI:
             await send(client_id, kind, data)
 
         await event("execution_start", {}, record=True)
+        key = json.dumps(prompt, sort_keys=True)
+        cached = state["cache"].get(key)
+        await event("execution_cached", {"nodes": list(prompt) if cached else []}, record=True)
+        if cached:  # every node's outputs are known: no executing events, the outputs sent again
+            for node_id, output in cached.items():
+                entry["outputs"][node_id] = output
+                await event("executed", {"node": node_id, "display_node": node_id, "output": output})
+            await event("execution_success", {}, record=True)
+            return "success"
         state["loaded"] = True  # a checkpoint stays loaded until /free
         executed = []
         for node_id in order(prompt):
             node = prompt[node_id]
             cls = node["class_type"]
             await event("executing", {"node": node_id, "display_node": node_id})
-            if behaviour.get("fail_class") == cls:
+            spec, _ = NODES[cls]
+            missing = [name for name, kind in spec.items() if kind[0] == "COMBO"
+                       and node["inputs"].get(name) not in kind[1]["options"]]
+            if behaviour.get("fail_class") == cls or missing:
+                message = behaviour.get("message", "out of memory") if not missing else \
+                    f"[Errno 2] No such file or directory: '{node['inputs'][missing[0]]}'\n"
                 await event("execution_error", {"node_id": node_id, "node_type": cls, "executed": executed,
-                                                "exception_message": behaviour.get("message", "out of memory"),
+                                                "exception_message": message,
                                                 "exception_type": "torch.OutOfMemoryError", "traceback": [],
                                                 "current_inputs": {}, "current_outputs": {}}, record=True)
-                entry["status"].update(status_str="error", completed=False)
-                return
+                return "error"
             if cls == "KSampler":
                 steps = int(node["inputs"]["steps"])
                 for step in range(1, steps + 1):
@@ -161,8 +190,7 @@ def build_app(output_dir: Path) -> FastAPI:
                     if state["interrupt"].is_set():
                         await event("execution_interrupted", {"node_id": node_id, "node_type": cls,
                                                               "executed": executed}, record=True)
-                        entry["status"].update(status_str="error", completed=False)
-                        return
+                        return "error"
                     await event("progress", {"value": step, "max": steps, "node": node_id})
                     await asyncio.sleep(0.005)
             if cls == "SaveImage":
@@ -176,9 +204,20 @@ def build_app(output_dir: Path) -> FastAPI:
                 entry["outputs"][node_id] = output
                 await event("executed", {"node": node_id, "display_node": node_id, "output": output})
             executed.append(node_id)
-        await event("executing", {"node": None})
+        state["cache"][key] = dict(entry["outputs"])
         await event("execution_success", {}, record=True)
-        entry["status"].update(status_str="success", completed=True)
+        return "success"
+
+    async def worker() -> None:
+        """ComfyUI's single prompt worker: one prompt at a time, in order."""
+        while state["pending"]:
+            prompt_id, prompt, client_id = state["pending"].pop(0)
+            state["running"] = prompt_id
+            status = await execute(prompt_id, prompt, client_id)
+            await asyncio.sleep(0.1)  # ComfyUI writes the history after execution_success, a moment later
+            state["history"][prompt_id]["status"].update(status_str=status, completed=status == "success")
+            state["running"] = None
+            await send(client_id, "executing", {"node": None, "prompt_id": prompt_id})
 
     @app.post("/prompt")
     async def post_prompt(request: Request):
@@ -191,8 +230,28 @@ def build_app(output_dir: Path) -> FastAPI:
         prompt_id = str(uuid.uuid4())
         state["history"][prompt_id] = {"prompt": [len(state["history"]), prompt_id, prompt, {}, []], "outputs": {},
                                        "status": {"status_str": None, "completed": False, "messages": []}}
-        asyncio.get_running_loop().create_task(execute(prompt_id, prompt, body.get("client_id")))
+        state["pending"].append((prompt_id, prompt, body.get("client_id")))
+        if state["worker"] is None or state["worker"].done():
+            state["worker"] = asyncio.get_running_loop().create_task(worker())
         return {"prompt_id": prompt_id, "number": len(state["history"]), "node_errors": {}}
+
+    @app.get("/queue")
+    async def queue():
+        def item(prompt_id: str) -> list:
+            return state["history"][prompt_id]["prompt"]
+
+        return {"queue_running": [item(state["running"])] if state["running"] else [],
+                "queue_pending": [item(prompt_id) for prompt_id, _, _ in state["pending"]]}
+
+    @app.post("/queue")
+    async def edit_queue(request: Request):
+        body = await request.json()
+        state["calls"].append({"path": "/queue", "body": body})
+        if body.get("clear"):
+            state["pending"].clear()
+        drop = set(body.get("delete", []))
+        state["pending"][:] = [p for p in state["pending"] if p[0] not in drop]
+        return Response(status_code=200)
 
     @app.get("/history")
     async def history_all():
@@ -234,17 +293,20 @@ def build_app(output_dir: Path) -> FastAPI:
                 state["loaded"] = False
 
             asyncio.get_running_loop().create_task(unload())
-        return {}
+        return Response(status_code=200)
 
     @app.get("/_test/state")
     async def test_state():
         return {"loaded": state["loaded"]}
 
     @app.post("/interrupt")
-    async def interrupt():
-        state["calls"].append({"path": "/interrupt"})
-        state["interrupt"].set()
-        return {}
+    async def interrupt(request: Request):
+        body = json.loads(await request.body() or b"{}")
+        state["calls"].append({"path": "/interrupt", "body": body})
+        # With a prompt_id, only that prompt is interrupted, and only while it runs; without, whatever runs.
+        if body.get("prompt_id") in (None, state["running"]):
+            state["interrupt"].set()
+        return Response(status_code=200)
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket, clientId: str | None = None):  # noqa: N803 ComfyUI's parameter name

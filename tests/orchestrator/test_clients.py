@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from orchestrator import workflows
-from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, NodeError
+from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted, NodeError
 from orchestrator.clients.llm import LLMClient, LLMError
 from tests.backend.server_process import free_port
 
@@ -100,6 +100,82 @@ def test_a_hung_prompt_times_out_naming_the_url(comfyui):
 
     with pytest.raises(ComfyUIError, match=f"ComfyUI at {comfyui.url} did not finish prompt .* within 2 s"):
         run(go())
+
+
+def test_cancelling_a_queued_prompt_drops_it_and_leaves_the_running_one_alone(comfyui):
+    """ComfyUI runs one prompt at a time: a bare /interrupt would stop whatever runs, maybe another
+    client's prompt. Ours is deleted from the queue and interrupted only if it is the one running."""
+    comfyui.behave(hang=True)
+
+    async def go():
+        async with ComfyUIClient(comfyui.url) as a, ComfyUIClient(comfyui.url) as b:
+            first = asyncio.create_task(a.generate(sd15(seed=1)))
+            while not (await a.http.get("/queue")).json()["queue_running"]:
+                await asyncio.sleep(0.05)
+            with pytest.raises(Interrupted):
+                await b.generate(sd15(seed=2), should_stop=lambda: True)
+            queue = (await a.http.get("/queue")).json()
+            await a.http.post("/_test/behaviour", json={"hang": False})
+            return queue, await first
+
+    queue, images = run(go())
+    assert len(queue["queue_running"]) == 1 and queue["queue_pending"] == []
+    assert len(images) == 1  # the other client's prompt ran to the end
+    (cancelled,) = [call["body"]["delete"][0] for call in comfyui.calls() if call["path"] == "/queue"]
+    assert httpx.get(f"{comfyui.url}/history/{cancelled}").json() == {}  # never ran
+
+
+def test_newer_combo_choices_are_checked_before_submission(comfyui):
+    """Newer nodes list their choices as ["COMBO", {"options": [...]}], and ComfyUI only finds a missing
+    model file when the node runs; we refuse it before submitting."""
+    workflow = sd15()
+    workflow["20"] = {"class_type": "UpscaleModelLoader", "inputs": {"model_name": "4x-UltraSharp.pth"}}
+
+    async def go():
+        async with ComfyUIClient(comfyui.url) as client:
+            with pytest.raises(NodeError) as err:
+                await client.check_choices(workflow)
+            prompt_id = await client.submit(workflow)  # ComfyUI itself accepts it...
+            with pytest.raises(NodeError, match="No such file or directory"):
+                await client.wait(prompt_id)  # ...and fails at run time
+            workflow["20"]["inputs"]["model_name"] = "RealESRGAN_x4plus.pth"
+            await client.check_choices(workflow)
+            return err.value
+
+    error = run(go())
+    assert (error.node_id, error.class_type) == ("20", "UpscaleModelLoader")
+    assert "'4x-UltraSharp.pth' is not available in ComfyUI; available: RealESRGAN_x4plus.pth" in error.message
+
+
+def test_a_resubmitted_workflow_is_answered_from_comfyuis_cache(comfyui):
+    """The same workflow again: ComfyUI sends execution_cached and no progress, then the same files."""
+    events = []
+
+    async def go():
+        async with ComfyUIClient(comfyui.url) as client:
+            first = await client.generate(sd15())
+            return first, await client.generate(sd15(), on_progress=events.append)
+
+    first, second = run(go())
+    assert first == second and len(second) == 1 and events == []
+
+
+def test_every_invalid_node_is_named_and_a_node_needs_a_class(comfyui):
+    workflow = sd15()
+    workflow["3"]["inputs"]["latent_image"] = ["6", 0]
+    del workflow["8"]["inputs"]["vae"]
+
+    async def go():
+        async with ComfyUIClient(comfyui.url) as client:
+            with pytest.raises(NodeError) as err:
+                await client.submit(workflow)
+            with pytest.raises(ComfyUIError, match="workflow node 9 has no class_type"):
+                await client.generate({"9": {"inputs": {}}})
+            return err.value
+
+    error = run(go())
+    assert "Return type mismatch" in error.message and "also node 8 (VAEDecode): Required input is missing: vae" \
+        in error.message
 
 
 def test_unreachable_services_name_their_url():
