@@ -138,7 +138,8 @@ class ModelRunner:
             input_ids.extend((seq.token_ids[start:] + seq.draft_tokens[:item.num_draft])[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))
-            table = torch.tensor(seq.block_table, dtype=torch.long, device=self.device)
+            # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
+            table = torch.tensor(seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
             meta.prefills.append(PrefillChunk(row, row + item.num_tokens, end, table))
         # Each sampling sequence gets its last row; one verifying drafts gets all of its rows.
         rows = {id(item): [i] for i, item in enumerate(decode)}

@@ -20,7 +20,7 @@ class PrefillChunk:
     start: int
     end: int
     context_len: int  # tokens in the cache once this chunk is written, the chunk included
-    block_table: torch.Tensor  # [num_blocks_of_sequence]
+    block_table: torch.Tensor | None  # [num_blocks_of_sequence]; the torch path's (None on CUDA)
 
 
 @dataclass
