@@ -200,11 +200,16 @@ class LLMEngine:
             )
         return blocks
 
+    def _allowed_bytes(self, card_total: int) -> int:
+        """gpu_memory_utilization in bytes: a fraction of the card, or bytes already."""
+        u = self.config.gpu_memory_utilization
+        return int(u * card_total) if isinstance(u, float) else u
+
     def _report_memory(self) -> None:
         """What the engine holds once ready (weights, KV cache, CUDA graphs); the CUDA context comes on top."""
         held = torch.cuda.memory_reserved(self.device)
         u = self.config.gpu_memory_utilization
-        allowed = int(u * torch.cuda.get_device_properties(self.device).total_memory) if isinstance(u, float) else u
+        allowed = self._allowed_bytes(torch.cuda.get_device_properties(self.device).total_memory)
         gib = 2**30
         line = (f"KV cache: {self.num_kv_blocks} blocks of {self.config.block_size} tokens; the engine holds "
                 f"{held / gib:.2f} GiB of the card, gpu_memory_utilization={u} allows {allowed / gib:.2f} GiB")
@@ -235,11 +240,10 @@ class LLMEngine:
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        u = c.gpu_memory_utilization
-        allowed = int(u * total) if isinstance(u, float) else u
         # The target's throwaway cache: the larger of the two warm-ups, so activations are not undercounted.
         warm_cache = ModelRunner.kv_bytes_per_block(self.model_config, c.block_size, self.dtype) * warm_blocks
-        return kv_cache_blocks(allowed, weights, peak, warm_cache, free, per_block, u)
+        return kv_cache_blocks(self._allowed_bytes(total), weights, peak, warm_cache, free, per_block,
+                               c.gpu_memory_utilization)
 
     # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
 
@@ -360,10 +364,12 @@ class LLMEngine:
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         verifying = []
+        simple: dict[int, bool] = {}  # seq_id -> needs only the argmax of its rows
         row = 0
         for item in batch:
             if not item.samples:
                 continue
+            simple[item.seq.seq_id] = needs_only_argmax(item.seq)
             if item.num_draft:
                 verifying.append((item.seq, row))
             else:
@@ -372,9 +378,8 @@ class LLMEngine:
             row += item.num_draft + 1
         # Greedy requests need only argmaxes: one small transfer serves them all, whole rows of logits
         # leave the device only for the others.
-        simple = [needs_only_argmax(item.seq) for item in batch if item.samples]
-        top = logits.argmax(dim=-1).tolist() if any(simple) else None
-        if plain and top is not None and all(needs_only_argmax(seq) for seq in plain):
+        top = logits.argmax(dim=-1).tolist() if any(simple.values()) else None
+        if plain and all(simple[seq.seq_id] for seq in plain):
             tokens = [top[r] for r in plain_rows]
         else:
             tokens = self.sampler(logits[plain_rows], plain) if plain else []
@@ -386,7 +391,7 @@ class LLMEngine:
             self._append_token(seq, token)
         for seq, first in verifying:
             rows = slice(first, first + len(seq.draft_tokens) + 1)
-            targets = top[rows] if needs_only_argmax(seq) else None
+            targets = top[rows] if simple[seq.seq_id] else None
             self._accept_drafts(seq, logits[rows], targets)
         touched = dict.fromkeys(item.seq.request_id for item in batch)
         return [self._request_output(rid) for rid in touched]

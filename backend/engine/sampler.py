@@ -78,8 +78,6 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """logits [N, V] fp32; fills each sequence's logprobs when asked; returns N token ids."""
-        if all(needs_only_argmax(s) for s in seqs):
-            return logits.argmax(dim=-1).tolist()
         logits = logits.cpu()  # per-request generators, penalties and grammars work on the host
         want_logprobs = [s.params.logprobs is not None for s in seqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None

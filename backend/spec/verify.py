@@ -31,9 +31,7 @@ def verify(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> l
     drafts = seq.draft_tokens
     params = seq.params
     k = len(drafts)
-    if params.greedy and not has_penalties(params):
-        return accept_greedy(drafts, logits.argmax(dim=-1).tolist())
-    logits = logits.cpu()
+    logits = logits.cpu()  # plain greedy requests are accepted from argmaxes before they get here
     if has_penalties(params):
         logits = logits.clone()
         apply_penalties(logits, [(params, seq.token_ids + drafts[:j], seq.num_prompt_tokens) for j in range(k + 1)])
