@@ -39,7 +39,7 @@ class LeaseConfig:
 
 
 def _alive(pid: int) -> bool:
-    from orchestrator.jobs import pid_alive
+    from common.procs import pid_alive
 
     return pid_alive(pid)
 

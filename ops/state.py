@@ -5,7 +5,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.jobs import pid_alive
+from common.procs import pid_alive
 
 __all__ = ["Record", "State", "now", "pid_alive"]
 

@@ -1,13 +1,14 @@
 """Runs and their steps in SQLite, so a job outlives the process that started it."""
 
 import json
-import os
 import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.procs import pid_alive
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -88,22 +89,6 @@ class Step:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not running anything
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
 
 
 class JobStore:

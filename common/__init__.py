@@ -1,0 +1,1 @@
+"""Helpers every package shares (files, processes); imports nothing of ours."""
