@@ -29,6 +29,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
     max_num_seqs: int = 64
+    max_n: int = 16  # sequences one request may ask for (its n)
     max_model_len: int | None = None  # None: the model's context length, capped at 8192
     max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
     block_size: int = 16
@@ -48,7 +49,7 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+        for name in ("max_num_seqs", "max_n", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
             positive(name)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not ((isinstance(u, float) and 0 < u <= 1) or (isinstance(u, int) and u > 1)):

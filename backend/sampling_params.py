@@ -1,7 +1,14 @@
 """Per-request sampling settings, validated when they are made (vLLM's names and meanings)."""
 
 import json
+import math
 from dataclasses import dataclass, field
+
+# Below this a temperature scales logits past what floating point holds (1e-300 gives NaN probabilities);
+# it means "greedy" in practice, as in vLLM.
+GREEDY_TEMPERATURE = 1e-5
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
+MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 1024  # every step searches each new text for every stop string
 
 
 class InvalidParameter(ValueError):
@@ -44,14 +51,22 @@ class SamplingParams:
         def bad(name: str, allowed: str) -> InvalidParameter:
             return InvalidParameter(name, f"{name} must be {allowed}, got {getattr(self, name)!r}")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        def integer(name: str) -> bool:
+            value = getattr(self, name)
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, "a finite number")
+        if not integer("n") or self.n < 1:
             raise bad("n", "an integer >= 1")
         if self.temperature < 0:
             raise bad("temperature", ">= 0 (0 is greedy)")
         if not 0 < self.top_p <= 1:
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "an integer >= 1, or 0 / -1 for no limit")
+        if not integer("top_k") or not 0 <= self.top_k < 2**31:
+            raise bad("top_k", "an integer >= 1 (at most the vocabulary size), or 0 / -1 for no limit")
         if not 0 <= self.min_p <= 1:
             raise bad("min_p", "in [0, 1]")
         if not -2 <= self.presence_penalty <= 2:
@@ -60,16 +75,18 @@ class SamplingParams:
             raise bad("frequency_penalty", "in [-2, 2]")
         if not self.repetition_penalty > 0:
             raise bad("repetition_penalty", "> 0 (1 means none)")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not integer("max_tokens") or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+        if self.logprobs is not None and (not integer("logprobs") or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "an integer in [0, 20]")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LENGTH for s in self.stop):
+            raise bad("stop", f"a non-empty string or a list of them, each at most {MAX_STOP_LENGTH} characters")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidParameter("stop", f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 2**63 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids >= 0")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "an integer")
+        if self.seed is not None and (not integer("seed") or not INT64_MIN <= self.seed <= UINT64_MAX):
+            raise bad("seed", f"an integer in [{INT64_MIN}, {UINT64_MAX}]")
         if isinstance(self.guided_json, str):
             try:
                 self.guided_json = json.loads(self.guided_json)
@@ -80,4 +97,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def sequence_seed(self, index: int) -> int | None:
+        """The seed of the request's index-th sequence: seed + index, wrapped into the 64 bits a generator takes."""
+        return None if self.seed is None else (self.seed + index) % 2**64

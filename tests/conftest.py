@@ -21,6 +21,22 @@ def smollm2_path() -> Path:
     return pull("smollm2")
 
 
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """tiny_dir(name) -> the directory of that family's tiny checkpoint, built once per session."""
+    from tests.backend.tiny_models import build_model
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_model(name, root / name)
+        return built[name]
+
+    return get
+
+
 # Services shared by the orchestrator and MCP tests -----------------------------------------------------
 
 @pytest.fixture(scope="session")

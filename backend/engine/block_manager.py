@@ -108,6 +108,25 @@ class BlockManager:
         seq.block_table.extend(self._take_free_block() for _ in range(needed))
         return True
 
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None | bool:
+        """Give child the parent's computed tokens: full blocks shared (never written again), the partial last
+        block, which both will append to, as a fresh copy. Returns (source, copy) block ids when a copy is
+        needed, None when none is, False when no block is free for it (nothing changed)."""
+        full, partial = divmod(parent.num_computed_tokens, self.block_size)
+        if partial and not self.free:
+            return False
+        for block_id in parent.block_table[:full]:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = parent.block_table[:full]
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        if not partial:
+            return None
+        copy = self._take_free_block()
+        child.block_table.append(copy)
+        return parent.block_table[full], copy
+
     def commit(self, seq: Sequence) -> None:
         """Register the sequence's newly completed full blocks in the prefix cache."""
         if not self.enable_prefix_caching:

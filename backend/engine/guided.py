@@ -2,42 +2,64 @@
 
 Grammars are compiled by xgrammar against the model's tokenizer; each constrained sequence
 keeps a matcher that says which tokens may come next, applied as a mask to its logits.
+Compiling happens off the engine thread (a large schema takes seconds), so the cache of
+compiled grammars is shared under a lock and bounded: the least recently used goes first.
 """
 
 import json
+import threading
+from collections import OrderedDict
 
 import torch
 
 from backend.sampling_params import InvalidParameter
 
+MAX_GRAMMARS = 64  # compiled grammars kept; each holds token masks of the whole vocabulary
+COMPILER_CACHE_BYTES = 256 << 20  # xgrammar's own cache of rule masks
+
 
 class GuidedDecoding:
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, max_grammars: int = MAX_GRAMMARS):
         import xgrammar
 
         self.xgr = xgrammar
         self.vocab_size = vocab_size
+        self.max_grammars = max_grammars
         self.info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgrammar.GrammarCompiler(self.info)
-        self._grammars: dict[str, object] = {}
+        self.compiler = xgrammar.GrammarCompiler(self.info, cache_limit_bytes=COMPILER_CACHE_BYTES)
+        self._grammars: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def num_grammars(self) -> int:
+        return len(self._grammars)
+
+    def _compile(self, key: str, guided_json: dict | bool):
+        try:
+            if guided_json is True:
+                return self.compiler.compile_builtin_json_grammar()
+            ebnf = str(self.xgr.Grammar.from_json_schema(key, any_whitespace=False))
+            # xgrammar's rule for length-limited strings admits raw control characters, which JSON
+            # forbids inside strings (json.loads rejects them); exclude them as its other string rules do.
+            ebnf = ebnf.replace(r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
+            return self.compiler.compile_grammar(ebnf)
+        except Exception as e:  # xgrammar reports unsupported or malformed schemas as RuntimeError
+            raise InvalidParameter("guided_json", f"guided_json: the JSON schema cannot be used: {e}") from None
 
     def matcher(self, guided_json: dict | bool):
-        """A fresh matcher for one sequence; compiled grammars are shared between requests."""
+        """A fresh matcher for one sequence; compiled grammars are shared between requests. Thread-safe."""
         key = "object" if guided_json is True else json.dumps(guided_json, sort_keys=True)
-        grammar = self._grammars.get(key)
+        with self._lock:
+            grammar = self._grammars.get(key)
+            if grammar is not None:
+                self._grammars.move_to_end(key)
         if grammar is None:
-            try:
-                if guided_json is True:
-                    grammar = self.compiler.compile_builtin_json_grammar()
-                else:
-                    ebnf = str(self.xgr.Grammar.from_json_schema(key, any_whitespace=False))
-                    # xgrammar's rule for length-limited strings admits raw control characters, which JSON
-                    # forbids inside strings (json.loads rejects them); exclude them as its other string rules do.
-                    ebnf = ebnf.replace(r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
-                    grammar = self.compiler.compile_grammar(ebnf)
-            except Exception as e:  # xgrammar reports unsupported or malformed schemas as RuntimeError
-                raise InvalidParameter("guided_json", f"guided_json: the JSON schema cannot be used: {e}") from None
-            self._grammars[key] = grammar
+            grammar = self._compile(key, guided_json)  # outside the lock: others' cache hits go on meanwhile
+            with self._lock:
+                self._grammars[key] = grammar
+                self._grammars.move_to_end(key)
+                while len(self._grammars) > self.max_grammars:
+                    self._grammars.popitem(last=False)
         return self.xgr.GrammarMatcher(grammar)
 
     def mask(self, logits: torch.Tensor, matchers: list) -> None:

@@ -4,11 +4,13 @@ import gc
 import itertools
 import logging
 import os
+import threading
 
 import torch
 
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
+from backend.engine.admission import Limits
 from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
 from backend.engine.model_runner import ModelRunner
@@ -166,6 +168,9 @@ class LLMEngine:
         self.spec_stats = {"draft_tokens": 0, "accepted_tokens": 0, "verifications": 0}
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}
+        self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
+                                config.max_num_seqs)
+        self._guided_lock = threading.Lock()
         self._seq_ids = itertools.count()
 
     def _num_kv_blocks(self, draft_model=None) -> int:
@@ -296,25 +301,11 @@ class LLMEngine:
     # Requests ------------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
-            token_ids = self.tokenizer(prompt).input_ids
-            text = prompt
-        else:
-            token_ids, text = list(prompt), None
-        if not token_ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
-                "prompt or raise max_model_len"
-            )
+        token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
+        self.limits.check(params)
         matchers = [self.guided_matcher(params) for _ in range(params.n)]
         seqs = []
         for i in range(params.n):
@@ -323,22 +314,25 @@ class LLMEngine:
                 num_prompt_tokens=len(token_ids), params=params,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
                 if self.tokenizer is not None else None,
-                leader=seqs[0] if seqs else None,
             )
             if params.seed is not None:
-                seq.generator = torch.Generator().manual_seed(params.seed + i)
+                seq.generator = torch.Generator().manual_seed(params.sequence_seed(i))
             seq.matcher = matchers[i]
             seqs.append(seq)
-            self.scheduler.add(seq)
+        # The prompt is prefilled once, for the first sequence; the others fork from it (see _fork).
+        seqs[0].forks = seqs[1:]
+        self.scheduler.add(seqs[0])
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
 
     def guided_matcher(self, params: SamplingParams):
-        """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema."""
+        """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema.
+        Thread-safe: the server compiles schemas off the engine thread."""
         if params.guided_json is None:
             return None
-        if self.sampler.guided is None:
-            self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size)
+        with self._guided_lock:
+            if self.sampler.guided is None:
+                self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size)
         return self.sampler.guided.matcher(params.guided_json)
 
     def abort_request(self, request_id: str) -> None:
@@ -354,7 +348,10 @@ class LLMEngine:
     # The loop ------------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return the current output of every request it advanced (finished ones last seen)."""
+        """Run one batch; return the current output of every request it advanced (finished ones last seen).
+
+        A failure while processing one sequence (sampling, its grammar, detokenizing, stop strings, its
+        drafts) ends that request with an error and leaves the rest of the batch untouched."""
         if self.proposer is not None:
             self._propose()
         batch = self.scheduler.schedule()
@@ -364,37 +361,86 @@ class LLMEngine:
         plain: list[Sequence] = []
         plain_rows: list[int] = []
         verifying = []
-        simple: dict[int, bool] = {}  # seq_id -> needs only the argmax of its rows
         row = 0
         for item in batch:
             if not item.samples:
                 continue
-            simple[item.seq.seq_id] = needs_only_argmax(item.seq)
             if item.num_draft:
                 verifying.append((item.seq, row))
             else:
                 plain.append(item.seq)
                 plain_rows.append(row)
             row += item.num_draft + 1
+        for item in batch:
+            if not item.num_draft:
+                item.seq.num_computed_tokens += item.num_tokens
+                self.block_manager.commit(item.seq)
+        for seq, r in list(zip(plain, plain_rows)):
+            if seq.forks:  # prompt prefilled: the siblings sample their first tokens from the same row
+                for child in self._fork(seq):
+                    plain.append(child)
+                    plain_rows.append(r)
+        simple = {seq.seq_id: needs_only_argmax(seq) for seq in plain}
+        simple.update((seq.seq_id, needs_only_argmax(seq)) for seq, _ in verifying)
         # Greedy requests need only argmaxes: one small transfer serves them all, whole rows of logits
         # leave the device only for the others.
         top = logits.argmax(dim=-1).tolist() if any(simple.values()) else None
         if plain and all(simple[seq.seq_id] for seq in plain):
             tokens = [top[r] for r in plain_rows]
         else:
-            tokens = self.sampler(logits[plain_rows], plain) if plain else []
-        for item in batch:
-            if not item.num_draft:
-                item.seq.num_computed_tokens += item.num_tokens
-                self.block_manager.commit(item.seq)
+            tokens = self._sample(logits, plain_rows, plain) if plain else []
         for seq, token in zip(plain, tokens):
-            self._append_token(seq, token)
+            if token is not None and not seq.finished:
+                self._isolated(seq, self._append_token, seq, token)
         for seq, first in verifying:
-            rows = slice(first, first + len(seq.draft_tokens) + 1)
-            targets = top[rows] if simple[seq.seq_id] else None
-            self._accept_drafts(seq, logits[rows], targets)
+            if not seq.finished:
+                rows = slice(first, first + len(seq.draft_tokens) + 1)
+                targets = top[rows] if simple[seq.seq_id] else None
+                self._isolated(seq, self._accept_drafts, seq, logits[rows], targets)
         touched = dict.fromkeys(item.seq.request_id for item in batch)
         return [self._request_output(rid) for rid in touched]
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """The parent's prompt is in the cache: its unfinished siblings take it and run from this step."""
+        children, parent.forks = [c for c in parent.forks if not c.finished], []
+        return [c for c in children if self.scheduler.fork(parent, c, self.runner.copy_block)]
+
+    def _sample(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]) -> list[int | None]:
+        """The batch's tokens; if sampling the batch fails, each sequence again on its own (from the state its
+        generator and logprobs had), so only the one that fails gets None and is ended with the error."""
+        saved = [(s.generator.get_state() if s.generator is not None else None,
+                  len(s.logprobs) if s.logprobs is not None else None, s.cumulative_logprob) for s in seqs]
+        try:
+            return self.sampler(logits[rows], seqs)
+        except Exception:  # noqa: BLE001 one sequence's settings or grammar; found below
+            log.exception("sampling a batch of %d failed; sampling its sequences one by one", len(seqs))
+        tokens: list[int | None] = []
+        for seq, r, (state, num_logprobs, cumulative) in zip(seqs, rows, saved):
+            if state is not None:
+                seq.generator.set_state(state)
+            if num_logprobs is not None:
+                del seq.logprobs[num_logprobs:]
+            elif seq.logprobs is not None:
+                seq.logprobs = None
+            seq.cumulative_logprob = cumulative
+            (token,) = self._isolated(seq, self.sampler, logits[[r]], [seq]) or (None,)
+            tokens.append(token)
+        return tokens
+
+    def _isolated(self, seq: Sequence, fn, *args):
+        """fn(*args) for one sequence; if it raises, that sequence's request ends with the error (None)."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 confined to the request that caused it
+            log.exception("request %s failed", seq.request_id)
+            self._fail(seq.request_id, f"{type(e).__name__}: {e}")
+            return None
+
+    def _fail(self, request_id: str, error: str) -> None:
+        for seq in self.requests.get(request_id, []):
+            if not seq.finished:
+                seq.error = error
+                self._finish(seq, "error")
 
     # Speculative decoding -----------------------------------------------------------------------------
 
@@ -416,9 +462,17 @@ class LLMEngine:
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)
-        if seqs:
+        if not seqs:
+            return
+        try:
             self.proposer.propose(seqs, ks, self.sampler)
-            self.spec_stats["draft_tokens"] += sum(len(s.draft_tokens) for s in seqs)
+        except Exception:  # noqa: BLE001 drafts are an optimisation: this step verifies none
+            log.exception("proposing drafts failed; this step runs without them")
+            for seq in seqs:
+                seq.draft_tokens, seq.draft_probs = [], None
+                self.proposer.release(seq)  # the draft's cache of it may be half written
+            return
+        self.spec_stats["draft_tokens"] += sum(len(s.draft_tokens) for s in seqs)
 
     def _num_drafts(self, seq: Sequence) -> int:
         spec = self.spec
@@ -459,14 +513,17 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
-        if seq.matcher is not None:
-            seq.matcher.accept_token(token)
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            raise RuntimeError(f"token {token} does not continue the output's grammar")
         p = seq.params
         if seq.logprobs and self.tokenizer is not None:
             for tid, lp in seq.logprobs[-1].items():
                 lp.decoded_token = self.tokenizer.decode([tid])
         delta = seq.detokenizer.add(token) if seq.detokenizer is not None else ""
         stop_token = token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)
+        # A grammar that has ended (it accepted a stop token) admits nothing more: it ends the output even
+        # under ignore_eos.
+        stop_token = stop_token or (seq.matcher is not None and seq.matcher.is_terminated())
         out_of_room = (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
             seq.num_tokens >= self.max_model_len)
         if stop_token:
@@ -508,6 +565,7 @@ class LLMEngine:
             request_id=request_id, prompt=self.prompts.get(request_id), prompt_token_ids=seqs[0].token_ids[
                 :seqs[0].num_prompt_tokens], outputs=outputs, finished=finished,
             num_cached_tokens=max(seqs[0].num_cached_tokens, 0),
+            error=next((s.error for s in seqs if s.error), None),
         )
         if finished:
             del self.requests[request_id]

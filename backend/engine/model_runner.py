@@ -27,6 +27,12 @@ class ModelRunner:
             module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy one cache block's keys and values in every layer (a forked sequence's partial block)."""
+        for module in self._attention_modules():
+            module.k_cache[target].copy_(module.k_cache[source])
+            module.v_cache[target].copy_(module.v_cache[source])
+
     def free_kv_cache(self) -> None:
         self.graphs = {}  # they read the caches being freed
         for module in self._attention_modules():

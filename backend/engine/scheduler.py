@@ -81,10 +81,13 @@ class Scheduler:
             seq.draft_tokens, seq.draft_probs = [], None
         if preempted:
             return batch  # no admissions in a step that had to evict
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        # A sequence with pending forks (a request's other n - 1) holds their slots too, so that they can
+        # join the batch with it once its prompt is prefilled.
+        slots = len(self.running) + sum(len(s.forks) for s in self.running)
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if seq.leader is not None and self._leader_prefilling(seq.leader):
-                break  # wait one step so the sibling shares the leader's prompt blocks
+            if slots + 1 + len(seq.forks) > self.max_num_seqs:
+                break
             hit_ids, hit_hashes = self.block_manager.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
@@ -92,15 +95,25 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
+            slots += 1 + len(seq.forks)
             batch.append(ScheduledSeq(seq, n))
             budget -= n
         return batch
 
-    @staticmethod
-    def _leader_prefilling(leader: Sequence) -> bool:
-        if leader.finished:
-            return False
-        return leader.status == Status.WAITING or leader.num_computed_tokens < leader.num_prompt_tokens
+    def fork(self, parent: Sequence, child: Sequence, copy_block) -> bool:
+        """Start child from parent's prefilled prompt: it shares the full blocks and gets a copy of the partial
+        last one (copy_block(src, dst) copies its KV), and runs from now on. Without a free block or slot it
+        queues first in line instead, to find the prompt in the prefix cache."""
+        if len(self.running) < self.max_num_seqs:
+            copy = self.block_manager.fork(parent, child)
+            if copy is not False:
+                if copy is not None:
+                    copy_block(*copy)
+                child.status = Status.RUNNING
+                self.running.append(child)
+                return True
+        self.waiting.appendleft(child)
+        return False
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and release its blocks."""

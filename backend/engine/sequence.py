@@ -26,14 +26,16 @@ class Sequence:
     params: SamplingParams
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None  # set when the request is seeded
-    leader: "Sequence | None" = None  # the sibling whose prompt blocks this one waits to share
+    # n > 1: the siblings that take this sequence's KV once its prompt is prefilled (prefilled once for all)
+    forks: list["Sequence"] = field(default_factory=list)
     matcher: object | None = None  # structured output: which tokens may come next (xgrammar)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission (-1: not yet)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of the leading full blocks
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = None  # why processing this sequence failed (finish_reason "error")
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0

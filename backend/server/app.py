@@ -15,9 +15,10 @@ from starlette.exceptions import HTTPException
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.outputs import RequestOutput
-from backend.sampling_params import InvalidParameter
 from backend.server.async_engine import AsyncEngine
+from backend.server.limits import BodyLimit
 from backend.server.metrics import ServerMetrics
+from backend.server.prompts import budget, chat_prompt, check_guided, check_limits, completion_prompts
 from backend.server.protocol import (
     APIError,
     ChatRequest,
@@ -73,8 +74,12 @@ class ServerState:
                            param="model", code="model_not_found")
 
 
+MAX_BODY_BYTES = 4 << 20  # a 128k-token prompt is ~0.5 MB of text; more is a mistake or an attack
+
+
 def build_app(config: EngineConfig, served_model_name: str | None = None,
-              on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True) -> FastAPI:
+              on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True,
+              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     state = ServerState(config, served_model_name or config.model)
 
     def load() -> None:
@@ -96,6 +101,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     app = FastAPI(title="Scriptorium backend", lifespan=lifespan)
     app.state.server = state
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
@@ -128,6 +134,9 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             return JSONResponse({"status": "error", "error": state.load_error}, status_code=500)
         if state.engine is None:
             return JSONResponse({"status": "loading"}, status_code=503, headers=RETRY_AFTER)
+        problem = state.engine.problem()
+        if problem:
+            return JSONResponse({"status": "error", "error": problem}, status_code=503)
         return {"status": "sleeping" if state.sleep_level else "ok"}
 
     @app.get("/metrics")
@@ -184,11 +193,12 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             raise APIError(400, "best_of must equal n (candidates are not ranked)", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= 20:
             raise APIError(400, f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
-        prompts = _completion_prompts(req.prompt, engine.engine)
+        prompts = await completion_prompts(req.prompt, engine.engine)
         requested = 16 if req.max_tokens is None else req.max_tokens  # the legacy completions API's default
-        params = [sampling_params(req, _budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
+        params = [sampling_params(req, budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
                                   req.logprobs) for p in prompts]
-        await _check_guided(engine, params[0])
+        check_limits(engine.engine, params[0])
+        await check_guided(engine.engine, params[0])
         rid = new_id("cmpl")
         gens = [engine.generate(f"{rid}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
         if req.stream:
@@ -210,12 +220,13 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
         if req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        prompt = _chat_prompt(engine.engine, chat_messages(req))
+        prompt = await chat_prompt(engine.engine, chat_messages(req))
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        budget = _budget(engine.engine, len(prompt), requested, name, "messages")
-        params = sampling_params(req, budget, (req.top_logprobs or 0) if req.logprobs else None)
-        await _check_guided(engine, params)
+        allowed = budget(engine.engine, len(prompt), requested, name, "messages")
+        params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None)
+        check_limits(engine.engine, params)
+        await check_guided(engine.engine, params)
         rid = new_id("chatcmpl")
         gen = engine.generate(rid, prompt, params)
         if req.stream:
@@ -390,64 +401,3 @@ async def _until_disconnect(request: Request, coro):
     finally:
         if not task.done():
             task.cancel()
-
-
-async def _check_guided(engine: AsyncEngine, params) -> None:
-    """Compile a structured-output schema up front, so a bad one is a 400 and not an error mid-stream."""
-    if params.guided_json is None:
-        return
-    try:
-        await engine.call(lambda e: e.guided_matcher(params))
-    except InvalidParameter as e:
-        raise APIError(400, str(e), param="response_format") from None
-
-
-def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
-    if not ids:
-        raise APIError(400, f"{param} is empty", param=param)
-    if any(t < 0 or t >= vocab for t in ids):
-        raise APIError(400, f"{param}: token ids must be in [0, {vocab})", param=param)
-    return ids
-
-
-def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
-    vocab = engine.model_config.vocab_size
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if not prompt:
-        raise APIError(400, "prompt is empty", param="prompt")
-    if isinstance(prompt[0], int):
-        return [_validate_ids(list(prompt), vocab, "prompt")]
-    out = []
-    for p in prompt:
-        ids = engine.tokenizer(p).input_ids if isinstance(p, str) else list(p)
-        out.append(_validate_ids(ids, vocab, "prompt"))
-    return out
-
-
-def _chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
-    tokenizer = engine.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # the template's own checks (role order, ...) raise
-        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
-    return _validate_ids(tokenizer(text, add_special_tokens=False).input_ids, engine.model_config.vocab_size,
-                         "messages")
-
-
-def _budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
-    limit = engine.max_model_len
-    if prompt_len >= limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has "
-                       f"{prompt_len} tokens; shorten it.", param=prompt_param, code="context_length_exceeded")
-    if requested is None:
-        return limit - prompt_len
-    if requested < 1:
-        raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
-    if prompt_len + requested > limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                       f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the completion). "
-                       f"Reduce the prompt or {param}.", param=param, code="context_length_exceeded")
-    return requested

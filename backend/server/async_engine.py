@@ -6,6 +6,7 @@ asyncio queue on the event loop.
 """
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -18,6 +19,8 @@ from backend.sampling_params import SamplingParams
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import APIError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RequestTiming:
@@ -27,10 +30,18 @@ class RequestTiming:
     num_tokens: int = 0
 
 
+# One step of a healthy engine takes well under a second to a few seconds; one that has not returned
+# after this long is wedged (a hung kernel, a deadlock) and /health says so.
+WEDGED_AFTER = 120.0
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None):
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None, wedged_after: float = WEDGED_AFTER):
         self.engine = engine
         self.metrics = metrics
+        self.wedged_after = wedged_after
+        self.died: str | None = None  # why the loop thread stopped, if it did
+        self._step_started: float | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, RequestTiming]] = {}
         self._wake = threading.Event()
@@ -42,12 +53,27 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
+    def problem(self) -> str | None:
+        """Why this engine cannot serve (its loop thread died, or one step has hung), or None when it can."""
+        if self.died is not None or (not self._thread.is_alive() and not self._stopping):
+            return f"the engine loop stopped: {self.died or 'unknown reason'}; restart the server"
+        started = self._step_started
+        if started is not None and time.monotonic() - started > self.wedged_after:
+            return f"the engine has been stuck in one step for {time.monotonic() - started:.0f} s"
+        return None
+
+    def _outcome(self, outcome: str) -> None:
+        if self.metrics:
+            self.metrics.record_outcome(outcome)
+
     # Called from the event loop ------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Yields the request's cumulative output after each step that advanced it, the last one finished."""
         if self._stopping:
             raise APIError(503, "the server is shutting down", type="service_unavailable")
+        if self.died is not None:
+            raise APIError(503, self.problem(), type="service_unavailable")
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic()))
@@ -68,6 +94,8 @@ class AsyncEngine:
 
     async def call(self, fn: Callable[[LLMEngine], object]) -> object:
         """Run fn(engine) on the loop thread between steps and return its result."""
+        if self.died is not None:
+            raise APIError(503, self.problem(), type="service_unavailable")
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._submit(("call", fn, loop, done))
@@ -87,8 +115,7 @@ class AsyncEngine:
             self._deliver(request_id, APIError(503, "the request was aborted: the model was put to sleep",
                                                type="service_unavailable"))
             self._streams.pop(request_id, None)
-            if self.metrics:
-                self.metrics.record_outcome("abort")
+            self._outcome("abort")
 
     def stop(self) -> None:
         self._stopping = True
@@ -118,14 +145,18 @@ class AsyncEngine:
             except ValueError as e:  # bad input found late: a client error, reported to its request
                 self._deliver(request_id, APIError(400, str(e), param=getattr(e, "param", None)))
                 self._streams.pop(request_id, None)
+                self._outcome("rejected")
             except Exception as e:  # reported to the request that caused it
-                self._deliver(request_id, e)
+                log.exception("adding request %s failed", request_id)
+                self._deliver(request_id, APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                                   type="internal_error"))
                 self._streams.pop(request_id, None)
+                self._outcome("error")
         elif kind == "abort":
             _, request_id = command
             self.engine.abort_request(request_id)
-            if self._streams.pop(request_id, None) is not None and self.metrics:
-                self.metrics.record_outcome("abort")
+            if self._streams.pop(request_id, None) is not None:
+                self._outcome("abort")
         elif kind == "call":
             _, fn, loop, done = command
             try:
@@ -139,6 +170,24 @@ class AsyncEngine:
         return True
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 a bug in the loop itself: say so on /health, fail what waits
+            log.exception("the engine loop stopped")
+            self.died = f"{type(e).__name__}: {e}"
+            error = APIError(503, f"the engine loop stopped: {self.died}", type="service_unavailable")
+            for request_id in list(self._streams):
+                self._deliver(request_id, error)
+            self._streams.clear()
+            while True:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if command[0] == "call":
+                    command[2].call_soon_threadsafe(_settle, command[3], None, error)
+
+    def _loop(self) -> None:
         while True:
             while True:
                 try:
@@ -151,18 +200,30 @@ class AsyncEngine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
+            self._step_started = time.monotonic()
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # a bug in the engine: fail the requests in flight, keep serving
+            except Exception as e:  # a bug in the engine: fail the requests of the batch, keep serving
+                log.exception("an engine step failed")
+                error = APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error")
                 for request_id in list(self._streams):
                     self.engine.abort_request(request_id)
-                    self._deliver(request_id, e)
+                    self._deliver(request_id, error)
                     self._streams.pop(request_id, None)
+                    self._outcome("error")
                 continue
+            finally:
+                self._step_started = None
             now = time.monotonic()
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is None:
+                    continue
+                if out.error is not None:  # processing this request failed; the others go on
+                    self._deliver(out.request_id, APIError(500, f"generating this request failed: {out.error}",
+                                                           type="internal_error"))
+                    self._streams.pop(out.request_id, None)
+                    self._outcome("error")
                     continue
                 self._record_timing(stream[2], out, now)
                 self._deliver(out.request_id, out)

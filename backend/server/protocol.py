@@ -4,7 +4,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.outputs import CompletionOutput, Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
@@ -21,6 +21,27 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _lone_surrogate(value, path: str) -> str | None:
+    """The path of the first string holding a lone UTF-16 surrogate (JSON's "\ud800" escapes make them), which
+    no tokenizer can encode, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate(key, path) or _lone_surrogate(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -49,6 +70,15 @@ class CommonRequest(BaseModel):
     ignore_eos: bool = False
     guided_json: dict | str | None = None
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data):
+        where = _lone_surrogate(data, "")
+        if where:
+            raise ValueError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
+                             "valid Unicode text; send UTF-8 text")
+        return data
 
 
 class CompletionRequest(CommonRequest):

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                        help="requests with a larger body are refused with 413 before they are read")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
@@ -60,7 +63,7 @@ def serve(args: argparse.Namespace) -> int:
         memory = int(memory)
     config = EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
@@ -80,7 +83,8 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(config, args.served_model_name, on_load_error, allow_sleep=not args.no_sleep)
+    app = build_app(config, args.served_model_name, on_load_error, allow_sleep=not args.no_sleep,
+                    max_body_bytes=args.max_body_bytes)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a

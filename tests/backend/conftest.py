@@ -3,22 +3,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.backend.tiny_models import build_model
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """tiny_dir(name) -> the directory of that family's tiny checkpoint, built once per session."""
-    root = tmp_path_factory.mktemp("tiny-models")
-    built: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in built:
-            built[name] = build_model(name, root / name)
-        return built[name]
-
-    return get
-
 
 @pytest.fixture(scope="session")
 def hf_model():

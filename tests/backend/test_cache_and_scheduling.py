@@ -120,12 +120,43 @@ def test_hash_collision_never_serves_wrong_tokens(monkeypatch):
     assert bm.find_cached_prefix(_seq([5, 6, 9]))[0] == []  # same hash, other tokens: a miss
 
 
-def test_n_siblings_share_the_prompt_blocks(tiny_dir):
+def _count_computed(llm) -> list[int]:
+    """Wrap the runner so each step's computed token count is recorded."""
+    counts, execute = [], llm.engine.runner.execute
+
+    def counting(batch):
+        counts.append(sum(item.num_tokens for item in batch))
+        return execute(batch)
+
+    llm.engine.runner.execute = counting
+    return counts
+
+
+@pytest.mark.parametrize("prompt_len", [35, 32])  # a partial last block (copied) and none
+def test_n_siblings_prefill_the_prompt_once_and_match_separate_seeded_requests(tiny_dir, prompt_len):
     llm = LLM(str(tiny_dir("llama")), block_size=8)
-    prompt = prompts_of_lengths(35)[0]
-    out = llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=10, ignore_eos=True),
-                       use_tqdm=False)[0]
+    prompt = prompts_of_lengths(prompt_len)[0]
+    counts = _count_computed(llm)
+    params = dict(temperature=1.0, max_tokens=10, ignore_eos=True)
+    out = llm.generate(prompt, SamplingParams(n=3, seed=5, **params), use_tqdm=False)[0]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
-    # Siblings 1 and 2 found the leader's 4 full prompt blocks in the cache.
-    assert llm.engine.block_manager.prefix_hits == 2 * 32
+    # One prefill of the prompt, then the three decode together: 3 tokens a step for the 9 further tokens.
+    assert counts == [prompt_len] + [3] * 9
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+    # Sibling i is exactly the request with seed 5 + i (the oracle: each prefilled on its own).
+    fresh = LLM(str(tiny_dir("llama")), block_size=8, enable_prefix_caching=False)
+    for i, o in enumerate(out.outputs):
+        alone = fresh.generate(prompt, SamplingParams(n=1, seed=5 + i, **params), use_tqdm=False)[0].outputs[0]
+        assert o.token_ids == alone.token_ids
+
+
+def test_n_siblings_without_a_free_block_queue_and_find_the_prompt_cached(tiny_dir):
+    # Room for the leader's prompt and its decode only: the siblings cannot get a copy of its partial block
+    # at once, so they queue and later find the prompt's full blocks in the prefix cache.
+    llm = LLM(str(tiny_dir("llama")), block_size=8, num_kv_blocks=5, max_model_len=40)
+    prompt = prompts_of_lengths(35)[0]
+    out = llm.generate(prompt, SamplingParams(n=2, temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == out.outputs[1].token_ids  # greedy: the same continuation
+    assert llm.engine.block_manager.prefix_hits == 32
+    assert llm.engine.block_manager.num_free_blocks == 5

@@ -1,0 +1,54 @@
+"""A request checked whole before anything of it is queued: its prompt, and its settings against this
+engine's limits. What fails here is the caller's to fix (InvalidParameter / ValueError, a 400)."""
+
+from dataclasses import dataclass
+
+from backend.sampling_params import InvalidParameter, SamplingParams
+
+
+@dataclass
+class Limits:
+    vocab_size: int
+    max_model_len: int
+    max_n: int  # sequences one request may ask for (n)
+    max_num_seqs: int  # sequences that run at once: n beyond it could never be scheduled together
+    # No token is longer than the vocabulary's longest entry, so a text of more characters than this cannot
+    # fit in the context (None: no tokenizer); refused before tokenizing it.
+    max_prompt_chars: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer, vocab_size: int, max_model_len: int, max_n: int, max_num_seqs: int) -> "Limits":
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=1) if tokenizer is not None else None
+        return cls(vocab_size, max_model_len, max_n, max_num_seqs,
+                   max_model_len * max(longest, 1) if longest is not None else None)
+
+    def check(self, params: SamplingParams) -> None:
+        if params.n > min(self.max_n, self.max_num_seqs):
+            which = "max_n" if self.max_n <= self.max_num_seqs else "max_num_seqs"
+            raise InvalidParameter("n", f"n must be at most {min(self.max_n, self.max_num_seqs)} on this server "
+                                   f"({which}), got {params.n}")
+        if params.top_k > self.vocab_size:
+            raise InvalidParameter("top_k", f"top_k must be at most the vocabulary size ({self.vocab_size}), or 0 / "
+                                   f"-1 for no limit; got {params.top_k}")
+
+    def prompt_ids(self, prompt: str | list[int], tokenizer, model_name: str) -> tuple[list[int], str | None]:
+        """The prompt's token ids (and its text when given as text), refused when they cannot run."""
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError(f"model {model_name!r} has no tokenizer: give prompts as token ids")
+            if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
+                raise ValueError(f"the prompt has {len(prompt)} characters, more than max_model_len="
+                                 f"{self.max_model_len} tokens can hold; shorten it")
+            token_ids, text = tokenizer(prompt).input_ids, prompt
+        else:
+            token_ids, text = list(prompt), None
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
+                "prompt or raise max_model_len")
+        return token_ids, text

@@ -1,0 +1,112 @@
+"""Requests' prompts as token ids, built off the event loop, refused early when they cannot fit.
+
+Tokenizing a large prompt or compiling a large JSON schema takes seconds; on the event loop it would
+stall every stream and /health, so both run on a small pool of worker threads. Before that, a prompt
+longer than the context is refused from its length in characters alone: no token is longer than the
+longest entry of the vocabulary, so a text of more than max_model_len times that many characters
+cannot fit.
+"""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from backend.engine.llm_engine import LLMEngine
+from backend.sampling_params import InvalidParameter, SamplingParams
+from backend.server.protocol import APIError
+
+_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+
+
+async def off_loop(fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
+
+
+def check_length(engine: LLMEngine, chars: int, param: str) -> None:
+    limit = engine.limits.max_prompt_chars
+    if limit is not None and chars > limit:
+        raise APIError(400, f"This model's maximum context length is {engine.max_model_len} tokens, and a prompt "
+                       f"of {chars} characters is certainly longer; shorten it.", param=param,
+                       code="context_length_exceeded")
+
+
+def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
+    if not ids:
+        raise APIError(400, f"{param} is empty", param=param)
+    if any(t < 0 or t >= vocab for t in ids):
+        raise APIError(400, f"{param}: token ids must be in [0, {vocab})", param=param)
+    return ids
+
+
+def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
+    vocab = engine.model_config.vocab_size
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [_validate_ids(list(prompt), vocab, "prompt")]
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            check_length(engine, len(p), "prompt")
+            ids = engine.tokenizer(p).input_ids
+        else:
+            ids = list(p)
+        out.append(_validate_ids(ids, vocab, "prompt"))
+    return out
+
+
+def _chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
+    tokenizer = engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+    check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template's own checks (role order, ...) raise
+        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+    return _validate_ids(tokenizer(text, add_special_tokens=False).input_ids, engine.model_config.vocab_size,
+                         "messages")
+
+
+async def completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
+    return await off_loop(_completion_prompts, prompt, engine)
+
+
+async def chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
+    return await off_loop(_chat_prompt, engine, messages)
+
+
+async def check_guided(engine: LLMEngine, params: SamplingParams) -> None:
+    """Compile a structured-output schema up front (off the loop and off the engine thread, cached for the
+    request itself), so a bad one is a 400 and not an error mid-stream."""
+    if params.guided_json is None:
+        return
+    try:
+        await off_loop(engine.guided_matcher, params)
+    except InvalidParameter as e:
+        raise APIError(400, str(e), param="response_format") from None
+
+
+def check_limits(engine: LLMEngine, params: SamplingParams) -> None:
+    """The engine's limits on n and top_k, as a 400 before anything is queued."""
+    try:
+        engine.limits.check(params)
+    except InvalidParameter as e:
+        raise APIError(400, str(e), param=e.param) from None
+
+
+def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
+    limit = engine.max_model_len
+    if prompt_len >= limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has "
+                       f"{prompt_len} tokens; shorten it.", param=prompt_param, code="context_length_exceeded")
+    if requested is None:
+        return limit - prompt_len
+    if requested < 1:
+        raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
+    if prompt_len + requested > limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                       f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the completion). "
+                       f"Reduce the prompt or {param}.", param=param, code="context_length_exceeded")
+    return requested
