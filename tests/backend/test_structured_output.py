@@ -62,3 +62,17 @@ def test_bad_schema_is_refused_naming_the_field(llm):
     with pytest.raises(InvalidParameter, match="guided_json must be a JSON schema"):
         SamplingParams(guided_json="{not json")
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_compiled_grammars_are_an_lru_with_a_cap(tiny_dir):
+    from backend.engine.guided import GuidedDecoding
+    from backend.loader import load_tokenizer, locate
+
+    guided = GuidedDecoding(load_tokenizer(locate(str(tiny_dir("llama")))), 512, max_grammars=2)
+    schemas = [{"type": "object", "properties": {name: {"type": "integer"}}} for name in ("a", "b", "c")]
+    guided.matcher(schemas[0])
+    guided.matcher(schemas[1])
+    guided.matcher(schemas[0])  # used again: the most recent now
+    guided.matcher(schemas[2])  # evicts b, the least recently used
+    assert guided.num_grammars == 2
+    assert list(guided._grammars) == [json.dumps(schemas[0], sort_keys=True), json.dumps(schemas[2], sort_keys=True)]

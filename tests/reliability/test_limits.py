@@ -121,3 +121,30 @@ def test_health_reports_an_engine_stuck_in_one_step(inprocess):
     request.join(timeout=30)
     assert stuck.status_code == 503 and "stuck in one step" in stuck.json()["error"]
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+
+
+def test_a_request_that_fails_mid_generation_gets_its_500_alone_and_is_counted(inprocess):
+    url, state = inprocess
+    engine = state.engine.engine
+    append = engine._append_token
+
+    def faulty(seq, token):
+        if seq.params.max_tokens == 7:  # the marked request
+            raise RuntimeError("simulated stop-string fault")
+        return append(seq, token)
+
+    engine._append_token = faulty
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "ignore_eos": True}
+
+    async def both():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(client.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 7}),
+                                        client.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 9}))
+
+    marked, healthy = asyncio.run(both())
+    engine._append_token = append
+    assert marked.status_code == 500 and "simulated stop-string fault" in marked.json()["error"]["message"]
+    assert healthy.status_code == 200 and healthy.json()["usage"]["completion_tokens"] == 9
+    text = httpx.get(f"{url}/metrics").text
+    assert 'scriptorium_requests_total{outcome="error"} 1.0' in text
+    assert httpx.get(f"{url}/health").status_code == 200
