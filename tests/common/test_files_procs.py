@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 from common.files import atomic_write_bytes, atomic_write_text
 from common.procs import ProcessIdentity, cmdline, pid_alive, start_time
@@ -41,9 +42,12 @@ def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
 def test_identity_tells_a_reused_pid_from_the_recorded_process():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
+        deadline = time.monotonic() + 10
+        while "time.sleep(30)" not in " ".join(cmdline(proc.pid) or []) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has exec'd: before that /proc shows the parent's command
+        assert cmdline(proc.pid)[-1] == "import time; time.sleep(30)"
         me = ProcessIdentity.of(proc.pid)
         assert me.alive() and pid_alive(proc.pid)
-        assert cmdline(proc.pid)[0] == sys.executable
         # The same pid with another start time is another process: not alive as far as the record goes.
         impostor = ProcessIdentity(proc.pid, me.start_time + 1)
         assert not impostor.alive()
