@@ -141,8 +141,9 @@ def _health(args) -> int:
         report["problems"] = repaired + report["problems"]
         report["repaired"] = repaired
         report["ok"] = False
-    if not report["ok"] and (args.alert or args.webhook):
-        alert_errors = alerts.send(report, args.alert, args.webhook)
+    webhook = args.webhook or os.environ.get("SCRIPTORIUM_ALERT_WEBHOOK")  # systemd units pass it this way
+    if not report["ok"] and (args.alert or webhook):
+        alert_errors = alerts.send(report, args.alert, webhook)
         for error in alert_errors:
             print(f"error: alert not delivered: {error}", file=sys.stderr)
     if args.json:
@@ -180,9 +181,13 @@ def _systemd(args) -> int:
     stack = load(args.file)
     services = stack.selected(args.services, args.profile)
     devices, _ = gpu.probe()
-    files = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
-                          user=args.user, gpus=bool(devices))
-    files = systemd.with_alerts(files, stack, args.alert, args.webhook)
+    generated = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
+                              user=args.user, gpus=bool(devices), alert=args.alert, webhook=args.webhook)
+    secrets = systemd.write_secrets(generated)
+    if secrets is not None:
+        print(f"secrets for the units ({', '.join(sorted(generated.secrets))}) are in {secrets} (mode 0600)",
+              file=sys.stderr)
+    files = generated.files
     if args.action == "print":
         if args.output:
             for path in systemd.write(files, Path(args.output)):
@@ -343,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait", nargs="+", metavar="SERVICE", help="block until these services are healthy")
     p.add_argument("--timeout", type=float, default=600, help="with --wait: seconds before giving up")
     p.add_argument("--alert", metavar="CMD", help="on failure run CMD (a shell command) with the report on stdin")
-    p.add_argument("--webhook", metavar="URL", help="on failure POST the report as JSON to URL")
+    p.add_argument("--webhook", metavar="URL",
+                   help="on failure POST the report as JSON to URL (default: $SCRIPTORIUM_ALERT_WEBHOOK)")
     p = sub.add_parser("systemd", help="systemd units (memory-safe order) and health/backup timers")
     p.add_argument("action", choices=["print", "install"])
     common(p)
