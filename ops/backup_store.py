@@ -18,6 +18,7 @@ MANIFEST = "manifest.json"
 OBJECTS = "objects"
 LOCK = ".lock"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_BACKUP_ID = re.compile(r"\d{8}-\d{6}-\d{3}")  # what create names them: 20260101-030000-000
 
 
 class BackupError(Exception):
@@ -134,7 +135,9 @@ def scan(root: Path) -> tuple[list[Backup], list[Broken]]:
         try:
             good.append(load(path))
         except FileNotFoundError:
-            broken.append(Broken(path.name, path, f"{MANIFEST} is missing"))
+            # Named like a backup, it lost its manifest; anything else (lost+found, a user's folder) is not ours.
+            if _BACKUP_ID.fullmatch(path.name):
+                broken.append(Broken(path.name, path, f"{MANIFEST} is missing"))
         except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
             broken.append(Broken(path.name, path, f"{MANIFEST} cannot be read: {e}"))
     return good, broken

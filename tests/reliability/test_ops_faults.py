@@ -408,8 +408,9 @@ def test_a_backup_that_crashed_midway_does_not_block_prune(home, tmp_path):
     died = subprocess.run([sys.executable, "-c", crash, str(home), str(root)], cwd=Path(__file__).parents[2])
     assert died.returncode == -signal.SIGKILL
     assert [p for p in root.iterdir() if p.name.endswith(".partial")] and list((root / "objects").iterdir())
+    (root / "lost+found").mkdir()  # not a backup: neither broken nor in the way
     pruned = run_ops(home, "backup", "prune", "--to", str(root), env=COMPOSE_ENV)  # the flock died with it
     assert pruned.returncode == 0, pruned.stderr
-    assert sorted(p.name for p in root.iterdir()) == sorted([".lock", "objects", kept["id"]])
+    assert sorted(p.name for p in root.iterdir()) == sorted([".lock", "objects", "lost+found", kept["id"]])
     assert list((root / "objects").iterdir()) == []  # nothing refers to what the dead backup stored
     assert backup.verify(root, backup.get(root, kept["id"])) == []
