@@ -141,8 +141,9 @@ def _health(args) -> int:
         report["problems"] = repaired + report["problems"]
         report["repaired"] = repaired
         report["ok"] = False
-    if not report["ok"] and (args.alert or args.webhook):
-        alert_errors = alerts.send(report, args.alert, args.webhook)
+    webhook = args.webhook or os.environ.get("SCRIPTORIUM_ALERT_WEBHOOK")  # systemd units pass it this way
+    if not report["ok"] and (args.alert or webhook):
+        alert_errors = alerts.send(report, args.alert, webhook)
         for error in alert_errors:
             print(f"error: alert not delivered: {error}", file=sys.stderr)
     if args.json:
@@ -180,9 +181,13 @@ def _systemd(args) -> int:
     stack = load(args.file)
     services = stack.selected(args.services, args.profile)
     devices, _ = gpu.probe()
-    files = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
-                          user=args.user, gpus=bool(devices))
-    files = systemd.with_alerts(files, stack, args.alert, args.webhook)
+    generated = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
+                              user=args.user, gpus=bool(devices), alert=args.alert, webhook=args.webhook)
+    secrets = systemd.write_secrets(generated)
+    if secrets is not None:
+        print(f"secrets for the units ({', '.join(sorted(generated.secrets))}) are in {secrets} (mode 0600)",
+              file=sys.stderr)
+    files = generated.files
     if args.action == "print":
         if args.output:
             for path in systemd.write(files, Path(args.output)):
@@ -242,7 +247,7 @@ def _docker_images(stack, backup_id_hint: str):
 
 
 def _backup(args) -> int:
-    from ops import backup
+    from ops import backup, backup_prune
 
     root = backup.root_for(lifecycle.home(), args.to if args.action != "restore" else args.root)
     if args.action == "create":
@@ -255,19 +260,27 @@ def _backup(args) -> int:
             print(f"backup {made.id}: {len(made.files)} files, {fmt(made.size)} in {made.path}")
         return 0
     if args.action == "list":
-        rows = backup.list_backups(root)
+        rows, broken = backup.scan(root)
         if args.json:
             print(json.dumps({"backups": [{"id": b.id, "path": str(b.path), "created": b.created,
-                                           "files": len(b.files), "bytes": b.size} for b in rows]}, indent=2))
+                                           "files": len(b.files), "bytes": b.size, "problems": b.problems}
+                                          for b in rows],
+                              "broken": [{"id": b.id, "path": str(b.path), "problem": b.problem} for b in broken]},
+                             indent=2))
         else:
             for b in rows:
                 print(f"{b.id}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(b.created))}  "
-                      f"{len(b.files):5d} files  {fmt(b.size):>9}")
-            if not rows:
+                      f"{len(b.files):5d} files  {fmt(b.size):>9}"
+                      + (f"  {len(b.problems)} bad entries (ops backup verify {b.id})" if b.problems else ""))
+            for b in broken:
+                print(f"{b.id}  broken: {b.problem}")
+            if not rows and not broken:
                 print(f"no backups in {root}")
+        for b in broken:
+            print(f"warning: backup {b.id} is broken: {b.problem} ({b.path})", file=sys.stderr)
         return 0
     if args.action == "verify":
-        chosen = backup.get(root, args.id)
+        chosen = backup.find(root, args.id)
         problems = backup.verify(root, chosen)
         for problem in problems:
             print(problem, file=sys.stderr)
@@ -277,9 +290,12 @@ def _backup(args) -> int:
             print(f"backup {chosen.id}: {len(chosen.files)} files verified")
         return 1 if problems else 0
     if args.action == "prune":
-        removed = backup.prune(root, args.keep_last, args.keep_daily, args.keep_weekly)
-        print(json.dumps({"removed": removed}) if args.json else
-              (f"removed {', '.join(removed)}" if removed else "nothing to remove"))
+        pruned = backup_prune.prune_report(root, args.keep_last, args.keep_daily, args.keep_weekly)
+        for note in pruned.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(json.dumps({"removed": pruned.removed, "objects_removed": pruned.objects_removed,
+                          "notes": pruned.notes}) if args.json else
+              (f"removed {', '.join(pruned.removed)}" if pruned.removed else "nothing to remove"))
         return 0
     if args.id is None:
         raise StackError("restore needs the backup id: ops backup restore ID (see ops backup list)")
@@ -332,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait", nargs="+", metavar="SERVICE", help="block until these services are healthy")
     p.add_argument("--timeout", type=float, default=600, help="with --wait: seconds before giving up")
     p.add_argument("--alert", metavar="CMD", help="on failure run CMD (a shell command) with the report on stdin")
-    p.add_argument("--webhook", metavar="URL", help="on failure POST the report as JSON to URL")
+    p.add_argument("--webhook", metavar="URL",
+                   help="on failure POST the report as JSON to URL (default: $SCRIPTORIUM_ALERT_WEBHOOK)")
     p = sub.add_parser("systemd", help="systemd units (memory-safe order) and health/backup timers")
     p.add_argument("action", choices=["print", "install"])
     common(p)
@@ -369,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     except (StackError, BackupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path ops could not read or write: one line naming it, not a traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from common.files import atomic_write_text
+from common.procs import ProcessIdentity, start_time
 from ops import gpu
 from ops.gpu import fmt
 
@@ -38,10 +40,23 @@ class LeaseConfig:
     expiry: float = 3600.0  # a lease nobody renews is repaired after this long
 
 
-def _alive(pid: int) -> bool:
-    from common.procs import pid_alive
+def _holder_alive(pid: str, lease: dict) -> bool:
+    """Whether the process that took a share of the lease still runs. Its start time, kept beside the pid,
+    tells it from a later process that got the same pid (which would keep a dead lease alive, and the LLM
+    asleep, until it expired); leases written before start times were kept go by the pid alone."""
+    try:
+        started = (lease.get("starts") or {}).get(pid)
+        return ProcessIdentity(int(pid), started if isinstance(started, int) else None).alive()
+    except (TypeError, ValueError):
+        return False
 
-    return pid_alive(pid)
+
+def _join(lease: dict) -> None:
+    """Count this process as a holder of the lease, with its start time."""
+    me = str(os.getpid())
+    holders = lease.setdefault("holders", {})
+    holders[me] = holders.get(me, 0) + 1
+    lease.setdefault("starts", {})[me] = start_time(os.getpid())
 
 
 class LeaseFile:
@@ -70,9 +85,8 @@ class LeaseFile:
             return None
 
     def write(self, lease: dict) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(lease, indent=2))
-        tmp.replace(self.path)
+        # fsynced: after a crash the lease must still say the LLM sleeps, or nobody wakes it
+        atomic_write_text(self.path, json.dumps(lease, indent=2))
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -132,8 +146,7 @@ class Coordinator:
         with self.file.locked():
             lease = self.file.read()
             if lease is not None and lease.get("asleep"):
-                holders = lease.setdefault("holders", {})
-                holders[str(os.getpid())] = holders.get(str(os.getpid()), 0) + 1
+                _join(lease)
                 lease["expires"] = time.time() + self.config.expiry
                 self.file.write(lease)
                 self.file.event("share", job=job)
@@ -158,9 +171,10 @@ class Coordinator:
                                  f"server at {self.backend} refused to sleep ({response.status_code}: {detail}); "
                                  "lower ComfyUI's memory (x-ops.gpu_memory, --lowvram) or let the backend sleep")
             now = time.time()
-            self.file.write({"asleep": True, "since": now, "expires": now + self.config.expiry,
-                             "holders": {str(os.getpid()): 1}, "last_job_end": None, "backend": self.backend,
-                             "comfyui": self.comfyui})
+            lease = {"asleep": True, "since": now, "expires": now + self.config.expiry, "holders": {},
+                     "last_job_end": None, "backend": self.backend, "comfyui": self.comfyui}
+            _join(lease)
+            self.file.write(lease)
             deadline = time.monotonic() + self.config.memory_timeout
             while True:
                 free = await free_memory(self.comfyui)
@@ -182,6 +196,7 @@ class Coordinator:
                 holders[mine] = holders.get(mine, 1) - 1
                 if holders[mine] <= 0:
                     del holders[mine]
+                    (lease.get("starts") or {}).pop(mine, None)
                 lease["last_job_end"] = time.time()
                 self.file.write(lease)
         self.file.event("job-done", job=job)
@@ -246,9 +261,9 @@ def repair(home: Path, llm_url: str | None) -> list[str]:
     with file.locked():
         lease = file.read()
         if lease is not None:
-            holders = [int(pid) for pid in lease.get("holders", {})]
+            holders = list(lease.get("holders") or {})
             expired = time.time() > lease.get("expires", 0)
-            abandoned = not any(_alive(pid) for pid in holders) and lease.get("last_job_end") is None
+            abandoned = not any(_holder_alive(pid, lease) for pid in holders) and lease.get("last_job_end") is None
             stale = not holders and lease.get("last_job_end") and \
                 time.time() - lease["last_job_end"] > 300  # its giver-back died during the idle wait
             if expired or abandoned or stale:

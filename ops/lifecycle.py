@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.files import atomic_write_text
 from ops import gpu
 from ops.health import check
 from ops.plan import Plan, make_plan, order
@@ -263,8 +264,7 @@ def _failing_since(state: State, failing: set[str]) -> dict[str, float]:
         known = {}
     current = {name: known.get(name, time.time()) for name in failing}
     if current != known:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(current))
+        atomic_write_text(path, json.dumps(current))
     return current
 
 

@@ -2,14 +2,22 @@
 
 Each unit starts only after the previous one in plan order is healthy: its ExecStartPost waits on
 the service's health URL, and systemd holds the next unit (After=) until ExecStartPost returns.
+
+Unit files are world-readable, so no secret goes into one: the MCP token, any variable named like a
+secret (..._TOKEN, ..._SECRET, ..._PASSWORD, ..._API_KEY) and the alert webhook URL are written to
+$SCRIPTORIUM_HOME/state/systemd.env (mode 0600), which the units load with EnvironmentFile=.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.files import atomic_write_text
+from ops import unit_syntax
 from ops.plan import order
 from ops.runners.docker import LABEL, PROJECT_LABEL, SERVICE_LABEL, ports_of, volumes_of
 from ops.stack import Service, Stack, StackError
@@ -18,14 +26,25 @@ PREFIX = "scriptorium-"
 PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL",
               "SCRIPTORIUM_MCP_TOKEN", "SCRIPTORIUM_MODEL", "SCRIPTORIUM_BACKEND_PORT", "SCRIPTORIUM_MCP_PORT",
               "SCRIPTORIUM_COMFYUI_PORT", "COMFYUI_DIR", "COMFYUI_PYTHON")
+WEBHOOK_ENV = "SCRIPTORIUM_ALERT_WEBHOOK"  # `ops health` reads its --webhook from here by default
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
 
 
-def quote(arg: str) -> str:
-    """One argument of an Exec line: systemd expands % and $, and splits on whitespace outside quotes."""
-    arg = str(arg).replace("%", "%%").replace("$", "$$")
-    if arg == "" or any(c in arg for c in " \t\"'\\;"):
-        return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return arg
+def is_secret(name: str) -> bool:
+    return bool(_SECRET.search(name))
+
+
+@dataclass
+class Units:
+    files: dict[str, str]  # unit file name -> text
+    env_file: Path  # where the secrets go (mode 0600); referenced by the units only when there are any
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+def default_env_file() -> Path:
+    from ops.lifecycle import home
+
+    return home() / "state" / "systemd.env"
 
 
 def command_line(args: list[str]) -> str:
@@ -35,14 +54,14 @@ def command_line(args: list[str]) -> str:
         if found is None:
             raise StackError(f"{args[0]} is not on PATH; give the full path in compose.yaml")
         args[0] = found
-    return " ".join(quote(a) for a in args)
+    return unit_syntax.exec_line(args)
 
 
 def _ops(stack: Stack, *args: str) -> str:
     return command_line([sys.executable, "-m", "ops", "--file", str(stack.path), *args])
 
 
-def _docker_run(service: Service, stack: Stack, gpus: bool) -> list[str]:
+def _docker_run(service: Service, stack: Stack, gpus: bool, secrets: dict[str, str]) -> list[str]:
     name = f"{stack.project}-{service.name}"
     args = ["docker", "run", "--rm", "--name", name, "--label", f"{LABEL}=1", "--label",
             f"{SERVICE_LABEL}={service.name}", "--label", f"{PROJECT_LABEL}={stack.project}",
@@ -54,7 +73,11 @@ def _docker_run(service: Service, stack: Stack, gpus: bool) -> list[str]:
         elif host:
             args += ["-p", f"{host}:{port}"]
     for key, value in service.environment.items():
-        args += ["-e", f"{key}={value}"]
+        if is_secret(key) and value:  # `-e NAME` alone: docker takes the value from its environment file
+            secrets[key] = value
+            args += ["-e", key]
+        else:
+            args += ["-e", f"{key}={value}"]
     for source, spec in volumes_of(service, stack.path.parent).items():
         args += ["-v", f"{source}:{spec['bind']}:{spec['mode']}"]
     if gpus and service.gpu:
@@ -68,12 +91,29 @@ def _docker_run(service: Service, stack: Stack, gpus: bool) -> list[str]:
     return args
 
 
-def units(stack: Stack, services: list[Service], runner: str, user: bool, gpus: bool = False) -> dict[str, str]:
-    """Unit file name -> text."""
+def _environment(values: dict[str, str], secrets: dict[str, str]) -> str:
+    """Environment= lines for what may be shown; secrets are set aside for the environment file."""
+    lines = []
+    for key, value in values.items():
+        if is_secret(key):
+            if value:
+                secrets[key] = value
+        else:
+            lines.append(f"Environment={unit_syntax.environment(key, value)}\n")
+    return "".join(lines)
+
+
+def units(stack: Stack, services: list[Service], runner: str, user: bool, gpus: bool = False,
+          alert: str | None = None, webhook: str | None = None, env_file: Path | None = None) -> Units:
+    """The unit files, and the secrets that go to env_file (default $SCRIPTORIUM_HOME/state/systemd.env)."""
+    result = Units({}, env_file or default_env_file())
+    secrets = result.secrets
     ordered = order(services)
-    env = "".join(f"Environment={quote(f'{k}={os.environ[k]}')}\n" for k in PASSED_ENV if os.environ.get(k))
+    env = _environment({k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}, secrets)
     target = "default.target" if user else "multi-user.target"
+    source = unit_syntax.text(stack.path)
     files: dict[str, str] = {}
+    bodies: dict[str, tuple[str, str]] = {}  # unit -> (text before the environment, text after)
     previous: list[str] = []
     for service in ordered:
         unit = f"{PREFIX}{service.name}.service"
@@ -85,11 +125,11 @@ def units(stack: Stack, services: list[Service], runner: str, user: bool, gpus: 
             start = command_line(service.native)
             stop = "ExecStop=/bin/kill -s TERM $MAINPID\n"
             pre = ""
-            service_env = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in service.native_env.items())
+            service_env = _environment(service.native_env, secrets)
         elif runner == "docker":
             name = f"{stack.project}-{service.name}"
             docker = shutil.which("docker") or "/usr/bin/docker"
-            start = command_line([docker, *_docker_run(service, stack, gpus)[1:]])
+            start = command_line([docker, *_docker_run(service, stack, gpus, secrets)[1:]])
             pre = f"ExecStartPre=-{command_line([docker, 'rm', '-f', name])}\n"
             stop = f"ExecStop={command_line([docker, 'stop', '-t', str(int(service.stop_timeout)), name])}\n"
             service_env = ""
@@ -97,51 +137,56 @@ def units(stack: Stack, services: list[Service], runner: str, user: bool, gpus: 
             raise StackError(f"unknown runner {runner!r}; use process or docker")
         prepare = "".join(f"ExecStartPre={command_line(c)}\n" for c in service.prepare) if runner == "process" else ""
         wait = f"ExecStartPost={_ops(stack, 'health', '--wait', service.name, '--timeout', str(int(service.health_timeout)))}\n"
-        files[unit] = (
-            f"# Generated by `ops systemd` from {stack.path}; regenerate rather than edit.\n"
-            f"[Unit]\nDescription=Scriptorium {service.name} ({service.memory} GPU memory)\n"
+        description = unit_syntax.text(f"Scriptorium {service.name} ({service.memory} GPU memory)")
+        bodies[unit] = (
+            f"# Generated by `ops systemd` from {source}; regenerate rather than edit.\n"
+            f"[Unit]\nDescription={description}\n"
             f"Wants=network-online.target\nAfter={after}\n"
             + (f"Requires={requires}\n" if requires else "")
             + "StartLimitIntervalSec=600\nStartLimitBurst=5\n\n"
-            f"[Service]\nType=exec\nWorkingDirectory={quote(str(stack.path.parent))}\n{env}{service_env}"
+            f"[Service]\nType=exec\nWorkingDirectory={unit_syntax.path(stack.path.parent)}\n{env}{service_env}",
             f"{pre}{prepare}ExecStart={start}\n{wait}{stop}"
             f"TimeoutStartSec={int(service.health_timeout) + 60}\nTimeoutStopSec={int(service.stop_timeout) + 5}\n"
             "Restart=on-failure\nRestartSec=5\n\n"
             f"[Install]\nWantedBy={target}\n"
         )
         previous.append(unit)
-    health_args = ["health", "--all"]
-    files[f"{PREFIX}health.service"] = (
-        "[Unit]\nDescription=Scriptorium health check (alerts on failure)\n\n"
-        f"[Service]\nType=oneshot\n{env}ExecStart={_ops(stack, *health_args)}\n"
-    )
-    files[f"{PREFIX}health.timer"] = (
-        "[Unit]\nDescription=Scriptorium health check every 5 minutes\n\n"
-        "[Timer]\nOnBootSec=5min\nOnUnitActiveSec=5min\n\n[Install]\nWantedBy=timers.target\n"
-    )
-    files[f"{PREFIX}backup.service"] = (
-        "[Unit]\nDescription=Scriptorium daily backup\n\n"
-        f"[Service]\nType=oneshot\n{env}ExecStart={_ops(stack, 'backup', 'create')}\n"
-        f"ExecStartPost={_ops(stack, 'backup', 'prune', '--keep-last', '3', '--keep-daily', '7', '--keep-weekly', '4')}\n"
-    )
-    files[f"{PREFIX}backup.timer"] = (
-        "[Unit]\nDescription=Scriptorium daily backup\n\n"
-        "[Timer]\nOnCalendar=daily\nPersistent=true\nRandomizedDelaySec=15min\n\n[Install]\nWantedBy=timers.target\n"
-    )
-    return files
-
-
-def with_alerts(files: dict[str, str], stack: Stack, alert: str | None, webhook: str | None) -> dict[str, str]:
-    """Put the health check's alert options into its unit."""
-    extra = []
-    if alert:
-        extra += ["--alert", alert]
+    health_args = ["health", "--all", *(["--alert", alert] if alert else [])]
     if webhook:
-        extra += ["--webhook", webhook]
-    if extra:
-        name = f"{PREFIX}health.service"
-        files[name] = files[name].replace(_ops(stack, "health", "--all"), _ops(stack, "health", "--all", *extra))
-    return files
+        secrets[WEBHOOK_ENV] = webhook  # a webhook URL is often its own credential
+    bodies[f"{PREFIX}health.service"] = (
+        f"[Unit]\nDescription=Scriptorium health check (alerts on failure)\n\n[Service]\nType=oneshot\n{env}",
+        f"ExecStart={_ops(stack, *health_args)}\n")
+    bodies[f"{PREFIX}backup.service"] = (
+        f"[Unit]\nDescription=Scriptorium daily backup\n\n[Service]\nType=oneshot\n{env}",
+        f"ExecStart={_ops(stack, 'backup', 'create')}\n"
+        f"ExecStartPost={_ops(stack, 'backup', 'prune', '--keep-last', '3', '--keep-daily', '7', '--keep-weekly', '4')}\n")
+    # Every unit loads the same file, so a secret set aside by one service reaches the health check too.
+    env_file_line = f"EnvironmentFile={unit_syntax.path(result.env_file)}\n" if secrets else ""
+    for unit, (head, tail) in bodies.items():
+        files[unit] = head + env_file_line + tail
+        if unit.endswith(("health.service", "backup.service")):
+            files[unit.replace(".service", ".timer")] = _TIMERS[unit.removeprefix(PREFIX)]
+    result.files = files
+    return result
+
+
+_TIMERS = {
+    "health.service": "[Unit]\nDescription=Scriptorium health check every 5 minutes\n\n"
+                      "[Timer]\nOnBootSec=5min\nOnUnitActiveSec=5min\n\n[Install]\nWantedBy=timers.target\n",
+    "backup.service": "[Unit]\nDescription=Scriptorium daily backup\n\n[Timer]\nOnCalendar=daily\nPersistent=true\n"
+                      "RandomizedDelaySec=15min\n\n[Install]\nWantedBy=timers.target\n",
+}
+
+
+def write_secrets(generated: Units) -> Path | None:
+    """The environment file the units load, readable by its owner only (set before a byte is written)."""
+    if not generated.secrets:
+        return None
+    text = "# Secrets for Scriptorium's systemd units, written by `ops systemd`; mode 0600.\n" + "".join(
+        unit_syntax.env_file_line(k, v) for k, v in sorted(generated.secrets.items()))
+    atomic_write_text(generated.env_file, text, mode=0o600)
+    return generated.env_file
 
 
 def write(files: dict[str, str], directory: Path) -> list[Path]:
@@ -149,7 +194,7 @@ def write(files: dict[str, str], directory: Path) -> list[Path]:
     paths = []
     for name, text in files.items():
         path = directory / name
-        path.write_text(text)
+        atomic_write_text(path, text, mode=0o644)
         paths.append(path)
     return paths
 

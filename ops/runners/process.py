@@ -7,7 +7,7 @@ import time
 from collections import deque
 
 from ops.stack import Service, StackError
-from ops.state import Record, State, now, pid_alive
+from ops.state import Record, State, identify, now, same_process
 
 
 class ProcessRunner:
@@ -32,23 +32,25 @@ class ProcessRunner:
                                         env=env, start_new_session=True)
             except OSError as e:
                 raise StackError(f"cannot start {service.name} ({' '.join(service.native)}): {e}") from None
-        record = Record(service=service.name, runner=self.name, pid=proc.pid, command=service.native,
-                        health=service.health, log=str(log_path), started=now())
+        record = identify(Record(service=service.name, runner=self.name, pid=proc.pid, command=service.native,
+                                 health=service.health, log=str(log_path), started=now()))
         self.state.put(record)
         return record
 
     def alive(self, record: Record) -> bool:
-        return pid_alive(record.pid)
+        return same_process(record)
 
     def stop(self, record: Record, timeout: float) -> None:
-        if pid_alive(record.pid):
+        """Stop the recorded process and forget it. A pid that now belongs to another process (ours exited
+        and the pid was reused) is gone, never signalled; every signal is sent only after that check."""
+        if same_process(record):
             _signal_group(record.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while pid_alive(record.pid) and time.monotonic() < deadline:
+            while same_process(record) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if pid_alive(record.pid):
+            if same_process(record):
                 _signal_group(record.pid, signal.SIGKILL)
-                while pid_alive(record.pid) and time.monotonic() < deadline + 5:
+                while same_process(record) and time.monotonic() < deadline + 5:
                     time.sleep(0.05)
         self.state.remove(record.service)
 

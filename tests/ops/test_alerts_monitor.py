@@ -66,6 +66,9 @@ def test_the_webhook_receives_the_failure_json(tmp_path):
                          f"http://127.0.0.1:{server.server_port}/alert", env=env)
         assert result.returncode == 1 and received and received[0]["failed"][0]["service"] == "web"
         assert "web is dead" in received[0]["problems"][0]
+        # The systemd units pass the URL through their private environment file, not the command line.
+        hook_env = {**env, "SCRIPTORIUM_ALERT_WEBHOOK": f"http://127.0.0.1:{server.server_port}/alert"}
+        assert run_ops(tmp_path / "home", "health", env=hook_env).returncode == 1 and len(received) == 2
     finally:
         server.shutdown()
         run_ops(tmp_path / "home", "down", env=env)

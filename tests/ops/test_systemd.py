@@ -79,3 +79,75 @@ def test_health_wait_blocks_until_healthy_or_times_out(tmp_path):
     finally:
         server.terminate()
         server.wait()
+
+
+def exec_words(line: str) -> list[str]:
+    """An Exec line split and unescaped the way systemd.syntax and systemd.service describe it: words split
+    on whitespace outside double quotes, C escapes decoded, then $$ -> $ and %% -> %."""
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", " ": " "}
+    words, word, quoted, i, started = [], "", False, 0, False
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            nxt = line[i + 1]
+            if nxt == "x":
+                word, i = word + chr(int(line[i + 2:i + 4], 16)), i + 4
+            else:
+                word, i = word + escapes[nxt], i + 2
+            started = True
+            continue
+        if c == '"':
+            quoted, started = not quoted, True
+        elif c.isspace() and not quoted:
+            if started:
+                words.append(word)
+            word, started = "", False
+        else:
+            word, started = word + c, True
+        i += 1
+    if started:
+        words.append(word)
+    return [w.replace("$$", "$").replace("%%", "%") for w in words]
+
+
+def test_an_alert_command_cannot_inject_a_directive_and_reaches_ops_intact(tmp_path):
+    alert = 'logger -t "ops"\nExecStartPre=/bin/touch /tmp/pwned\t100% $HOME \\ done;\x1b'
+    out = tmp_path / "units"
+    result = run_ops(tmp_path / "home", "systemd", "print", "--output", str(out), "--alert", alert,
+                     env={"SCRIPTORIUM_COMPOSE": str(ROOT / "compose.yaml")})
+    assert result.returncode == 0, result.stderr
+    verify = subprocess.run(["systemd-analyze", "verify", *sorted(str(p) for p in out.iterdir())],
+                            capture_output=True, text=True, cwd=out)
+    assert verify.returncode == 0, verify.stderr
+    health = parse(out / "scriptorium-health.service")
+    assert set(health["Service"]) <= {"Type", "Environment", "EnvironmentFile", "ExecStart"}
+    words = exec_words(health["Service"]["ExecStart"])
+    assert words[-2:] == ["--alert", alert]
+
+
+@pytest.mark.parametrize("runner", ["process", "docker"])
+def test_the_mcp_token_and_the_webhook_stay_out_of_the_units(tmp_path, runner):
+    if runner == "docker" and shutil.which("docker") is None:
+        pytest.skip("docker client not installed")
+    import os
+    import stat
+
+    home, out = tmp_path / "home", tmp_path / "units"
+    token, hook = "tok-3f9a\"$x", "https://hooks.example/T000/B000/s3cr3t"
+    result = run_ops(home, "systemd", "print", "--output", str(out), "--runner", runner, "--webhook", hook,
+                     env={"SCRIPTORIUM_COMPOSE": str(ROOT / "compose.yaml"), "SCRIPTORIUM_MCP_TOKEN": token})
+    assert result.returncode == 0, result.stderr
+    env_file = home / "state" / "systemd.env"
+    for unit in out.iterdir():
+        text = unit.read_text()
+        assert "tok-3f9a" not in text and "s3cr3t" not in text, unit.name
+        if unit.suffix == ".service":
+            assert f"EnvironmentFile={env_file}" in text.splitlines(), unit.name
+    assert stat.S_IMODE(os.stat(env_file).st_mode) == 0o600 and str(env_file) in result.stderr
+    assert env_file.read_text().splitlines()[1:] == ['SCRIPTORIUM_ALERT_WEBHOOK="https://hooks.example/T000/B000/s3cr3t"',
+                                                     'SCRIPTORIUM_MCP_TOKEN="tok-3f9a\\"\\$x"']
+    if runner == "docker":  # the container gets the token from docker's own environment, by name only
+        assert " -e SCRIPTORIUM_MCP_TOKEN " in parse(out / "scriptorium-mcp.service")["Service"]["ExecStart"]
+    verify = subprocess.run(["systemd-analyze", "verify", *sorted(str(p) for p in out.iterdir())],
+                            capture_output=True, text=True, cwd=out)
+    assert verify.returncode == 0, verify.stderr
