@@ -123,8 +123,9 @@ class JobStore:
     def get(self, run_id: str) -> Run:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None:  # allow a unique prefix, as people type ids from `list`
-                rows = db.execute("SELECT * FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
+            if row is None and run_id:  # allow a unique prefix, as people type ids from `list`
+                # substr, not LIKE: '%' and '_' in what was typed are characters, not wildcards
+                rows = db.execute("SELECT * FROM runs WHERE substr(id, 1, ?) = ?", (len(run_id), run_id)).fetchall()
                 if len(rows) == 1:
                     row = rows[0]
                 elif len(rows) > 1:
