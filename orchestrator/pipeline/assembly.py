@@ -45,11 +45,11 @@ def article_html(outline: dict, texts: list[str], images: dict[int, dict], run_d
 
 def postprocess(run_dir: Path, image_files: list[str]) -> dict:
     """Web-sized JPEG copies (at most 1024 px wide) and a 320 px thumbnail of the first image."""
+    if not image_files:  # said first: without images, whether ffmpeg is installed does not matter
+        return {"skipped": "no images to process"}
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         return {"skipped": "ffmpeg is not installed"}
-    if not image_files:
-        return {"skipped": "no images to process"}
     web_dir = run_dir / "images" / "web"
     web_dir.mkdir(parents=True, exist_ok=True)
     web = []
