@@ -103,6 +103,10 @@ class JobStore:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # FULL, not WAL's usual NORMAL: NORMAL may lose the last commits on a power cut, and a run id
+            # already handed to an agent or a cancel already acknowledged would vanish. A run makes tens of
+            # commits, each next to an LLM call or a render, so an fsync per commit costs nothing visible.
+            db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=30000")
             db.row_factory = sqlite3.Row

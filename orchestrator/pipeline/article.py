@@ -6,6 +6,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from common.files import atomic_write_bytes
 from ops.lease import LeaseError
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
@@ -68,11 +69,8 @@ class ArticleRun:
         return output
 
     def _save(self, relative: str, content: str | bytes) -> str:
-        path = self.dir / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_bytes(content) if isinstance(content, bytes) else tmp.write_text(content)
-        tmp.replace(path)  # a crash never leaves a half-written step output under its final name
+        # Durable before the step is marked done: a crash never leaves a torn or lost output behind a done step.
+        atomic_write_bytes(self.dir / relative, content if isinstance(content, bytes) else content.encode())
         return relative
 
     async def execute(self) -> dict:
@@ -108,7 +106,7 @@ class ArticleRun:
             async def write(i: int) -> str:
                 relative = await self.step(f"write:{i:02d}", lambda: self._write(llm, outline, i))
                 self.reporter.advance("writing")
-                return (self.dir / relative).read_text()
+                return (self.dir / relative).read_text(encoding="utf-8")
 
             texts = await asyncio.gather(*(write(i) for i in range(p.sections)))
 
@@ -135,7 +133,7 @@ class ArticleRun:
         assembled = await self.step("assemble", lambda: self._assemble(outline, texts, images, note))
         self.reporter.advance("assembly")
         post = await self.step("postprocess", lambda: asyncio.to_thread(
-            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)]))
+            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)], self._save))
         self.reporter.advance("assembly")
         return {
             "run_dir": str(self.dir), "title": outline["title"],

@@ -3,6 +3,7 @@
 import os
 from dataclasses import asdict, dataclass
 
+from common.files import atomic_write_bytes
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
@@ -75,7 +76,7 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
         paths = []
         for i, data in enumerate(images):
             path = run_dir / f"image-{i:02d}.png"
-            path.write_bytes(data)
+            atomic_write_bytes(path, data)
             paths.append(str(path))
         result = {"run_dir": str(run_dir), "images": paths, "seed": values.get("seed")}
         store.finish_step(run_id, "render", result)
