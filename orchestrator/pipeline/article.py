@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 
 from common.files import atomic_write_bytes
@@ -11,7 +12,7 @@ from ops.lease import LeaseError
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
 from orchestrator.jobs import JobStore
-from orchestrator.pipeline import assembly
+from orchestrator.pipeline import assembly, outputs
 from orchestrator.pipeline.illustration import holding, image_prompt, lease_for, render
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.research import research
@@ -22,6 +23,11 @@ from orchestrator.workflows import TemplateError
 
 class Cancelled(Exception):
     pass
+
+
+# The files the step being done has written. Sections are written concurrently, each in its own task, so the
+# step a file belongs to is a context variable (tasks and to_thread copy it), not an attribute of the run.
+_written: ContextVar[dict[str, dict] | None] = ContextVar("written", default=None)
 
 
 class Reporter:
@@ -51,26 +57,40 @@ class ArticleRun:
     def _cancel_requested(self) -> bool:
         return self.store.cancel_requested(self.run_id)
 
-    async def step(self, name: str, work: Callable[[], Awaitable[object]]) -> object:
+    async def step(self, name: str, work: Callable[[], Awaitable[object]], inputs: tuple[str, ...] = ()) -> object:
+        """The step's stored output if its files and inputs still hold, else the output of doing it (again).
+        inputs: the steps whose results it consumes; one of them redone differently makes this one stale."""
         done = self.store.step(self.run_id, name)
         if done is not None and done.status in ("done", "skipped"):
-            return done.output
+            why = outputs.stale_reason(self.dir, done, {n: self.store.step(self.run_id, n) for n in inputs})
+            if why is None:
+                return done.output
+            self.store.update(self.run_id, message=f"redoing {name}: {why}")
         if self._cancel_requested():
             raise Cancelled()
+        consumed = {n: s.digest for n in inputs if (s := self.store.step(self.run_id, n)) is not None}
         self.store.start_step(self.run_id, name)
+        written: dict[str, dict] = {}
+        token = _written.set(written)
         try:
             output = await work()
         except BaseException as e:
             self.store.fail_step(self.run_id, name, _describe(e))
             raise
-        self.store.finish_step(self.run_id, name, output)
+        finally:
+            _written.reset(token)
+        self.store.finish_step(self.run_id, name, output, files=written, inputs=consumed)
         finished = sum(1 for s in self.store.steps(self.run_id) if s.status in ("done", "skipped"))
         self.store.update(self.run_id, progress=min(finished / self.total_steps, 0.99), message=f"{name} done")
         return output
 
     def _save(self, relative: str, content: str | bytes) -> str:
+        data = content if isinstance(content, bytes) else content.encode()
         # Durable before the step is marked done: a crash never leaves a torn or lost output behind a done step.
-        atomic_write_bytes(self.dir / relative, content if isinstance(content, bytes) else content.encode())
+        atomic_write_bytes(self.dir / relative, data)
+        written = _written.get()
+        if written is not None:
+            written[relative] = outputs.fingerprint(data)
         return relative
 
     async def execute(self) -> dict:
@@ -104,7 +124,7 @@ class ArticleRun:
             self._stage("writing", p.sections)
 
             async def write(i: int) -> str:
-                relative = await self.step(f"write:{i:02d}", lambda: self._write(llm, outline, i))
+                relative = await self.step(f"write:{i:02d}", lambda: self._write(llm, outline, i), ("research",))
                 self.reporter.advance("writing")
                 return (self.dir / relative).read_text(encoding="utf-8")
 
@@ -116,7 +136,8 @@ class ArticleRun:
             self.lease = lease_for(self.settings, self.comfyui_url, self.llm_urls[0])
             try:
                 for i in range(p.images):
-                    out = await self.step(f"illustrate:{i:02d}", lambda i=i: self._illustrate(llm, comfyui, outline, i))
+                    out = await self.step(f"illustrate:{i:02d}", lambda i=i: self._illustrate(llm, comfyui, outline, i),
+                                          ("research",))
                     self.reporter.advance("illustration")
                     if out.get("file"):
                         images[i] = out
@@ -130,10 +151,13 @@ class ArticleRun:
 
         note = f"Images skipped: {'; '.join(notes)}" if notes else None
         self._stage("assembly", 2)
-        assembled = await self.step("assemble", lambda: self._assemble(outline, texts, images, note))
+        written = tuple(f"write:{i:02d}" for i in range(p.sections))
+        illustrated = tuple(f"illustrate:{i:02d}" for i in range(p.images))
+        assembled = await self.step("assemble", lambda: self._assemble(outline, texts, images, note),
+                                    ("research", *written, *illustrated))
         self.reporter.advance("assembly")
         post = await self.step("postprocess", lambda: asyncio.to_thread(
-            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)], self._save))
+            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)], self._save), illustrated)
         self.reporter.advance("assembly")
         return {
             "run_dir": str(self.dir), "title": outline["title"],
