@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import markdown
+from orchestrator.pipeline import safe_html
 
 STYLE = """
 body { font-family: Georgia, 'Times New Roman', serif; max-width: 46rem; margin: 3rem auto; padding: 0 1rem;
@@ -37,7 +37,7 @@ def article_html(outline: dict, texts: list[str], images: dict[int, dict], run_d
             data = base64.b64encode((run_dir / images[i]["file"]).read_bytes()).decode()
             body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(images[i]["prompt"])}">'
                         f"<figcaption>{html.escape(images[i]['prompt'])}</figcaption></figure>")
-        body.append(markdown.markdown(text, extensions=["extra"]))
+        body.append(safe_html.markdown_html(text))  # the model's raw HTML shows as text; no script runs
     footer = "Written by Scriptorium." + (f" {html.escape(note)}" if note else "")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
