@@ -1,5 +1,6 @@
 """Runs and their steps in SQLite, so a job outlives the process that started it."""
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -35,9 +36,13 @@ CREATE TABLE IF NOT EXISTS steps (
     error TEXT,
     started REAL,
     finished REAL,
+    files TEXT,                     -- {relative path: {sha256, size}} of what the step wrote
+    inputs TEXT,                    -- {step name: digest} of the steps it consumed, when it finished
     PRIMARY KEY (run_id, name)
 );
 """
+SCHEMA_VERSION = 2  # 1: steps without files/inputs (their outputs are checked for presence only)
+STEP_COLUMNS = {"files": "TEXT", "inputs": "TEXT"}
 
 ACTIVE = ("queued", "running")
 
@@ -86,9 +91,16 @@ class Step:
     error: str | None
     started: float | None
     finished: float | None
+    files: dict | None = None  # None: recorded before hashes were (presence is all that can be checked)
+    inputs: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    @property
+    def digest(self) -> str:
+        """What a consumer of this step depends on: its output and the content of its files."""
+        return hashlib.sha256(json.dumps([self.output, self.files], sort_keys=True).encode()).hexdigest()
 
 
 class JobStore:
@@ -97,12 +109,17 @@ class JobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.executescript(SCHEMA)
+            _migrate(db)
 
     @contextmanager
     def _connect(self):
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # FULL, not WAL's usual NORMAL: NORMAL may lose the last commits on a power cut, and a run id
+            # already handed to an agent or a cancel already acknowledged would vanish. A run makes tens of
+            # commits, each next to an LLM call or a render, so an fsync per commit costs nothing visible.
+            db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
             db.execute("PRAGMA busy_timeout=30000")
             db.row_factory = sqlite3.Row
@@ -123,8 +140,9 @@ class JobStore:
     def get(self, run_id: str) -> Run:
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None:  # allow a unique prefix, as people type ids from `list`
-                rows = db.execute("SELECT * FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
+            if row is None and run_id:  # allow a unique prefix, as people type ids from `list`
+                # substr, not LIKE: '%' and '_' in what was typed are characters, not wildcards
+                rows = db.execute("SELECT * FROM runs WHERE substr(id, 1, ?) = ?", (len(run_id), run_id)).fetchall()
                 if len(rows) == 1:
                     row = rows[0]
                 elif len(rows) > 1:
@@ -199,13 +217,18 @@ class JobStore:
     def start_step(self, run_id: str, name: str) -> None:
         with self._connect() as db:
             db.execute("INSERT INTO steps (run_id, name, status, started) VALUES (?, ?, 'running', ?) "
-                       "ON CONFLICT (run_id, name) DO UPDATE SET status = 'running', error = NULL, started = ?",
+                       "ON CONFLICT (run_id, name) DO UPDATE SET status = 'running', error = NULL, started = ?, "
+                       "files = NULL, inputs = NULL",
                        (run_id, name, time.time(), time.time()))
 
-    def finish_step(self, run_id: str, name: str, output, status: str = "done") -> None:
+    def finish_step(self, run_id: str, name: str, output, status: str = "done", files: dict | None = None,
+                    inputs: dict | None = None) -> None:
+        """files: {relative path: {"sha256", "size"}} it wrote; inputs: {step name: digest} it consumed."""
         with self._connect() as db:
-            db.execute("UPDATE steps SET status = ?, output = ?, finished = ? WHERE run_id = ? AND name = ?",
-                       (status, json.dumps(output), time.time(), run_id, name))
+            db.execute("UPDATE steps SET status = ?, output = ?, finished = ?, files = ?, inputs = ? "
+                       "WHERE run_id = ? AND name = ?",
+                       (status, json.dumps(output), time.time(), json.dumps(files or {}), json.dumps(inputs or {}),
+                        run_id, name))
 
     def fail_step(self, run_id: str, name: str, error: str) -> None:
         with self._connect() as db:
@@ -225,4 +248,23 @@ def _run(row: sqlite3.Row) -> Run:
 
 def _step(row: sqlite3.Row) -> Step:
     return Step(name=row["name"], status=row["status"], output=json.loads(row["output"]) if row["output"] else None,
-                error=row["error"], started=row["started"], finished=row["finished"])
+                error=row["error"], started=row["started"], finished=row["finished"],
+                files=json.loads(row["files"]) if row["files"] else None,
+                inputs=json.loads(row["inputs"]) if row["inputs"] else None)
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a database made by an older version up to SCHEMA_VERSION (rows already there stay as they are)."""
+    if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")  # two processes opening an old database at once: one migrates
+    try:
+        have = {row[1] for row in db.execute("PRAGMA table_info(steps)")}
+        for column, kind in STEP_COLUMNS.items():
+            if column not in have:
+                db.execute(f"ALTER TABLE steps ADD COLUMN {column} {kind}")
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise

@@ -4,13 +4,15 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 
+from common.files import atomic_write_bytes
 from ops.lease import LeaseError
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
 from orchestrator.jobs import JobStore
-from orchestrator.pipeline import assembly
+from orchestrator.pipeline import assembly, outputs
 from orchestrator.pipeline.illustration import holding, image_prompt, lease_for, render
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.research import research
@@ -21,6 +23,11 @@ from orchestrator.workflows import TemplateError
 
 class Cancelled(Exception):
     pass
+
+
+# The files the step being done has written. Sections are written concurrently, each in its own task, so the
+# step a file belongs to is a context variable (tasks and to_thread copy it), not an attribute of the run.
+_written: ContextVar[dict[str, dict] | None] = ContextVar("written", default=None)
 
 
 class Reporter:
@@ -50,29 +57,40 @@ class ArticleRun:
     def _cancel_requested(self) -> bool:
         return self.store.cancel_requested(self.run_id)
 
-    async def step(self, name: str, work: Callable[[], Awaitable[object]]) -> object:
+    async def step(self, name: str, work: Callable[[], Awaitable[object]], inputs: tuple[str, ...] = ()) -> object:
+        """The step's stored output if its files and inputs still hold, else the output of doing it (again).
+        inputs: the steps whose results it consumes; one of them redone differently makes this one stale."""
         done = self.store.step(self.run_id, name)
         if done is not None and done.status in ("done", "skipped"):
-            return done.output
+            why = outputs.stale_reason(self.dir, done, {n: self.store.step(self.run_id, n) for n in inputs})
+            if why is None:
+                return done.output
+            self.store.update(self.run_id, message=f"redoing {name}: {why}")
         if self._cancel_requested():
             raise Cancelled()
+        consumed = {n: s.digest for n in inputs if (s := self.store.step(self.run_id, n)) is not None}
         self.store.start_step(self.run_id, name)
+        written: dict[str, dict] = {}
+        token = _written.set(written)
         try:
             output = await work()
         except BaseException as e:
             self.store.fail_step(self.run_id, name, _describe(e))
             raise
-        self.store.finish_step(self.run_id, name, output)
+        finally:
+            _written.reset(token)
+        self.store.finish_step(self.run_id, name, output, files=written, inputs=consumed)
         finished = sum(1 for s in self.store.steps(self.run_id) if s.status in ("done", "skipped"))
         self.store.update(self.run_id, progress=min(finished / self.total_steps, 0.99), message=f"{name} done")
         return output
 
     def _save(self, relative: str, content: str | bytes) -> str:
-        path = self.dir / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_bytes(content) if isinstance(content, bytes) else tmp.write_text(content)
-        tmp.replace(path)  # a crash never leaves a half-written step output under its final name
+        data = content if isinstance(content, bytes) else content.encode()
+        # Durable before the step is marked done: a crash never leaves a torn or lost output behind a done step.
+        atomic_write_bytes(self.dir / relative, data)
+        written = _written.get()
+        if written is not None:
+            written[relative] = outputs.fingerprint(data)
         return relative
 
     async def execute(self) -> dict:
@@ -106,9 +124,9 @@ class ArticleRun:
             self._stage("writing", p.sections)
 
             async def write(i: int) -> str:
-                relative = await self.step(f"write:{i:02d}", lambda: self._write(llm, outline, i))
+                relative = await self.step(f"write:{i:02d}", lambda: self._write(llm, outline, i), ("research",))
                 self.reporter.advance("writing")
-                return (self.dir / relative).read_text()
+                return (self.dir / relative).read_text(encoding="utf-8")
 
             texts = await asyncio.gather(*(write(i) for i in range(p.sections)))
 
@@ -118,7 +136,8 @@ class ArticleRun:
             self.lease = lease_for(self.settings, self.comfyui_url, self.llm_urls[0])
             try:
                 for i in range(p.images):
-                    out = await self.step(f"illustrate:{i:02d}", lambda i=i: self._illustrate(llm, comfyui, outline, i))
+                    out = await self.step(f"illustrate:{i:02d}", lambda i=i: self._illustrate(llm, comfyui, outline, i),
+                                          ("research",))
                     self.reporter.advance("illustration")
                     if out.get("file"):
                         images[i] = out
@@ -132,10 +151,13 @@ class ArticleRun:
 
         note = f"Images skipped: {'; '.join(notes)}" if notes else None
         self._stage("assembly", 2)
-        assembled = await self.step("assemble", lambda: self._assemble(outline, texts, images, note))
+        written = tuple(f"write:{i:02d}" for i in range(p.sections))
+        illustrated = tuple(f"illustrate:{i:02d}" for i in range(p.images))
+        assembled = await self.step("assemble", lambda: self._assemble(outline, texts, images, note),
+                                    ("research", *written, *illustrated))
         self.reporter.advance("assembly")
         post = await self.step("postprocess", lambda: asyncio.to_thread(
-            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)]))
+            assembly.postprocess, self.dir, [images[i]["file"] for i in sorted(images)], self._save), illustrated)
         self.reporter.advance("assembly")
         return {
             "run_dir": str(self.dir), "title": outline["title"],

@@ -4,9 +4,11 @@ import base64
 import html
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-import markdown
+from orchestrator.pipeline import safe_html
 
 STYLE = """
 body { font-family: Georgia, 'Times New Roman', serif; max-width: 46rem; margin: 3rem auto; padding: 0 1rem;
@@ -35,7 +37,7 @@ def article_html(outline: dict, texts: list[str], images: dict[int, dict], run_d
             data = base64.b64encode((run_dir / images[i]["file"]).read_bytes()).decode()
             body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(images[i]["prompt"])}">'
                         f"<figcaption>{html.escape(images[i]['prompt'])}</figcaption></figure>")
-        body.append(markdown.markdown(text, extensions=["extra"]))
+        body.append(safe_html.markdown_html(text))  # the model's raw HTML shows as text; no script runs
     footer = "Written by Scriptorium." + (f" {html.escape(note)}" if note else "")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -43,27 +45,26 @@ def article_html(outline: dict, texts: list[str], images: dict[int, dict], run_d
             + "\n".join(body) + f"\n<footer>{footer}</footer>\n</body></html>\n")
 
 
-def postprocess(run_dir: Path, image_files: list[str]) -> dict:
-    """Web-sized JPEG copies (at most 1024 px wide) and a 320 px thumbnail of the first image."""
+def postprocess(run_dir: Path, image_files: list[str], save: Callable[[str, bytes], str]) -> dict:
+    """Web-sized JPEG copies (at most 1024 px wide) and a 320 px thumbnail of the first image.
+    save(relative, data) writes each file into the run directory (atomically) and returns its name."""
+    if not image_files:  # said first: without images, whether ffmpeg is installed does not matter
+        return {"skipped": "no images to process"}
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         return {"skipped": "ffmpeg is not installed"}
-    if not image_files:
-        return {"skipped": "no images to process"}
-    web_dir = run_dir / "images" / "web"
-    web_dir.mkdir(parents=True, exist_ok=True)
-    web = []
-    for name in image_files:
-        target = web_dir / (Path(name).stem + ".jpg")
-        _ffmpeg(ffmpeg, run_dir / name, target, "scale='min(1024,iw)':-2")
-        web.append(str(target.relative_to(run_dir)))
-    thumbnail = run_dir / "thumbnail.jpg"
-    _ffmpeg(ffmpeg, run_dir / image_files[0], thumbnail, "scale=320:-2")
-    return {"web": web, "thumbnail": "thumbnail.jpg"}
+    web = [save(f"images/web/{Path(name).stem}.jpg", _ffmpeg(ffmpeg, run_dir / name, "scale='min(1024,iw)':-2"))
+           for name in image_files]
+    thumbnail = save("thumbnail.jpg", _ffmpeg(ffmpeg, run_dir / image_files[0], "scale=320:-2"))
+    return {"web": web, "thumbnail": thumbnail}
 
 
-def _ffmpeg(ffmpeg: str, source: Path, target: Path, scale: str) -> None:
-    result = subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(source), "-vf", scale, "-q:v", "3",
-                             str(target)], capture_output=True, text=True, timeout=120)
-    if result.returncode != 0:
-        raise RuntimeError(f"ffmpeg could not convert {source.name}: {result.stderr.strip()[-300:]}")
+def _ffmpeg(ffmpeg: str, source: Path, scale: str) -> bytes:
+    """The JPEG ffmpeg makes of source; it writes into a scratch directory, never under a run output's name."""
+    with tempfile.TemporaryDirectory(prefix="scriptorium-ffmpeg-") as scratch:
+        target = Path(scratch) / "out.jpg"
+        result = subprocess.run([ffmpeg, "-y", "-loglevel", "error", "-i", str(source), "-vf", scale, "-q:v", "3",
+                                 str(target)], capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"ffmpeg could not convert {source.name}: {result.stderr.strip()[-300:]}")
+        return target.read_bytes()

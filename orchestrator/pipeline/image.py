@@ -3,10 +3,12 @@
 import os
 from dataclasses import asdict, dataclass
 
+from common.files import atomic_write_bytes
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.illustration import holding, lease_for
+from orchestrator.pipeline.outputs import fingerprint
 from orchestrator.pipeline.params import ParamsError
 from orchestrator.settings import Settings
 
@@ -72,13 +74,14 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
             if lease is not None:
                 await lease.finish()
         run_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths, files = [], {}
         for i, data in enumerate(images):
             path = run_dir / f"image-{i:02d}.png"
-            path.write_bytes(data)
+            atomic_write_bytes(path, data)
             paths.append(str(path))
+            files[path.name] = fingerprint(data)
         result = {"run_dir": str(run_dir), "images": paths, "seed": values.get("seed")}
-        store.finish_step(run_id, "render", result)
+        store.finish_step(run_id, "render", result, files=files)
     except Interrupted:
         store.update(run_id, status="cancelled", message="cancelled; the ComfyUI prompt was interrupted")
         raise

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -21,3 +22,13 @@ def run_cli(settings: Settings, *args: str, timeout: float = 600, extra_env: dic
         env["SCRIPTORIUM_COMFYUI_URL"] = settings.comfyui_url
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
+
+
+def wait_for(predicate, timeout: float = 120, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("condition not met in time")

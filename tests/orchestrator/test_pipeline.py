@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,9 @@ from PIL import Image
 from orchestrator import api
 from orchestrator.jobs import JobStore
 from orchestrator.settings import Settings
-from tests.orchestrator.conftest import run_cli
+from tests.orchestrator.conftest import run_cli, wait_for
 
 ARGS = ("--sections", "2", "--images", "2", "--words", "40", "--seed", "7")
-
-
-def wait_for(predicate, timeout: float = 120, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("condition not met in time")
 
 
 def test_full_pipeline_writes_every_file(settings):

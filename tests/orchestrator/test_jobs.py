@@ -1,0 +1,75 @@
+"""The job store on its own: real SQLite files, and the CLI as a real process."""
+
+import sqlite3
+
+import pytest
+
+from orchestrator.jobs import JobError, JobStore
+from orchestrator.settings import Settings
+from tests.orchestrator.conftest import run_cli
+
+
+@pytest.fixture
+def home_settings(tmp_path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+@pytest.mark.parametrize("typed", ["%", "_", "2%", "2_", "%-%", "____"])
+def test_wildcards_in_a_typed_id_match_nothing(home_settings, typed):
+    store = JobStore(home_settings.jobs_db)
+    run = store.create_run("article", {"topic": "wildcards"})
+    with pytest.raises(JobError, match="no run"):
+        store.get(typed)
+    result = run_cli(home_settings, "show", typed)
+    assert result.returncode == 1 and "no run" in result.stderr and "Traceback" not in result.stderr
+    assert store.get(run.id[:8]).id == run.id  # a real prefix still finds it
+
+
+def test_an_empty_id_matches_nothing(home_settings):
+    store = JobStore(home_settings.jobs_db)
+    store.create_run("article", {"topic": "only one"})
+    with pytest.raises(JobError, match="no run"):
+        store.get("")
+
+
+def test_a_prefix_shared_by_two_runs_is_ambiguous(home_settings):
+    store = JobStore(home_settings.jobs_db)
+    with sqlite3.connect(home_settings.jobs_db) as db:
+        for run_id in ("20250101-000000-aaaaaa", "20250101-000000-aabbbb", "20250101-000000_ccccc"):
+            db.execute("INSERT INTO runs (id, kind, params, status, created, updated) "
+                       "VALUES (?, 'article', '{\"topic\": \"t\"}', 'done', 0, 0)", (run_id,))
+    with pytest.raises(JobError, match="ambiguous"):
+        store.get("20250101-000000-aa")
+    assert store.get("20250101-000000_").id == "20250101-000000_ccccc"  # '_' is itself, not any character
+    assert store.get("20250101-000000-aab").id == "20250101-000000-aabbbb"
+
+
+OLD_STEPS = """CREATE TABLE steps (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, name TEXT NOT NULL,
+    status TEXT NOT NULL, output TEXT, error TEXT, started REAL, finished REAL, PRIMARY KEY (run_id, name))"""
+
+
+def test_a_database_from_before_hashes_is_migrated_in_place(home_settings):
+    home_settings.jobs_db.parent.mkdir(parents=True)
+    with sqlite3.connect(home_settings.jobs_db) as db:
+        db.execute("CREATE TABLE runs (id TEXT PRIMARY KEY, kind TEXT NOT NULL, params TEXT NOT NULL, status TEXT "
+                   "NOT NULL, stage TEXT, progress REAL NOT NULL DEFAULT 0, message TEXT, error TEXT, result TEXT, "
+                   "pid INTEGER, cancel_requested INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL, "
+                   "updated REAL NOT NULL, finished REAL)")
+        db.execute(OLD_STEPS)
+        db.execute("INSERT INTO runs (id, kind, params, status, created, updated) "
+                   "VALUES ('old-run', 'article', '{\"topic\": \"t\"}', 'failed', 0, 0)")
+        db.execute("INSERT INTO steps VALUES ('old-run', 'write:00', 'done', '\"sections/00.md\"', NULL, 1, 2)")
+    store = JobStore(home_settings.jobs_db)
+    old = store.step("old-run", "write:00")
+    assert old.output == "sections/00.md" and old.files is None and old.inputs is None  # presence-only
+
+    store.start_step("old-run", "write:01")
+    store.finish_step("old-run", "write:01", "sections/01.md", files={"sections/01.md": {"sha256": "ab", "size": 2}},
+                      inputs={"research": "cd"})
+    new = store.step("old-run", "write:01")
+    assert new.files == {"sections/01.md": {"sha256": "ab", "size": 2}} and new.inputs == {"research": "cd"}
+    assert new.digest != old.digest
+    JobStore(home_settings.jobs_db)  # opening it again changes nothing
+    with sqlite3.connect(home_settings.jobs_db) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] >= 2
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
