@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a file of the run or the data directory that cannot be read or written
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error:{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; `python -m orchestrator resume` continues the run", file=sys.stderr)
         return 130
