@@ -44,7 +44,7 @@ def serve_http(settings: Settings, host: str, port: int, budget: float | None) -
         print(f"error: refusing to serve MCP on {host} without a token; set SCRIPTORIUM_MCP_TOKEN (clients then send "
               "Authorization: Bearer <token>) or bind to 127.0.0.1", file=sys.stderr)
         return 2
-    server = build_server(settings, budget=budget)
+    server = build_server(settings, budget=budget, transport="http")
     security = None
     if host not in LOCAL_HOSTS:  # reached by name or address from elsewhere: the token is the protection
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)

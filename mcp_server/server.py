@@ -11,11 +11,13 @@ from typing import Annotated, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
-from mcp.types import CallToolResult, ImageContent, TextContent
+from mcp.server.mcpserver.resolve import Resolve
+from mcp.types import CallToolResult, ImageContent, ListRootsResult, TextContent
 from pydantic import BaseModel, Field
 
+from mcp_server.paths import FileAccess, Transport, client_roots, root_paths
 from ops.gpu import probe
-from orchestrator import api
+from orchestrator import api, workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
 from orchestrator.clients.llm import LLMError, LLMRouter
 from orchestrator.jobs import JobError, JobStore
@@ -33,6 +35,10 @@ class State:
     settings: Settings
     llm: LLMRouter
     budget: float  # seconds a call may block before it hands back a job id (agents give up near 60 s)
+    files: FileAccess  # which files tool arguments may name
+
+
+Roots = Annotated[ListRootsResult | None, Resolve(client_roots)]  # the client's roots, asked for when it has them
 
 
 class TextResult(BaseModel):
@@ -105,15 +111,18 @@ def gpu_memory() -> list[dict] | None:
     return [d.to_dict() for d in devices] or None
 
 
-def build_server(settings: Settings | None = None, budget: float | None = None) -> MCPServer:
+def build_server(settings: Settings | None = None, budget: float | None = None,
+                 transport: Transport = "stdio") -> MCPServer:
+    """transport: how clients reach this server; it decides which files tools may read by default."""
     settings = settings or Settings.from_env()
     budget = budget or settings.mcp_budget
+    files = FileAccess.for_transport(transport, settings.mcp_allowed_dirs)
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer):
         async with LLMRouter(settings.llm_urls, settings.llm_model, settings.llm_api_key,
                              timeout=settings.llm_timeout, max_wait=budget) as llm:
-            yield State(settings, llm, budget)
+            yield State(settings, llm, budget, files)
 
     server = MCPServer("scriptorium", instructions=INSTRUCTIONS, lifespan=lifespan)
 
@@ -174,7 +183,9 @@ def build_server(settings: Settings | None = None, budget: float | None = None) 
         height: Annotated[int | None, Field(ge=64, le=2048, multiple_of=8)] = None,
         steps: Annotated[int | None, Field(ge=1, le=150)] = None,
         seed: Annotated[int | None, Field(ge=0)] = None,
-        template: Annotated[str, Field(description="sd15, sdxl, flux, or a path to an API-format workflow")] = "sd15",
+        template: Annotated[str, Field(description="sd15, sdxl, flux, or a path to an API-format workflow inside "
+                                                    "the allowed directories")] = "sd15",
+        roots: Roots = None,
     ) -> CallToolResult:
         """Generate an image with ComfyUI. Returns the image and its saved path; if it takes longer than the time
         budget, returns a job_id instead: call get_job(job_id) until done."""
@@ -182,6 +193,8 @@ def build_server(settings: Settings | None = None, budget: float | None = None) 
         if not state.settings.comfyui_url:
             return failure("ComfyUI is not configured: set SCRIPTORIUM_COMFYUI_URL, or start the stack's comfyui "
                            "service (`ops up` with the image profile)")
+        if template not in workflows.BUILTIN:
+            template = str(state.files.check(template, root_paths(roots), "template"))
         params = {"prompt": prompt, "negative_prompt": negative_prompt, "width": width, "height": height,
                   "steps": steps, "seed": seed, "template": template}
         try:
@@ -217,11 +230,14 @@ def build_server(settings: Settings | None = None, budget: float | None = None) 
         sections: Annotated[int, Field(ge=1, le=12)] = 4,
         images: Annotated[int, Field(ge=0, le=12, description="illustrated sections (needs ComfyUI)")] = 2,
         words_per_section: Annotated[int, Field(ge=30, le=2000)] = 150,
-        sources: Annotated[list[str], Field(description="paths of text/Markdown files to ground the research")] = [],  # noqa: B006 pydantic copies defaults
+        sources: Annotated[list[str], Field(description="paths of text/Markdown files to ground the research, "
+                                                        "inside the allowed directories")] = [],  # noqa: B006 pydantic copies defaults
+        roots: Roots = None,
     ) -> JobStarted:
         """Start writing an illustrated article (research, writing, illustration, assembly) as a background job.
         Returns a job_id at once; poll get_job(job_id) for progress and the result's file paths."""
         state = state_of(ctx)
+        sources = [str(state.files.check(s, root_paths(roots), "source")) for s in sources]
         try:
             run = await asyncio.to_thread(api.start_article, {
                 "topic": topic, "audience": audience, "sections": sections, "images": images,

@@ -21,6 +21,10 @@ ENV = {  # field -> environment variable
     "comfyui_timeout": "SCRIPTORIUM_COMFYUI_TIMEOUT",
     "mcp_token": "SCRIPTORIUM_MCP_TOKEN",
     "mcp_budget": "SCRIPTORIUM_MCP_BUDGET",
+    "mcp_allowed_dirs": "SCRIPTORIUM_MCP_ALLOWED_DIRS",
+    "mcp_allowed_hosts": "SCRIPTORIUM_MCP_ALLOWED_HOSTS",
+    "mcp_allowed_origins": "SCRIPTORIUM_MCP_ALLOWED_ORIGINS",
+    "mcp_public_url": "SCRIPTORIUM_MCP_PUBLIC_URL",
     "leases": "SCRIPTORIUM_LEASES",
     "lease_idle": "SCRIPTORIUM_LEASE_IDLE",
     "lease_drain_timeout": "SCRIPTORIUM_LEASE_DRAIN_TIMEOUT",
@@ -48,6 +52,13 @@ class Settings:
     comfyui_timeout: float = 900.0
     mcp_token: str | None = None  # required when the MCP server binds beyond localhost
     mcp_budget: float = 45.0  # seconds an MCP call may block before it returns a job id
+    # Directories whose files MCP tools may read (os.pathsep-separated in the environment); None: stdio may read
+    # the working directory, HTTP nothing. A client's MCP roots take their place (over HTTP: narrow them).
+    mcp_allowed_dirs: tuple[str, ...] | None = None
+    # Host and Origin headers the MCP HTTP server accepts beyond localhost's (DNS-rebinding protection stays on).
+    mcp_allowed_hosts: tuple[str, ...] = ()
+    mcp_allowed_origins: tuple[str, ...] = ()
+    mcp_public_url: str | None = None  # the MCP endpoint as clients reach it (behind a TLS proxy: https://...)
     leases: bool = True  # sleep the LLM to lend its GPU memory to an image job that would not fit
     lease_idle: float = 30.0  # seconds ComfyUI stays idle before the card goes back to the LLM
     lease_drain_timeout: float = 120.0  # longest wait for the LLM's requests in flight to finish
@@ -103,6 +114,17 @@ def _coerce(name: str, value, source: str):
             if number < 0 or (number == 0 and name not in ("lease_idle",)):
                 raise ValueError("must be positive")
             return number
+        if name == "mcp_allowed_dirs":
+            dirs = value.split(os.pathsep) if isinstance(value, str) else list(value)
+            return tuple(str(d).strip() for d in dirs if str(d).strip())
+        if name in ("mcp_allowed_hosts", "mcp_allowed_origins"):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(i).strip().rstrip("/") for i in items if str(i).strip())
+        if name == "mcp_public_url":
+            url = str(value).strip().rstrip("/")
+            if not url.startswith(("http://", "https://")):
+                raise ValueError("must be an http:// or https:// URL, such as https://scriptorium.example.org/mcp")
+            return url
         if name == "comfyui_url":
             return str(value).rstrip("/") or None
         return str(value)
