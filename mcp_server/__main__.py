@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from mcp_server.install import CLIENTS, InstallError, install, uninstall
+from mcp_server.install import CLIENTS, SCOPES, InstallError, install, uninstall
 from orchestrator.settings import Settings, SettingsError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("install", "uninstall"):
         p = sub.add_parser(name, help=f"{name} the 'scriptorium' entry in an agent's MCP configuration")
         p.add_argument("--client", required=True, choices=CLIENTS)
-        p.add_argument("--scope", default="user", choices=["user", "project"])
-        p.add_argument("--project-dir", default=".", help="the project for --scope project (default: here)")
+        p.add_argument("--scope", default="user", choices=SCOPES,
+                       help="user (every project), project (a file in the project, to commit) or local (Claude "
+                            "Code: this project, only you)")
+        p.add_argument("--project-dir", default=".", help="the project for --scope project/local (default: here)")
+        p.add_argument("--no-cli", dest="use_cli", action="store_false", default=None,
+                       help="edit ~/.claude.json directly even when the claude CLI is on PATH")
         if name == "install":
             p.add_argument("--http", dest="http_url", default=None, metavar="URL",
                            help="register the HTTP server at URL (e.g. http://127.0.0.1:8765/mcp) instead of stdio")
@@ -84,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("install", "uninstall"):
         try:
             if args.command == "install":
-                result = install(args.client, args.scope, Path(args.project_dir), args.http_url, settings.mcp_token,
-                                 args.dry_run)
+                result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
+                                 bool(settings.mcp_token), args.dry_run, args.use_cli)
             else:
-                result = uninstall(args.client, args.scope, Path(args.project_dir))
+                result = uninstall(args.client, args.scope, Path(args.project_dir), args.use_cli)
         except InstallError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -102,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             verb = "installed scriptorium in" if args.command == "install" else "removed scriptorium from"
             backup = f" (backup: {result['backup']})" if result.get("backup") else ""
             print(f"{verb} {result['path']}{backup}")
+        if not args.json:
+            for note in result.get("notes", []):
+                print(f"note: {note}")
         return 0
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.agent_configs import backups_of, remembered
 from ops import alerts, gpu, lifecycle
 from ops.backup import BackupError
 from ops.gpu import fmt
@@ -205,17 +206,12 @@ def _systemd(args) -> int:
 
 
 def _backup_configs(stack) -> list[Path]:
-    """compose.yaml, its .env, the settings file, and the backups `mcp_server install` kept of agent configs."""
-    from mcp_server.install import CLIENTS, InstallError, target
-
+    """compose.yaml, its .env, the settings file, and the backups `mcp_server install` kept of the agent configs
+    it changed (it records which in the data directory)."""
     configs = [stack.path, stack.path.parent / ".env",
                Path(os.environ.get("SCRIPTORIUM_CONFIG") or lifecycle.home() / "config.toml")]
-    for client in CLIENTS:
-        try:
-            path = target(client, "user", Path.cwd()).path
-        except (InstallError, KeyError):
-            continue
-        configs += sorted(path.parent.glob(f"{path.name}.*.scriptorium.bak"))
+    for path in remembered(lifecycle.home()):
+        configs += backups_of(path)
     return configs
 
 
