@@ -1,58 +1,14 @@
 """python -m mcp_server: serve MCP over stdio (default) or streamable HTTP (--http); install/uninstall."""
 
 import argparse
-import hmac
 import json
 import logging
 import sys
 from pathlib import Path
 
+from mcp_server.http import serve_http
 from mcp_server.install import CLIENTS, SCOPES, InstallError, install, uninstall
 from orchestrator.settings import Settings, SettingsError
-
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-class BearerGate:
-    """ASGI middleware: every request but /health must carry `Authorization: Bearer <token>`."""
-
-    def __init__(self, app, token: str):
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                from starlette.responses import JSONResponse
-
-                response = JSONResponse({"error": "unauthorized",
-                                         "message": "send Authorization: Bearer <SCRIPTORIUM_MCP_TOKEN>"},
-                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def serve_http(settings: Settings, host: str, port: int, budget: float | None) -> int:
-    import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    from mcp_server.server import build_server
-
-    token = settings.mcp_token
-    if host not in LOCAL_HOSTS and not token:
-        print(f"error: refusing to serve MCP on {host} without a token; set SCRIPTORIUM_MCP_TOKEN (clients then send "
-              "Authorization: Bearer <token>) or bind to 127.0.0.1", file=sys.stderr)
-        return 2
-    server = build_server(settings, budget=budget, transport="http")
-    security = None
-    if host not in LOCAL_HOSTS:  # reached by name or address from elsewhere: the token is the protection
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=host)
-    if token:
-        app = BearerGate(app, token)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

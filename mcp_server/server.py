@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resolve import Resolve
@@ -111,9 +113,10 @@ def gpu_memory() -> list[dict] | None:
     return [d.to_dict() for d in devices] or None
 
 
-def build_server(settings: Settings | None = None, budget: float | None = None,
-                 transport: Transport = "stdio") -> MCPServer:
-    """transport: how clients reach this server; it decides which files tools may read by default."""
+def build_server(settings: Settings | None = None, budget: float | None = None, transport: Transport = "stdio",
+                 auth: tuple[AuthSettings, TokenVerifier] | None = None) -> MCPServer:
+    """transport: how clients reach this server; it decides which files tools may read by default.
+    auth: the SDK's auth settings and token verifier (HTTP with a token)."""
     settings = settings or Settings.from_env()
     budget = budget or settings.mcp_budget
     files = FileAccess.for_transport(transport, settings.mcp_allowed_dirs)
@@ -124,7 +127,8 @@ def build_server(settings: Settings | None = None, budget: float | None = None,
                              timeout=settings.llm_timeout, max_wait=budget) as llm:
             yield State(settings, llm, budget, files)
 
-    server = MCPServer("scriptorium", instructions=INSTRUCTIONS, lifespan=lifespan)
+    server = MCPServer("scriptorium", instructions=INSTRUCTIONS, lifespan=lifespan,
+                       auth=auth[0] if auth else None, token_verifier=auth[1] if auth else None)
 
     def state_of(ctx: Context) -> State:
         return ctx.request_context.lifespan_context
