@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+from common import gpu
 from common.agent_configs import backups_of, remembered
-from ops import alerts, gpu, lifecycle
+from common.gpu import fmt
+from ops import alerts, lifecycle
 from ops.backup import BackupError
-from ops.gpu import fmt
 from ops.plan import make_plan
 from ops.stack import StackError, load
 from ops.state import State

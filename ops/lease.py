@@ -21,10 +21,10 @@ from pathlib import Path
 
 import httpx
 
+from common import gpu
 from common.files import atomic_write_text
+from common.gpu import fmt
 from common.procs import ProcessIdentity, start_time
-from ops import gpu
-from ops.gpu import fmt
 
 
 class LeaseError(Exception):

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import gpu
 from common.files import atomic_write_text
-from ops import gpu
 from ops.health import check
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner

@@ -23,11 +23,11 @@ async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: Articl
 
 async def render(comfyui: ComfyUIClient, prompt: str, params: ArticleParams, index: int,
                  on_progress: Callable[[dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> bytes:
+                 should_stop: Callable[[], bool] | None = None, extra_data: dict | None = None) -> bytes:
     workflow, defaults = workflows.load(params.template)
     seed = None if params.seed is None else params.seed + index
     filled = workflows.fill(workflow, {**defaults, "prompt": prompt, "seed": seed})
-    images = await comfyui.generate(filled, on_progress, should_stop)
+    images = await comfyui.generate(filled, on_progress, should_stop, extra_data)
     return images[0]
 
 
@@ -40,7 +40,7 @@ DEFAULT_MEMORY = 8 << 30
 def image_memory(template: str) -> int:
     if template in TEMPLATE_MEMORY:
         return TEMPLATE_MEMORY[template]
-    from ops.gpu import probe
+    from common.gpu import probe
     from ops.stack import StackError, load
 
     try:
