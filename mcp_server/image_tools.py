@@ -41,16 +41,16 @@ async def follow(ctx: Context, run):
     messages. A cancelled call (the client gave up, or the session ended) cancels the job."""
     state = state_of(ctx)
     deadline = time.monotonic() + state.budget
-    said = None
+    said: tuple = ()
     try:
         while time.monotonic() < deadline:
             run = await asyncio.to_thread(api.get, run.id, state.settings)
             if run.status in FINAL:
                 return run
             await ctx.report_progress(run.progress, 1.0, run.message or run.status)
-            if run.message != said:
-                said = run.message
-                await log(ctx, "info", f"job {run.id}: {run.message or run.status}")
+            if (run.status, run.stage, run.message) != said:
+                said = (run.status, run.stage, run.message)
+                await log(ctx, "info", f"job {run.id}: {run.message or run.stage or run.status}")
             await asyncio.sleep(0.25)
         return run
     except anyio.get_cancelled_exc_class():
