@@ -30,8 +30,6 @@ from mcp_server.models import (
 from mcp_server.thumbnails import thumbnail
 from orchestrator import api, workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
-from orchestrator.pipeline.image import ImageParams, build_workflow
-from orchestrator.pipeline.params import ParamsError
 
 Dimension = Annotated[int | None, Field(ge=64, le=2048, multiple_of=8)]
 
@@ -94,11 +92,11 @@ async def start_and_follow(ctx: Context, params: dict) -> CallToolResult:
     state = state_of(ctx)
     url = comfyui_url(ctx)
     try:
-        workflow, _ = build_workflow(ImageParams.from_dict(params))
+        workflow = api.image_workflow(params)
         async with ComfyUIClient(url) as comfy:
             await comfy.check_choices(workflow)
         run = await asyncio.to_thread(api.start_image, params, state.settings)
-    except (ParamsError, workflows.TemplateError, ComfyUIError) as e:
+    except (api.ParamsError, api.TemplateError, ComfyUIError) as e:
         raise ToolError(str(e)) from None
     return image_result(await follow(ctx, run))
 

@@ -22,7 +22,6 @@ from mcp_server.models import (
 )
 from orchestrator import api
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
-from orchestrator.pipeline.params import ParamsError
 
 FINAL = ("done", "failed", "cancelled")
 
@@ -89,7 +88,7 @@ def register(server: MCPServer) -> None:
             run = await asyncio.to_thread(api.start_article, {
                 "topic": topic, "audience": audience, "sections": sections, "images": images,
                 "words_per_section": words_per_section, "sources": sources}, state.settings)
-        except ParamsError as e:
+        except api.ParamsError as e:
             raise ToolError(str(e)) from None
         return JobStarted(job_id=run.id, status=run.status, message="started; poll get_job with this job_id")
 

@@ -134,8 +134,8 @@ def _health(args) -> int:
         if not ok:
             print(f"error: {detail}", file=sys.stderr)
         return 0 if ok else 1
+    from common.settings import Settings
     from ops.lease import repair
-    from orchestrator.settings import Settings
 
     repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
     report = lifecycle.health_report(stack, args.profile, every=args.all)

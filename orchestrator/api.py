@@ -12,9 +12,13 @@ import sys
 import time
 
 from orchestrator.jobs import JobError, JobStore, Run
-from orchestrator.pipeline.image import ImageParams
-from orchestrator.pipeline.params import ArticleParams
+from orchestrator.pipeline.image import ImageParams, build_workflow
+from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.settings import Settings
+from orchestrator.workflows import TemplateError
+
+__all__ = ["JobError", "ParamsError", "Run", "TemplateError", "cancel", "create_article_run", "get", "image_workflow",
+           "list_runs", "page", "resume", "spawn_worker", "start_article", "start_image", "status", "wait_settled"]
 
 
 def store_for(settings: Settings) -> JobStore:
@@ -38,6 +42,12 @@ def spawn_worker(run_id: str, settings: Settings) -> int:
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     store_for(settings).update(run_id, pid=proc.pid)
     return proc.pid
+
+
+def image_workflow(params: dict) -> dict:
+    """The ComfyUI workflow an image job with these parameters would submit; ParamsError or TemplateError
+    saying what is wrong with them."""
+    return build_workflow(ImageParams.from_dict(params))[0]
 
 
 def start_image(params: dict, settings: Settings | None = None) -> Run:

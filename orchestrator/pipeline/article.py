@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from common.files import atomic_write_bytes
-from ops.lease import LeaseError
+from common.lease import LeaseError
 from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
