@@ -1,26 +1,6 @@
 """Settings of one engine instance (the offline LLM and the server share them)."""
 
-import re
 from dataclasses import dataclass
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
-
-
-def parse_memory(text: str) -> float | int:
-    """'0.45' -> a fraction of the card; '18GiB', '20GB', '19327352832' -> bytes. The forms compose.yaml's
-    x-ops gpu_memory takes, so ops can hand a service's budget to the backend as it is written."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or (unit and unit not in _UNITS):
-        raise ValueError(f"{text!r} is not a GPU memory amount: give a fraction of the card such as 0.45, or a size "
-                         "such as 18GiB, 512MiB or 20GB")
-    number = float(m.group(1))
-    if not unit and number <= 1:
-        return number
-    if not unit and not number.is_integer():
-        raise ValueError(f"{text!r}: a fraction of the card is at most 1; a size takes a unit, such as 18GiB")
-    return int(number * _UNITS[unit or "b"])
 
 
 @dataclass

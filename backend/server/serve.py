@@ -5,12 +5,13 @@ import logging
 import signal
 import sys
 
-from backend.config import EngineConfig, parse_memory
+from backend.config import EngineConfig
+from common.sizes import parse_memory
 
 
 def _memory(text: str) -> float | int:
     try:
-        return parse_memory(text)
+        return parse_memory(text)  # the forms compose.yaml's x-ops gpu_memory takes, so ops passes it as written
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

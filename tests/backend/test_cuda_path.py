@@ -168,13 +168,14 @@ def test_the_kv_cache_gets_what_the_budget_leaves_after_weights_and_activations(
 
 
 def test_gpu_memory_is_a_fraction_or_a_size_as_compose_yaml_writes_it():
-    from backend.config import EngineConfig, parse_memory
+    from backend.config import EngineConfig
+    from common.sizes import parse_memory
 
     assert parse_memory("0.45") == 0.45 and parse_memory("1") == 1.0
     assert parse_memory("18GiB") == 18 * 2**30 and parse_memory("20GB") == 20 * 10**9
     assert parse_memory("512 MiB") == 512 * 2**20 and parse_memory("19327352832") == 19327352832
-    for bad, message in (("18XB", "is not a GPU memory amount"), ("1.5", "a fraction of the card is at most 1"),
-                         ("lots", "is not a GPU memory amount")):
+    for bad, message in (("18XB", "unknown unit"), ("1.5", "a fraction of the card is at most 1"),
+                         ("lots", "is not a size such as 18GiB")):
         with pytest.raises(ValueError, match=message):
             parse_memory(bad)
     EngineConfig(model="m", gpu_memory_utilization=18 * 2**30)

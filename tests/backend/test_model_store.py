@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-from backend.model_store import KNOWN_MODELS, pull, resolve, sha256_of
+from backend.model_store import KNOWN_MODELS, pull, resolve
+from common.hashing import sha256_file
 
 
 def run_cli(*args, env=None):
@@ -20,7 +21,7 @@ def test_pull_is_a_no_op_when_present_and_alias_resolves(smollm2_path):
     assert result.stdout.strip() == str(smollm2_path)
     assert smollm2_path.stat().st_mtime_ns == before
     assert resolve("smollm2") == smollm2_path
-    assert sha256_of(smollm2_path) == KNOWN_MODELS["smollm2"].sha256
+    assert sha256_file(smollm2_path) == KNOWN_MODELS["smollm2"].sha256
 
 
 def test_list_json(smollm2_path):
@@ -36,7 +37,7 @@ def test_a_damaged_file_is_fetched_again(tmp_path, monkeypatch):
     target.parent.mkdir(parents=True)
     target.write_bytes(b"not the model")
     assert pull("smollm2", quiet=True) == target
-    assert sha256_of(target) == KNOWN_MODELS["smollm2"].sha256
+    assert sha256_file(target) == KNOWN_MODELS["smollm2"].sha256
     assert list(target.parent.iterdir()) == [target]  # nothing half-written left behind
 
 
