@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from common import gpu
 from common.agent_configs import backups_of, remembered
 from common.gpu import fmt
-from ops import alerts, lifecycle
+from ops import alerts, engines, lifecycle
 from ops.backup import BackupError
 from ops.plan import make_plan
 from ops.stack import StackError, load
@@ -39,7 +40,8 @@ def _plan(args) -> int:
     state = State(lifecycle.home())
     running = {s.name for s in services if lifecycle.service_status(s, state, stack).state == "healthy"}
     devices, source = gpu.probe()
-    plan = make_plan(services, devices, running, leases=_leases_on())
+    runner = args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process")
+    plan = make_plan(services, devices, running, leases=_leases_on(), runner=runner)
     if args.json:
         print(json.dumps({**plan.to_dict(), "probe": source}, indent=2))
     else:
@@ -49,8 +51,15 @@ def _plan(args) -> int:
         for i, step in enumerate(plan.steps, 1):
             memory = f"{fmt(step.budget):>9} {step.memory:<7} (free then {fmt(step.free_before)})" \
                 if plan.device else "cpu"
-            print(f"{i}. {step.service:<10} {memory}{'  already running' if step.running else ''}"
+            engine = f"  engine {step.engine}, sleep_api {step.sleep_api}" if step.engine else ""
+            print(f"{i}. {step.service:<10} {memory}{engine}{'  already running' if step.running else ''}"
                   f"{'  ' + step.note if step.note else ''}")
+            if step.command:
+                where = f"docker {step.image}: " if step.runner == "docker" else "$ "
+                print(f"   {where}{shlex.join(step.command)}")
+    for step in plan.steps:
+        if step.missing and not step.running:
+            print(f"warning: {step.missing}", file=sys.stderr)
     for problem in plan.problems:
         print(f"error: {problem}", file=sys.stderr)
     return 2 if plan.problems else 0
@@ -181,8 +190,9 @@ def _systemd(args) -> int:
     from ops import systemd
 
     stack = load(args.file)
-    services = stack.selected(args.services, args.profile)
     devices, _ = gpu.probe()
+    total = devices[0].total if devices else None
+    services = [engines.resolved(s, total) for s in stack.selected(args.services, args.profile)]
     generated = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
                               user=args.user, gpus=bool(devices), alert=args.alert, webhook=args.webhook)
     secrets = systemd.write_secrets(generated)
@@ -331,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", action="append", default=[], help="compose profile to include (e.g. image)")
         p.add_argument("--json", action="store_true")
 
-    common(sub.add_parser("plan", help="the start order and GPU budgets, refused when they cannot fit"))
+    p = sub.add_parser("plan", help="the start order, GPU budgets and commands, refused when they cannot fit")
+    common(p)
+    p.add_argument("--runner", choices=["process", "docker"], default=None,
+                   help="show the commands of this runner (default: process, or SCRIPTORIUM_RUNNER)")
     p = sub.add_parser("up", help="start services in the memory-safe order and wait until healthy")
     common(p)
     p.add_argument("--runner", choices=["process", "docker"], default=None,
