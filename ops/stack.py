@@ -232,7 +232,8 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
         if engine is not None and engine not in ENGINES:
             raise StackError(f"{where}.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         default_sleep = ENGINES[engine].sleep_api if engine else "scriptorium" if ops.get("can_sleep") else "none"
-        sleep_api = str(ops.get("sleep_api", default_sleep))
+        sleep_api = str(ops.get("sleep_api") or default_sleep)
+        sleep_api = default_sleep if sleep_api == "auto" else sleep_api  # SCRIPTORIUM_LLM_SLEEP_API=auto
         if sleep_api not in SLEEP_APIS:
             raise StackError(f"{where}.sleep_api must be one of {', '.join(SLEEP_APIS)}, got {sleep_api!r}")
         services[name] = Service(

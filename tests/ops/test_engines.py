@@ -99,6 +99,10 @@ services:
     assert "backend (vllm) has x-ops.sleep_api: none, so it cannot lend its memory and comfyui's budget must " \
            "fit beside it" in too_big.stderr
     assert "while the LLM sleeps" not in too_big.stdout
+    one_setting = run_ops(tmp_path, "plan", "--profile", "image", "--json",  # compose.yaml: the setting says none
+                          env={**gpu_file(24, 23.5), "SCRIPTORIUM_ENGINE": "vllm", "SCRIPTORIUM_LLM_SLEEP_API": "none"})
+    backend, _, comfy = json.loads(one_setting.stdout)["steps"]
+    assert backend["sleep_api"] == "none" and "fits beside backend" in comfy["note"]
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
