@@ -22,6 +22,7 @@ ENV = {  # field -> environment variable
     "llm_structured_output": "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT",
     "llm_sleep_api": "SCRIPTORIUM_LLM_SLEEP_API",
     "llm_timeout": "SCRIPTORIUM_LLM_TIMEOUT",
+    "llm_backoff": "SCRIPTORIUM_LLM_BACKOFF",
     "comfyui_timeout": "SCRIPTORIUM_COMFYUI_TIMEOUT",
     "mcp_token": "SCRIPTORIUM_MCP_TOKEN",
     "mcp_budget": "SCRIPTORIUM_MCP_BUDGET",
@@ -55,6 +56,7 @@ class Settings:
     # How the LLM lends its memory for an image job: auto (ask it) | scriptorium | vllm | sglang | none
     llm_sleep_api: str = "auto"
     llm_timeout: float = 600.0
+    llm_backoff: float = 5.0  # seconds a failing upstream is left out (doubling per failure in a row, up to 16x)
     comfyui_timeout: float = 900.0
     mcp_token: str | None = None  # required when the MCP server binds beyond localhost
     mcp_budget: float = 45.0  # seconds an MCP call may block before it returns a job id
@@ -114,7 +116,7 @@ def _coerce(name: str, value, source: str):
             return urls
         if name in ("llm_structured_output", "leases"):
             return value if isinstance(value, bool) else str(value).lower() not in ("0", "false", "no", "off")
-        if name in ("llm_timeout", "comfyui_timeout", "mcp_budget", "lease_idle", "lease_drain_timeout",
+        if name in ("llm_timeout", "llm_backoff", "comfyui_timeout", "mcp_budget", "lease_idle", "lease_drain_timeout",
                     "lease_memory_timeout"):
             number = float(value)
             if number < 0 or (number == 0 and name not in ("lease_idle",)):

@@ -11,6 +11,7 @@ from pathlib import Path
 from common import gpu
 from common.agent_configs import backups_of, remembered
 from common.gpu import fmt
+from common.settings import SettingsError
 from ops import alerts, engines, lifecycle
 from ops.backup import BackupError
 from ops.plan import make_plan
@@ -117,8 +118,12 @@ def _status(args) -> int:
     from ops.lease import describe
 
     lease = describe(lifecycle.home())
+    from common.settings import Settings
+    from ops import upstreams
+
+    llms = upstreams.report(lifecycle.home(), list(Settings.from_env().llm_urls))
     if args.json:
-        print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease,
+        print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease, "upstreams": llms,
                           "gpu": {"source": source, "devices": [d.to_dict() for d in devices]}}, indent=2))
         return 0
     print(f"{'SERVICE':<10} {'STATE':<10} {'RUNNER':<8} {'PID/CONTAINER':<14} {'GPU MEM':>9}  HEALTH")
@@ -133,6 +138,9 @@ def _status(args) -> int:
         print(f"the card is lent to ComfyUI since {since} ({lease['jobs']} image job(s) running); the LLM sleeps")
     else:
         print("the card is held by the services as planned (no lease)")
+    print()
+    for line in upstreams.lines(llms):
+        print(line)
     return 0
 
 
@@ -393,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 "systemd": _systemd, "backup": _backup, "monitor": _monitor}
     try:
         return commands[args.command](args)
-    except (StackError, BackupError) as e:
+    except (StackError, BackupError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path ops could not read or write: one line naming it, not a traceback

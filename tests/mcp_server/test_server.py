@@ -12,7 +12,7 @@ from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from PIL import Image
 
 from mcp_server.server import build_server
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, ServerProcess, free_port
 from tests.mcp_server.helpers import DESTRUCTIVE, READ_ONLY, TOOLS, Checked, poll_job
