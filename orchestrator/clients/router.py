@@ -253,11 +253,28 @@ class LLMRouter:
                 raise LLMError(f"the request failed on two upstreams: {' | '.join(run.problems)}") from None
             run.retried = True
 
+    @contextlib.asynccontextmanager
+    async def _alone(self, model: str | None):
+        """One upstream: its client retries as it does; the router only keeps the counts."""
+        up = self.pool[0]
+        up.client.model = model or self.model
+        up.in_flight += 1
+        self._publish()
+        try:
+            yield up.client
+            up.served += 1
+        except LLMError as e:
+            if " answered 4" not in str(e):
+                up.last_failure, up.error = time.time(), str(e)
+            raise
+        finally:
+            up.in_flight -= 1
+            self._publish()
+
     async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
         if len(self.pool) == 1:
-            client = self.clients[0]
-            client.model = model or self.model
-            return await client.chat(messages, **kwargs)
+            async with self._alone(model) as client:
+                return await client.chat(messages, **kwargs)
         model = await self._resolve(model)
         body, run = chat_body(model, messages, **kwargs), _Run()
         while True:
@@ -282,10 +299,9 @@ class LLMRouter:
 
     async def stream_chat(self, messages: list[dict], model: str | None = None, **kwargs) -> AsyncIterator[str]:
         if len(self.pool) == 1:
-            client = self.clients[0]
-            client.model = model or self.model
-            async for delta in client.stream_chat(messages, **kwargs):
-                yield delta
+            async with self._alone(model) as client:
+                async for delta in client.stream_chat(messages, **kwargs):
+                    yield delta
             return
         model = await self._resolve(model)
         body, run = {**chat_body(model, messages, **kwargs), "stream": True}, _Run()

@@ -143,7 +143,7 @@ class CutOffServer:
             except OSError:
                 return
             with conn:
-                request = conn.recv(65536).decode(errors="replace")
+                request = self.read(conn)
                 if "/models" in request.split("\r\n")[0]:
                     body = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -156,6 +156,19 @@ class CutOffServer:
                     conn.sendall(f"{len(event):x}\r\n{event}\r\n".encode())
                 if self.clean:
                     conn.sendall(b"0\r\n\r\n")
+
+    @staticmethod
+    def read(conn) -> str:
+        """The whole request, body included: closing on an unread body would reset the connection instead."""
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head.decode(errors="replace")
 
     def close(self):
         self.sock.close()
