@@ -4,7 +4,8 @@ A request goes to an upstream serving its model (each is asked through /models),
 in flight. An upstream that fails (refused connection, broken transfer, a 5xx other than 503 + Retry-After) is taken
 out for a back-off that doubles with each failure in a row (SCRIPTORIUM_LLM_BACKOFF up to 16 times that) and is
 probed (GET /models) before it gets traffic again. A 503 or 429 with Retry-After (a backend asleep for ComfyUI, or
-loading) is no failure: other upstreams take the traffic meanwhile, or, with no other, it is waited out.
+loading) is no failure, also when a probe gets it: other upstreams take the traffic until the time it names, or,
+with no other, it is waited out (for max_wait, not the shorter connect_wait of a refused connection).
 
 A non-streamed request that fails is retried once on another upstream (more often when the connection was refused,
 since then it never reached one); a stream is retried only before its first text, and one that breaks off later
@@ -112,6 +113,12 @@ class LLMRouter:
     async def _probe(self, up: Upstream, timeout: float = 5) -> bool:
         try:
             response = await up.client.http.get("/models", timeout=timeout)
+            if response.status_code in (429, 503) and "retry-after" in response.headers:
+                # alive but loading or busy: no failure, and no traffic until it said to come back
+                up.busy_until = time.monotonic() + _retry_after(response)
+                up.failures, up.ejected_until = 0, 0.0
+                self._publish(now=True)
+                return True
             response.raise_for_status()
             up.models = [m["id"] for m in response.json().get("data", [])]
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -125,7 +132,8 @@ class LLMRouter:
     async def _ask_models(self, up: Upstream) -> None:
         """Learn what an upstream serves, once however many requests ask at the same time."""
         async with up.lock:
-            if up.models is None and up.ejected_until <= time.monotonic():
+            now = time.monotonic()
+            if up.models is None and up.ejected_until <= now and up.busy_until <= now:
                 await self._probe(up)
 
     async def upstreams(self) -> list[dict]:
@@ -194,6 +202,8 @@ class LLMRouter:
                 async with up.lock:
                     if up.failures and not await self._probe(up):
                         continue
+                if up.busy_until > time.monotonic():  # the probe found it loading
+                    continue
             ready.append(up)
         if not ready:
             return None
@@ -220,10 +230,7 @@ class LLMRouter:
         """Raise for an answer that is not a success: LLMError (the request's fault), _Failed, or mark it busy."""
         status = response.status_code
         if status in (429, 503) and "retry-after" in response.headers:
-            try:
-                up.busy_until = time.monotonic() + min(float(response.headers["retry-after"]), 60.0)
-            except ValueError:
-                up.busy_until = time.monotonic() + 1.0
+            up.busy_until = time.monotonic() + _retry_after(response)
             raise _Busy()
         if status >= 500 or status == 429:
             raise _Failed(f"{up.url} answered {status}: {_message(response)}")
@@ -336,6 +343,14 @@ class LLMRouter:
                 self._failed(up, failure, run)
             finally:
                 self._done(up)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """Seconds to leave an upstream alone, from its Retry-After (at most a minute; 1 s when it is a date)."""
+    try:
+        return min(float(response.headers["retry-after"]), 60.0)
+    except ValueError:
+        return 1.0
 
 
 @dataclass
