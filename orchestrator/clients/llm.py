@@ -19,6 +19,18 @@ class LLMError(Exception):
     pass
 
 
+class StreamError(LLMError):
+    """An error the server sent inside a stream (the HTTP status was already 200)."""
+
+    def __init__(self, error: dict):
+        super().__init__(f"stream failed: {error.get('message')}")
+        code, kind = error.get("code"), str(error.get("type") or "").lower()
+        # the server's own trouble (ours: service_unavailable, internal_error; vLLM: a code of 500 and up), not
+        # the request's: another upstream may well answer it
+        self.server_side = code >= 500 if isinstance(code, int) else \
+            any(word in kind for word in ("internal", "server", "unavailable", "overloaded"))
+
+
 RETRYABLE = {429, 500, 502, 503, 504}
 
 
@@ -182,7 +194,7 @@ def stream_deltas(line: str) -> list[str] | None:
         return []
     chunk = json.loads(line[6:])
     if "error" in chunk:
-        raise LLMError(f"stream failed: {chunk['error'].get('message')}")
+        raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
     return [d for c in chunk.get("choices", []) if (d := c.get("delta", {}).get("content"))]
 
 

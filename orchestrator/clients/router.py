@@ -8,8 +8,9 @@ loading) is no failure, also when a probe gets it: other upstreams take the traf
 with no other, it is waited out (for max_wait, not the shorter connect_wait of a refused connection).
 
 A non-streamed request that fails is retried once on another upstream (more often when the connection was refused,
-since then it never reached one); a stream is retried only before its first text, and one that breaks off later
-fails with an error saying the answer is incomplete. With a single upstream the client's own retries apply.
+since then it never reached one); a stream is retried only before its first text (a server-side error sent inside
+the stream before then counts as that upstream failing), and one that breaks off later fails with an error saying
+the answer is incomplete. With a single upstream the client's own retries apply.
 """
 
 import asyncio
@@ -25,6 +26,7 @@ from common import upstreams as board
 from orchestrator.clients.llm import (
     LLMClient,
     LLMError,
+    StreamError,
     _message,
     broken_stream,
     chat_body,
@@ -322,7 +324,15 @@ class LLMRouter:
                             await response.aread()
                             self._classify(up, response)
                         async for line in response.aiter_lines():
-                            deltas = stream_deltas(line)
+                            try:
+                                deltas = stream_deltas(line)
+                            except StreamError as e:
+                                if not e.server_side:
+                                    raise
+                                if yielded:
+                                    self._fail(up, str(e))
+                                    raise
+                                raise _Failed(f"{up.url}: {e}") from None
                             if deltas is None:
                                 up.served += 1
                                 return

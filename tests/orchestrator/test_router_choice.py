@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from orchestrator.clients.llm import LLMError
 from orchestrator.clients.router import LLMRouter, Upstream
 from tests.orchestrator.inprocess_backend import InProcessBackend
 
@@ -39,6 +40,28 @@ def back_off(up: Upstream) -> float:
     """The back-off its last failure started, in seconds (measured from the failure, not from now)."""
     failed_at = time.monotonic() - (time.time() - up.last_failure)
     return up.ejected_until - failed_at
+
+
+def break_engine(backend: InProcessBackend) -> None:
+    """Stop its engine loop the way a bug would: chats then answer 503 without Retry-After (restart the server)."""
+    engine = backend.state.engine
+
+    def broken(command):
+        raise RuntimeError("simulated bug in the engine loop")
+
+    engine._run_command = broken
+    engine._submit(("abort", "nothing"))
+    deadline = time.monotonic() + 10
+    while engine.died is None:
+        assert time.monotonic() < deadline, "the engine loop did not stop"
+        time.sleep(0.02)
+    answer = httpx.post(
+        f"{backend.url}/v1/chat/completions", json={"messages": PROMPT, "max_tokens": 2}, timeout=10
+    )
+    assert (
+        answer.status_code == 503 and "retry-after" not in answer.headers
+    )  # a failure, not "come back later"
+    backend.calls.clear()
 
 
 def test_each_request_goes_to_the_upstream_with_the_fewest_in_flight(backends):
@@ -102,6 +125,31 @@ def test_a_failed_upstream_is_left_out_for_a_doubling_back_off_and_probed_before
             await router.chat(PROMPT, max_tokens=2)
             assert flaky.calls[seen:] == [MODELS, CHAT]  # probed first, then the request
             assert up.failures == 0 and up.ejected_until == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_non_streamed_request_is_retried_once_and_a_stream_before_its_first_text(backends):
+    x, y, z = backends(3)
+    break_engine(x)
+    break_engine(y)
+
+    async def scenario():
+        async with LLMRouter(urls(x, y, z), model="tiny", backoff=30) as router:
+            with pytest.raises(LLMError, match="the request failed on two upstreams") as failure:
+                await router.chat(PROMPT, max_tokens=2)
+            assert "answered 503" in str(failure.value) and "restart the server" in str(failure.value)
+            assert [b.posts() for b in (x, y, z)] == [1, 1, 0]  # retried once, not on every upstream
+            assert [u.failures for u in router.pool] == [1, 1, 0]
+            result = await router.chat(PROMPT, max_tokens=2)  # the two failed ones are left out
+            assert result["usage"]["completion_tokens"] > 0 and [b.posts() for b in (x, y, z)] == [1, 1, 1]
+
+        async with LLMRouter(urls(x, z), model="tiny") as router:
+            result = await router.chat(PROMPT, max_tokens=2)  # x first, fails; once more, on z
+            assert result["usage"]["completion_tokens"] > 0 and (x.posts(), z.posts()) == (2, 2)
+        async with LLMRouter(urls(x, z), model="tiny") as router:
+            text = "".join([d async for d in router.stream_chat(PROMPT, max_tokens=8)])
+            assert text and (x.posts(), z.posts()) == (3, 3)  # no text had gone out: asked elsewhere
 
     asyncio.run(scenario())
 
