@@ -15,8 +15,10 @@ SGLang (docs.sglang.io: server arguments, "SGLang for RL"; python/sglang/srt/ent
   the port defaults to 30000.
 - GET /health: 200, empty. GET /get_model_info: model_path, tokenizer_path, is_generation. GET /get_server_info:
   the server arguments (enable_memory_saver, mem_fraction_static, ...) and version. GET /v1/models: owned_by "sglang".
-- GET or POST /release_memory_occupation and /resume_memory_occupation, JSON body with optional "tags": 200. With
-  --enable-memory-saver off they still answer 200 but free nothing (the memory saver adapter only logs a warning).
+- GET or POST /release_memory_occupation and /resume_memory_occupation take a JSON object (the Release/Resume
+  MemoryOccupationReqInput dataclass, "tags" optional) and return nothing, so FastAPI answers 200 with the JSON body
+  `null`; no body, or one that is not an object, is FastAPI's 422 {"detail": [...]}. With --enable-memory-saver off
+  they still answer 200 but free nothing (the memory saver adapter only logs a warning).
 
 Both: POST /v1/chat/completions answers a fixed short reply (stream or not). Test-only: GET /_test/state. With
 STANDIN_RECORD=path each writes its argv and the variables it was given to that file when it starts.
@@ -71,7 +73,7 @@ def _handler(engine: Engine):
         def _route(self, method: str):
             url = urlparse(self.path)
             query = parse_qs(url.query)
-            body = self._body() if method == "POST" else None
+            body = self._body()
             with engine.lock:
                 engine.calls.append({"method": method, "path": url.path, "query": query, "body": body})
             if url.path == "/_test/state":
@@ -110,11 +112,14 @@ def _handler(engine: Engine):
             if path == "/get_server_info":
                 return self._send(200, {**engine.args, "version": "0.0.0-standin"})
             if path in ("/release_memory_occupation", "/resume_memory_occupation"):
-                if body is not None and not isinstance(body, dict):
-                    return self._send(400, {"error": {"message": "the body must be a JSON object"}})
+                if not isinstance(body, dict):
+                    problem = "missing" if body is None else "dataclass_type"
+                    return self._send(422, {"detail": [{"type": problem, "loc": ["body"], "input": body,
+                                                        "msg": "Field required" if body is None else
+                                                        "Input should be a dictionary or an instance of the dataclass"}]})
                 if engine.sleep_mode:  # without --enable-memory-saver nothing is freed, and it still says 200
                     engine.asleep = path == "/release_memory_occupation"
-                return self._send(200)
+                return self._send(200, b"null")
             return self._send(404, {"detail": "Not Found"})
 
         def _chat(self, body: dict):
