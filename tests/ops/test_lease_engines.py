@@ -69,6 +69,33 @@ def test_our_backend_lends_its_memory_through_the_vllm_sleep_api(tmp_path, model
         backend.stop()
 
 
+def test_a_holder_killed_while_our_backend_sleeps_through_the_vllm_api_is_repaired(tmp_path, model, comfyui,
+                                                                                  monkeypatch):
+    backend = ServerProcess(str(model), "--served-model-name", "tiny")
+    lease_env(monkeypatch, tmp_path, backend.url, comfyui.url, SCRIPTORIUM_LLM_SLEEP_API="vllm")
+    card = SimulatedCard(tmp_path / "gpu.json", backend.url, comfyui.url, total=12, llm=10)
+
+    def asleep() -> bool:
+        return httpx.get(f"{backend.url}/is_sleeping", timeout=5).json()["is_sleeping"]
+
+    try:
+        settings = Settings.from_env()
+        comfyui.behave(hang=True)
+        run = api.start_image({"prompt": "doomed", "steps": 2}, settings)
+        wait_for(settings, "memory-free")
+        assert lease(settings)["sleep_api"] == "vllm"
+        os.kill(JobStore(settings.jobs_db).get(run.id).pid, signal.SIGKILL)
+        time.sleep(0.3)
+        assert asleep()
+        health = run_ops(settings.home, "health")
+        assert health.returncode == 1 and "held by processes that are gone" in health.stderr
+        assert not asleep() and events(settings)[-2:] == ["free", "wake"]
+        comfyui.behave()
+    finally:
+        card.close()
+        backend.stop()
+
+
 @pytest.fixture
 def sglang(tmp_path, comfyui, monkeypatch):
     """The SGLang stand-in with its memory saver on; the card counts its 10 GiB unless released (auto-detected)."""
