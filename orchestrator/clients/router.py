@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -33,37 +32,7 @@ from orchestrator.clients.llm import (
     chat_result,
     stream_deltas,
 )
-
-
-@dataclass
-class Upstream:
-    client: LLMClient
-    models: list[str] | None = None  # None: not asked yet
-    in_flight: int = 0
-    served: int = 0
-    picks: int = 0
-    failures: int = 0  # in a row
-    ejected_until: float = 0.0  # time.monotonic(); 0: in service
-    busy_until: float = 0.0  # a 503/429 with Retry-After: others first until then
-    last_failure: float | None = None  # time.time()
-    error: str | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def url(self) -> str:
-        return self.client.base_url
-
-    def row(self) -> dict:
-        ejected = self.ejected_until > time.monotonic()
-        return {"url": self.url, "models": self.models or [], "in_flight": self.in_flight, "served": self.served,
-                "failures": self.failures, "last_failure": self.last_failure, "error": self.error,
-                "ejected_until": time.time() + self.ejected_until - time.monotonic() if ejected else None}
-
-
-class _Failed(Exception):
-    def __init__(self, message: str, reached: bool = True):
-        super().__init__(message)
-        self.reached = reached  # False: the request never reached the upstream (connection refused)
+from orchestrator.clients.upstream import Busy, Failed, Run, Upstream, retry_after
 
 
 class LLMRouter:
@@ -117,7 +86,7 @@ class LLMRouter:
             response = await up.client.http.get("/models", timeout=timeout)
             if response.status_code in (429, 503) and "retry-after" in response.headers:
                 # alive but loading or busy: no failure, and no traffic until it said to come back
-                up.busy_until = time.monotonic() + _retry_after(response)
+                up.busy_until = time.monotonic() + retry_after(response)
                 up.failures, up.ejected_until = 0, 0.0
                 self._publish(now=True)
                 return True
@@ -229,16 +198,16 @@ class LLMRouter:
 
     # --- requests -----------------------------------------------------------------------------------------
     def _classify(self, up: Upstream, response: httpx.Response) -> None:
-        """Raise for an answer that is not a success: LLMError (the request's fault), _Failed, or mark it busy."""
+        """Raise for an answer that is not a success: LLMError (the request's fault), Failed, or mark it busy."""
         status = response.status_code
         if status in (429, 503) and "retry-after" in response.headers:
-            up.busy_until = time.monotonic() + _retry_after(response)
-            raise _Busy()
+            up.busy_until = time.monotonic() + retry_after(response)
+            raise Busy()
         if status >= 500 or status == 429:
-            raise _Failed(f"{up.url} answered {status}: {_message(response)}")
+            raise Failed(f"{up.url} answered {status}: {_message(response)}")
         raise LLMError(f"{up.url}/chat/completions answered {status}: {_message(response)}")
 
-    async def _next(self, model: str, run: "_Run") -> Upstream:
+    async def _next(self, model: str, run: "Run") -> Upstream:
         """The upstream for the next attempt (waiting while none can take it), counted as in flight."""
         while True:
             up = await self._pick(model, run.tried)
@@ -252,7 +221,7 @@ class LLMRouter:
         up.in_flight -= 1
         self._publish()
 
-    def _failed(self, up: Upstream, failure: "_Failed", run: "_Run") -> None:
+    def _failed(self, up: Upstream, failure: "Failed", run: "Run") -> None:
         """Take the upstream out; raise when the request may not be tried again (once, when it reached one)."""
         self._fail(up, str(failure))
         run.problems.append(str(failure))
@@ -285,23 +254,23 @@ class LLMRouter:
             async with self._alone(model) as client:
                 return await client.chat(messages, **kwargs)
         model = await self._resolve(model)
-        body, run = chat_body(model, messages, **kwargs), _Run()
+        body, run = chat_body(model, messages, **kwargs), Run()
         while True:
             up = await self._next(model, run)
             try:
                 try:
                     response = await up.client.http.post("/chat/completions", json=body)
                 except httpx.ConnectError as e:
-                    raise _Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
+                    raise Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
                 except httpx.TransportError as e:
-                    raise _Failed(f"{up.url}: {type(e).__name__}: {e}") from None
+                    raise Failed(f"{up.url}: {type(e).__name__}: {e}") from None
                 if response.status_code >= 400:
                     self._classify(up, response)
                 up.served += 1
                 return chat_result(up.url, response.json())
-            except _Busy:
+            except Busy:
                 continue
-            except _Failed as failure:
+            except Failed as failure:
                 self._failed(up, failure, run)
             finally:
                 self._done(up)
@@ -313,7 +282,7 @@ class LLMRouter:
                     yield delta
             return
         model = await self._resolve(model)
-        body, run = {**chat_body(model, messages, **kwargs), "stream": True}, _Run()
+        body, run = {**chat_body(model, messages, **kwargs), "stream": True}, Run()
         while True:
             up = await self._next(model, run)
             yielded, error = False, None
@@ -332,7 +301,7 @@ class LLMRouter:
                                 if yielded:
                                     self._fail(up, str(e))
                                     raise
-                                raise _Failed(f"{up.url}: {e}") from None
+                                raise Failed(f"{up.url}: {e}") from None
                             if deltas is None:
                                 up.served += 1
                                 return
@@ -340,37 +309,16 @@ class LLMRouter:
                                 yielded = True
                                 yield delta
                 except httpx.ConnectError as e:
-                    raise _Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
+                    raise Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
                 except httpx.TransportError as e:
                     error = e
                 if yielded:  # part of the answer is out: asking elsewhere would repeat it
                     self._fail(up, f"stream broke off: {error or 'no data: [DONE]'}")
                     raise broken_stream(up.url, error)
-                raise _Failed(f"{up.url}: the stream ended before any text ({error or 'no data: [DONE]'})")
-            except _Busy:
+                raise Failed(f"{up.url}: the stream ended before any text ({error or 'no data: [DONE]'})")
+            except Busy:
                 continue
-            except _Failed as failure:
+            except Failed as failure:
                 self._failed(up, failure, run)
             finally:
                 self._done(up)
-
-
-def _retry_after(response: httpx.Response) -> float:
-    """Seconds to leave an upstream alone, from its Retry-After (at most a minute; 1 s when it is a date)."""
-    try:
-        return min(float(response.headers["retry-after"]), 60.0)
-    except ValueError:
-        return 1.0
-
-
-@dataclass
-class _Run:
-    """One request's attempts."""
-    started: float = field(default_factory=time.monotonic)
-    tried: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)
-    retried: bool = False
-
-
-class _Busy(Exception):
-    pass

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from orchestrator.clients.llm import LLMError
-from orchestrator.clients.router import LLMRouter, Upstream
+from orchestrator.clients.router import LLMRouter
+from orchestrator.clients.upstream import Upstream
 from tests.orchestrator.inprocess_backend import InProcessBackend
 
 PROMPT = [{"role": "user", "content": "Write about quills."}]
