@@ -102,8 +102,9 @@ async def free_memory(comfyui_url: str | None) -> int | None:
 
 
 async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | None, memory_timeout: float,
-                          reason: str) -> None:
-    """ComfyUI frees its models (polled until the memory is back), then the LLM wakes; the lease ends."""
+                          reason: str, api: str = "scriptorium") -> None:
+    """ComfyUI frees its models (polled until the memory is back), then the LLM wakes through the sleep API it
+    was put to sleep with (backend_client); the lease ends."""
     async with httpx.AsyncClient(timeout=30) as http:
         if comfyui:
             before = await free_memory(comfyui)
@@ -120,7 +121,10 @@ async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | N
                 file.event("free-failed", error=str(e))
         if backend:
             try:
-                await backend_client.wake_up(http, backend)
+                response = await backend_client.wake_up(http, backend, api)
+                if response.status_code >= 400:
+                    raise httpx.HTTPStatusError(f"{response.status_code}: {response.text[:200]}",
+                                                request=response.request, response=response)
                 file.event("wake", reason=reason)
             except httpx.HTTPError as e:
                 file.event("wake-failed", error=str(e))

@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from common.backend_client import SLEEP_APIS
 from common.paths import data_home
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8000/v1"
@@ -19,7 +20,9 @@ ENV = {  # field -> environment variable
     "llm_api_key": "SCRIPTORIUM_LLM_API_KEY",
     "comfyui_url": "SCRIPTORIUM_COMFYUI_URL",
     "llm_structured_output": "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT",
+    "llm_sleep_api": "SCRIPTORIUM_LLM_SLEEP_API",
     "llm_timeout": "SCRIPTORIUM_LLM_TIMEOUT",
+    "llm_backoff": "SCRIPTORIUM_LLM_BACKOFF",
     "comfyui_timeout": "SCRIPTORIUM_COMFYUI_TIMEOUT",
     "mcp_token": "SCRIPTORIUM_MCP_TOKEN",
     "mcp_budget": "SCRIPTORIUM_MCP_BUDGET",
@@ -50,7 +53,10 @@ class Settings:
     llm_api_key: str | None = None
     comfyui_url: str | None = None  # None: no images (pipelines say so)
     llm_structured_output: bool = True  # ask for JSON via response_format (off for upstreams without it)
+    # How the LLM lends its memory for an image job: auto (ask it) | scriptorium | vllm | sglang | none
+    llm_sleep_api: str = "auto"
     llm_timeout: float = 600.0
+    llm_backoff: float = 5.0  # seconds a failing upstream is left out (doubling per failure in a row, up to 16x)
     comfyui_timeout: float = 900.0
     mcp_token: str | None = None  # required when the MCP server binds beyond localhost
     mcp_budget: float = 45.0  # seconds an MCP call may block before it returns a job id
@@ -110,7 +116,7 @@ def _coerce(name: str, value, source: str):
             return urls
         if name in ("llm_structured_output", "leases"):
             return value if isinstance(value, bool) else str(value).lower() not in ("0", "false", "no", "off")
-        if name in ("llm_timeout", "comfyui_timeout", "mcp_budget", "lease_idle", "lease_drain_timeout",
+        if name in ("llm_timeout", "llm_backoff", "comfyui_timeout", "mcp_budget", "lease_idle", "lease_drain_timeout",
                     "lease_memory_timeout"):
             number = float(value)
             if number < 0 or (number == 0 and name not in ("lease_idle",)):
@@ -127,6 +133,11 @@ def _coerce(name: str, value, source: str):
             if not url.startswith(("http://", "https://")):
                 raise ValueError("must be an http:// or https:// URL, such as https://scriptorium.example.org/mcp")
             return url
+        if name == "llm_sleep_api":
+            api = str(value).strip().lower()
+            if api not in ("auto", *SLEEP_APIS):
+                raise ValueError(f"must be one of auto, {', '.join(SLEEP_APIS)}")
+            return api
         if name == "comfyui_url":
             return str(value).rstrip("/") or None
         return str(value)

@@ -9,7 +9,7 @@ from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import ListRootsResult, ToolAnnotations
 
 from mcp_server.paths import FileAccess, client_roots, root_paths
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 
 

@@ -77,6 +77,11 @@ class Upstream(BaseModel):
     healthy: bool
     models: list[str]
     error: str | None
+    in_flight: int = Field(0, description="this server's requests to it now")
+    served: int = Field(0, description="requests it answered for this server")
+    last_failure: float | None = Field(None, description="when it last failed (Unix time); null: never")
+    ejected_until: float | None = Field(None, description="taken out after failing until then (Unix time), "
+                                                          "then probed before it gets traffic again")
 
 
 class ModelEntry(BaseModel):

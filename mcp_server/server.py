@@ -13,7 +13,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp_server import image_tools, job_tools, logs, prompts, resources, text_tools
 from mcp_server.context import State
 from mcp_server.paths import FileAccess, Transport
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 
 INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_text/chat, images with generate_image
@@ -57,7 +57,8 @@ def build_server(settings: Settings | None = None, budget: float | None = None, 
     async def lifespan(_server: MCPServer):
         # Interactive calls: a refused connection is reported at once, only a sleeping upstream is waited for.
         async with LLMRouter(settings.llm_urls, settings.llm_model, settings.llm_api_key,
-                             timeout=settings.llm_timeout, max_wait=budget, connect_wait=0) as llm, \
+                             timeout=settings.llm_timeout, max_wait=budget, connect_wait=0,
+                             backoff=settings.llm_backoff, home=settings.home) as llm, \
                 anyio.create_task_group() as tasks:
             watch = resources.JobWatch(settings, bus)
             tasks.start_soon(watch.run)

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 from common import gpu
 from common.agent_configs import backups_of, remembered
 from common.gpu import fmt
-from ops import alerts, lifecycle
+from common.settings import SettingsError
+from ops import alerts, engines, lifecycle
 from ops.backup import BackupError
 from ops.plan import make_plan
 from ops.stack import StackError, load
@@ -39,7 +41,8 @@ def _plan(args) -> int:
     state = State(lifecycle.home())
     running = {s.name for s in services if lifecycle.service_status(s, state, stack).state == "healthy"}
     devices, source = gpu.probe()
-    plan = make_plan(services, devices, running, leases=_leases_on())
+    runner = args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process")
+    plan = make_plan(services, devices, running, leases=_leases_on(), runner=runner)
     if args.json:
         print(json.dumps({**plan.to_dict(), "probe": source}, indent=2))
     else:
@@ -49,8 +52,15 @@ def _plan(args) -> int:
         for i, step in enumerate(plan.steps, 1):
             memory = f"{fmt(step.budget):>9} {step.memory:<7} (free then {fmt(step.free_before)})" \
                 if plan.device else "cpu"
-            print(f"{i}. {step.service:<10} {memory}{'  already running' if step.running else ''}"
+            engine = f"  engine {step.engine}, sleep_api {step.sleep_api}" if step.engine else ""
+            print(f"{i}. {step.service:<10} {memory}{engine}{'  already running' if step.running else ''}"
                   f"{'  ' + step.note if step.note else ''}")
+            if step.command:
+                where = f"docker {step.image}: " if step.runner == "docker" else "$ "
+                print(f"   {where}{shlex.join(step.command)}")
+    for step in plan.steps:
+        if step.missing and not step.running:
+            print(f"warning: {step.missing}", file=sys.stderr)
     for problem in plan.problems:
         print(f"error: {problem}", file=sys.stderr)
     return 2 if plan.problems else 0
@@ -108,8 +118,12 @@ def _status(args) -> int:
     from ops.lease import describe
 
     lease = describe(lifecycle.home())
+    from common.settings import Settings
+    from ops import upstreams
+
+    llms = upstreams.report(lifecycle.home(), list(Settings.from_env().llm_urls))
     if args.json:
-        print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease,
+        print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease, "upstreams": llms,
                           "gpu": {"source": source, "devices": [d.to_dict() for d in devices]}}, indent=2))
         return 0
     print(f"{'SERVICE':<10} {'STATE':<10} {'RUNNER':<8} {'PID/CONTAINER':<14} {'GPU MEM':>9}  HEALTH")
@@ -124,6 +138,9 @@ def _status(args) -> int:
         print(f"the card is lent to ComfyUI since {since} ({lease['jobs']} image job(s) running); the LLM sleeps")
     else:
         print("the card is held by the services as planned (no lease)")
+    print()
+    for line in upstreams.lines(llms):
+        print(line)
     return 0
 
 
@@ -181,8 +198,9 @@ def _systemd(args) -> int:
     from ops import systemd
 
     stack = load(args.file)
-    services = stack.selected(args.services, args.profile)
     devices, _ = gpu.probe()
+    total = devices[0].total if devices else None
+    services = [engines.resolved(s, total) for s in stack.selected(args.services, args.profile)]
     generated = systemd.units(stack, services, args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process"),
                               user=args.user, gpus=bool(devices), alert=args.alert, webhook=args.webhook)
     secrets = systemd.write_secrets(generated)
@@ -331,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", action="append", default=[], help="compose profile to include (e.g. image)")
         p.add_argument("--json", action="store_true")
 
-    common(sub.add_parser("plan", help="the start order and GPU budgets, refused when they cannot fit"))
+    p = sub.add_parser("plan", help="the start order, GPU budgets and commands, refused when they cannot fit")
+    common(p)
+    p.add_argument("--runner", choices=["process", "docker"], default=None,
+                   help="show the commands of this runner (default: process, or SCRIPTORIUM_RUNNER)")
     p = sub.add_parser("up", help="start services in the memory-safe order and wait until healthy")
     common(p)
     p.add_argument("--runner", choices=["process", "docker"], default=None,
@@ -380,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 "systemd": _systemd, "backup": _backup, "monitor": _monitor}
     try:
         return commands[args.command](args)
-    except (StackError, BackupError) as e:
+    except (StackError, BackupError, SettingsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path ops could not read or write: one line naming it, not a traceback

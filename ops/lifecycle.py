@@ -10,6 +10,7 @@ from pathlib import Path
 from common import gpu
 from common.files import atomic_write_text
 from common.paths import data_home
+from ops import engines
 from ops.health import check
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner
@@ -98,13 +99,14 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
     running = {n for n, st in statuses.items() if st.state == "healthy"}
     devices, _ = gpu.probe()
     leases = os.environ.get("SCRIPTORIUM_LEASES", "1").lower() not in ("0", "false", "no", "off")
-    plan = make_plan(services, devices, running, leases=leases)
+    plan = make_plan(services, devices, running, leases=leases, runner=runner_kind)
     result = UpResult(plan=plan)
     if plan.problems:
         result.failed = "plan"
         result.message = "\n".join(plan.problems)
         return result
-    by_name = {s.name: s for s in services}
+    total = devices[0].total if devices else None
+    by_name = {s.name: engines.resolved(s, total) for s in services}  # budgets in each engine's own terms
     started_now: list[tuple[Record, object, Service]] = []
     for step in plan.steps:
         service = by_name[step.service]
@@ -116,6 +118,8 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
         if stale is not None:  # dead or unhealthy: clear it before starting again
             runner_of(stale, state, stack).stop(stale, service.stop_timeout)
         try:
+            if runner_kind == "process" and step.missing:
+                raise StackError(step.missing)
             for command in service.prepare:
                 reporter.step(service.name, "preparing: " + " ".join(command))
                 done = subprocess.run(command, capture_output=True, text=True)

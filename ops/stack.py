@@ -15,8 +15,16 @@ from common.sizes import SizeError, in_bytes, parse_memory
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^{}]|\{[^{}]*\})*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
+
+
 class StackError(Exception):
     pass
+
+
+def is_secret(name: str) -> bool:
+    """Environment variables whose values ops never prints nor writes into units."""
+    return bool(_SECRET.search(name))
 
 
 @dataclass
@@ -40,11 +48,23 @@ class Service:
     prepare: list[list[str]] = field(default_factory=list)  # commands run before a start (e.g. fetching a model)
     stop_timeout: float = 30.0
     health_timeout: float = 600.0
-    can_sleep: bool = False  # lends its memory (POST /sleep) to an elastic service that would not fit
+    # How it lends its memory to an elastic service that would not fit (orchestrator/lease.py):
+    # scriptorium | vllm (POST /sleep, /wake_up) | sglang (/release_ and /resume_memory_occupation) | none
+    sleep_api: str = "none"
+    engine: str | None = None  # the LLM engine it runs (ops/engines.py): scriptorium | vllm | sglang
+    entrypoint: list[str] | str | None = None
+    ipc: str | None = None  # compose's ipc (vLLM and SGLang want the host's shared memory: ipc: host)
+
+    @property
+    def can_sleep(self) -> bool:
+        return self.sleep_api != "none"
 
     def budget(self, total: int) -> int:
         """The GPU memory this service needs on a card of `total` bytes."""
         return in_bytes(self.gpu_memory, total)
+
+
+SLEEP_APIS = ("scriptorium", "vllm", "sglang", "none")
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -123,8 +143,67 @@ class Stack:
         return [s for n, s in self.services.items() if n in wanted]
 
 
-def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> Stack:
+def _read(path: Path, env: dict[str, str]) -> dict:
     from ruamel.yaml import YAML
+
+    try:
+        data = YAML(typ="safe").load(interpolate(path.read_text(), env))
+    except StackError:
+        raise
+    except Exception as e:  # the YAML parser's own errors
+        raise StackError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
+        raise StackError(f"{path} has no services")
+    return data
+
+
+_REPLACED = {"command", "entrypoint", "test"}  # sequences an extending service replaces; others are merged
+
+
+def _merge(base, local, key: str = ""):
+    """Compose's merge for `extends`: mappings merge key by key, the local value winning; command, entrypoint and
+    healthcheck.test are replaced; other sequences (ports, volumes, ...) are joined without duplicates."""
+    if key == "environment":
+        return {**_environment(base), **_environment(local)}
+    if isinstance(base, dict) and isinstance(local, dict):
+        merged = dict(base)
+        for k, v in local.items():
+            merged[k] = _merge(base[k], v, k) if k in base else v
+        return merged
+    if isinstance(base, list) and isinstance(local, list) and key not in _REPLACED:
+        return base + [item for item in local if item not in base]
+    return local
+
+
+def _resolve(name: str, spec: dict, path: Path, data: dict, env: dict[str, str], seen: tuple = ()) -> dict:
+    """A service's spec with its `extends` (a service of this file, or of `file`, relative to this one) merged in.
+    Relative build contexts of a base in another file stay relative to that file, as in Compose."""
+    extends = spec.get("extends")
+    if not extends:
+        return spec
+    if isinstance(extends, str):
+        extends = {"service": extends}
+    base_path = (path.parent / extends["file"]).resolve() if extends.get("file") else path
+    base_name = str(extends.get("service") or name)
+    if (base_path, base_name) in seen:
+        raise StackError(f"{path}: services.{name} extends itself through {base_path}:{base_name}")
+    if not base_path.is_file():
+        choices = sorted(p.stem for p in base_path.parent.glob("*.yaml")) if base_path.parent.is_dir() else []
+        raise StackError(f"{path}: services.{name} extends {base_path}, which does not exist"
+                         + (f"; choose one of {', '.join(choices)} (e.g. SCRIPTORIUM_ENGINE)" if choices else ""))
+    base_data = data if base_path == path else _read(base_path, env)
+    base = (base_data["services"].get(base_name))
+    if not isinstance(base, dict):
+        raise StackError(f"{path}: services.{name} extends {base_name}, which {base_path} does not define")
+    base = _resolve(base_name, base, base_path, base_data, env, (*seen, (base_path, base_name)))
+    if base_path != path and isinstance(base.get("build"), (str, dict)):
+        build = base["build"] if isinstance(base["build"], dict) else {"context": base["build"]}
+        base = {**base, "build": str((base_path.parent / build.get("context", ".")).resolve())}
+    return _merge(base, {k: v for k, v in spec.items() if k != "extends"})
+
+
+def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> Stack:
+    from ops.engines import ENGINES
 
     path = Path(path or os.environ.get("SCRIPTORIUM_COMPOSE") or _default_compose())
     if not path.is_file():
@@ -136,17 +215,10 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
             if "=" in line and not line.lstrip().startswith("#"):
                 key, _, value = line.partition("=")
                 env.setdefault(key.strip(), value.strip().strip("\"'"))
-    try:
-        data = YAML(typ="safe").load(interpolate(path.read_text(), env))
-    except StackError:
-        raise
-    except Exception as e:  # the YAML parser's own errors
-        raise StackError(f"{path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
-        raise StackError(f"{path} has no services")
+    data = _read(path, env)
     services = {}
     for name, spec in data["services"].items():
-        spec = spec or {}
+        spec = _resolve(name, spec or {}, path, data, env)
         ops = spec.get("x-ops") or {}
         where = f"{path}: services.{name}.x-ops"
         depends = spec.get("depends_on") or []
@@ -156,6 +228,14 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
         memory = ops.get("memory", "fixed")
         if memory not in ("fixed", "elastic"):
             raise StackError(f"{where}.memory must be fixed or elastic, got {memory!r}")
+        engine = ops.get("engine")
+        if engine is not None and engine not in ENGINES:
+            raise StackError(f"{where}.engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        default_sleep = ENGINES[engine].sleep_api if engine else "scriptorium" if ops.get("can_sleep") else "none"
+        sleep_api = str(ops.get("sleep_api") or default_sleep)
+        sleep_api = default_sleep if sleep_api == "auto" else sleep_api  # SCRIPTORIUM_LLM_SLEEP_API=auto
+        if sleep_api not in SLEEP_APIS:
+            raise StackError(f"{where}.sleep_api must be one of {', '.join(SLEEP_APIS)}, got {sleep_api!r}")
         services[name] = Service(
             name=name, image=spec.get("image"), depends_on=[str(d) for d in depends],
             profiles=[str(p) for p in _list(spec.get("profiles"))], ports=[str(p) for p in _list(spec.get("ports"))],
@@ -167,7 +247,7 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
             native_env=_environment(ops.get("env")), prepare=[_expand(c, context) for c in _list(ops.get("prepare"))],
             stop_timeout=float(ops.get("stop_timeout", spec.get("stop_grace_period_s", 30))),
             health_timeout=float(ops.get("health_timeout", 600)),
-            can_sleep=bool(ops.get("can_sleep", False)),
+            sleep_api=sleep_api, engine=engine, entrypoint=spec.get("entrypoint"), ipc=spec.get("ipc"),
         )
     for service in services.values():
         missing = [d for d in service.depends_on if d not in services]

@@ -9,7 +9,7 @@ $SCRIPTORIUM_HOME/state/systemd.env (mode 0600), which the units load with Envir
 """
 
 import os
-import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,20 +20,13 @@ from common.files import atomic_write_text
 from ops import unit_syntax
 from ops.plan import order
 from ops.runners.docker import LABEL, PROJECT_LABEL, SERVICE_LABEL, ports_of, volumes_of
-from ops.stack import Service, Stack, StackError
+from ops.stack import Service, Stack, StackError, is_secret
 
 PREFIX = "scriptorium-"
 PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL",
               "SCRIPTORIUM_MCP_TOKEN", "SCRIPTORIUM_MODEL", "SCRIPTORIUM_BACKEND_PORT", "SCRIPTORIUM_MCP_PORT",
               "SCRIPTORIUM_COMFYUI_PORT", "COMFYUI_DIR", "COMFYUI_PYTHON")
 WEBHOOK_ENV = "SCRIPTORIUM_ALERT_WEBHOOK"  # `ops health` reads its --webhook from here by default
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
-
-
-def is_secret(name: str) -> bool:
-    return bool(_SECRET.search(name))
-
-
 @dataclass
 class Units:
     files: dict[str, str]  # unit file name -> text
@@ -82,10 +75,17 @@ def _docker_run(service: Service, stack: Stack, gpus: bool, secrets: dict[str, s
         args += ["-v", f"{source}:{spec['bind']}:{spec['mode']}"]
     if gpus and service.gpu:
         args += ["--gpus", "all"]
+    if service.ipc:
+        args += ["--ipc", service.ipc]
+    entry = service.entrypoint if isinstance(service.entrypoint, list) else \
+        shlex.split(service.entrypoint) if service.entrypoint else []
+    if entry:  # docker run takes the program as --entrypoint and its own arguments after the image
+        args += ["--entrypoint", str(entry[0])]
     command = service.command
     args.append(service.image or "")
+    args += [str(c) for c in entry[1:]]
     if isinstance(command, str):
-        args += ["sh", "-c", command]
+        args += ["sh", "-c", command] if not entry else shlex.split(command)
     elif command:
         args += [str(c) for c in command]
     return args

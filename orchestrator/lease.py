@@ -60,10 +60,11 @@ class Coordinator:
             if free is None or needed <= free:
                 self.file.event("fits", job=job, needed=needed, free=free)
                 return False
-            self.file.event("sleep", job=job, needed=needed, free=free)
+            api = await self._sleep_api(needed, free, job)
+            self.file.event("sleep", job=job, needed=needed, free=free, api=api)
             try:
                 async with httpx.AsyncClient(timeout=self.settings.lease_drain_timeout + 30) as http:
-                    response = await backend_client.sleep(http, self.backend, self.settings.lease_drain_timeout)
+                    response = await backend_client.sleep(http, self.backend, self.settings.lease_drain_timeout, api)
             except httpx.HTTPError as e:
                 self.file.event("refused", job=job, error=str(e))
                 raise LeaseError(f"the image needs {fmt(needed)} of GPU memory but {fmt(free)} is free, and the LLM "
@@ -76,7 +77,7 @@ class Coordinator:
                                  "lower ComfyUI's memory (x-ops.gpu_memory, --lowvram) or let the backend sleep")
             now = time.time()
             lease = {"asleep": True, "since": now, "expires": now + EXPIRY, "holders": {},
-                     "last_job_end": None, "backend": self.backend, "comfyui": self.comfyui}
+                     "last_job_end": None, "backend": self.backend, "comfyui": self.comfyui, "sleep_api": api}
             join(lease)
             self.file.write(lease)
             deadline = time.monotonic() + self.settings.lease_memory_timeout
@@ -90,6 +91,19 @@ class Coordinator:
                     raise LeaseError(f"the LLM slept but only {fmt(free)} of the {fmt(needed)} the image needs came "
                                      f"free within {self.settings.lease_memory_timeout:.0f} s; something else holds the card")
                 await asyncio.sleep(0.5)
+
+    async def _sleep_api(self, needed: int, free: int, job: str) -> str:
+        """The backend's sleep API: the setting, or (auto) what the server answers to; none refuses the lease."""
+        api, why = self.settings.llm_sleep_api, "SCRIPTORIUM_LLM_SLEEP_API is none"
+        if api == "auto":
+            async with httpx.AsyncClient(timeout=10) as http:
+                api, why = await backend_client.detect(http, self.backend)
+        if api == "none":
+            self.file.event("refused", job=job, api=api)
+            raise LeaseError(f"the image needs {fmt(needed)} of GPU memory but {fmt(free)} is free, and the LLM server "
+                             f"at {self.backend} cannot lend its memory ({why}); give ComfyUI a budget that fits beside "
+                             "it (x-ops.gpu_memory, --lowvram) or turn on the engine's sleep mode")
+        return api
 
     def _release_later(self, job: str) -> None:
         with self.file.locked():
@@ -121,7 +135,9 @@ class Coordinator:
             await self._give_back(reason="idle")
 
     async def _give_back(self, reason: str) -> None:
-        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason)
+        lease = self.file.read() or {}
+        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason,
+                              lease.get("sleep_api", "scriptorium"))
 
     async def finish(self) -> None:
         """Wait for pending give-backs (a worker about to exit calls this)."""

@@ -111,6 +111,10 @@ class DockerRunner:
                       environment=service.environment, volumes=volumes_of(service, self.base),
                       network=self._network(), healthcheck=healthcheck_of(service),
                       stop_signal="SIGTERM")
+        if service.entrypoint:
+            kwargs["entrypoint"] = service.entrypoint
+        if service.ipc:
+            kwargs["ipc_mode"] = service.ipc
         if self.gpus and service.gpu:
             kwargs["device_requests"] = [self.docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         container = self.client.containers.run(image, service.command, **kwargs)

@@ -19,6 +19,18 @@ class LLMError(Exception):
     pass
 
 
+class StreamError(LLMError):
+    """An error the server sent inside a stream (the HTTP status was already 200)."""
+
+    def __init__(self, error: dict):
+        super().__init__(f"stream failed: {error.get('message')}")
+        code, kind = error.get("code"), str(error.get("type") or "").lower()
+        # the server's own trouble (ours: service_unavailable, internal_error; vLLM: a code of 500 and up), not
+        # the request's: another upstream may well answer it
+        self.server_side = code >= 500 if isinstance(code, int) else \
+            any(word in kind for word in ("internal", "server", "unavailable", "overloaded"))
+
+
 RETRYABLE = {429, 500, 502, 503, 504}
 
 
@@ -99,14 +111,7 @@ class LLMClient:
                    extra: dict | None = None) -> dict:
         """One chat completion: {"text", "finish_reason", "usage"}."""
         body = await self._chat_body(messages, max_tokens, temperature, json_schema, seed, stop, extra)
-        data = (await self._request("POST", "/chat/completions", body)).json()
-        try:
-            choice = data["choices"][0]
-            return {"text": choice["message"]["content"] or "", "finish_reason": choice.get("finish_reason"),
-                    "usage": data.get("usage")}
-        except (KeyError, IndexError, TypeError):
-            raise LLMError(f"{self.base_url}/chat/completions answered something that is not a chat completion: "
-                           f"{json.dumps(data)[:300]}") from None
+        return chat_result(self.base_url, (await self._request("POST", "/chat/completions", body)).json())
 
     async def stream_chat(self, messages: list[dict], *, max_tokens: int = 512, temperature: float = 0.7,
                           seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[str]:
@@ -127,17 +132,20 @@ class LLMClient:
                         await response.aread()
                         raise LLMError(f"{self.base_url}/chat/completions answered {response.status_code}: "
                                        f"{_message(response)}")
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        chunk = json.loads(line[6:])
-                        if "error" in chunk:
-                            raise LLMError(f"stream failed: {chunk['error'].get('message')}")
-                        for choice in chunk.get("choices", []):
-                            delta = choice.get("delta", {}).get("content")
-                            if delta:
+                    yielded = False
+                    try:
+                        async for line in response.aiter_lines():
+                            deltas = stream_deltas(line)
+                            if deltas is None:
+                                return
+                            for delta in deltas:
+                                yielded = True
                                 yield delta
-                    return
+                    except httpx.TransportError as e:
+                        if yielded:  # never retried: the text so far would come twice
+                            raise broken_stream(self.base_url, e) from None
+                        raise
+                    raise broken_stream(self.base_url, None)
             except httpx.ConnectError as e:
                 if time.monotonic() - started >= self.connect_wait:
                     raise self._unreachable("/chat/completions", e) from None
@@ -150,16 +158,50 @@ class LLMClient:
                 await asyncio.sleep(self._delay(attempt, None))
 
     async def _chat_body(self, messages, max_tokens, temperature, json_schema, seed, stop, extra) -> dict:
-        body = {"model": await self.resolve_model(), "messages": messages, "max_tokens": max_tokens,
-                "temperature": temperature}
-        if json_schema is not None:
-            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": json_schema}}
-        if seed is not None:
-            body["seed"] = seed
-        if stop:
-            body["stop"] = stop
-        body.update(extra or {})
-        return body
+        return chat_body(await self.resolve_model(), messages, max_tokens, temperature, json_schema, seed, stop, extra)
+
+
+def chat_body(model: str, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7,
+              json_schema: dict | None = None, seed: int | None = None, stop: list[str] | None = None,
+              extra: dict | None = None) -> dict:
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+    if json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": json_schema}}
+    if seed is not None:
+        body["seed"] = seed
+    if stop:
+        body["stop"] = stop
+    body.update(extra or {})
+    return body
+
+
+def chat_result(url: str, data: dict) -> dict:
+    """{"text", "finish_reason", "usage"} of a chat completion."""
+    try:
+        choice = data["choices"][0]
+        return {"text": choice["message"]["content"] or "", "finish_reason": choice.get("finish_reason"),
+                "usage": data.get("usage")}
+    except (KeyError, IndexError, TypeError):
+        raise LLMError(f"{url}/chat/completions answered something that is not a chat completion: "
+                       f"{json.dumps(data)[:300]}") from None
+
+
+def stream_deltas(line: str) -> list[str] | None:
+    """The text deltas of one SSE line of a chat stream; None for the final `data: [DONE]`."""
+    if line == "data: [DONE]":
+        return None
+    if not line.startswith("data: "):
+        return []
+    chunk = json.loads(line[6:])
+    if "error" in chunk:
+        raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+    return [d for c in chunk.get("choices", []) if (d := c.get("delta", {}).get("content"))]
+
+
+def broken_stream(url: str, error: Exception | None) -> LLMError:
+    why = f"{type(error).__name__}: {error}" if error is not None else "it ended without data: [DONE]"
+    return LLMError(f"the stream from {url}/chat/completions broke off before the answer was complete ({why}); "
+                    "what arrived is only part of it: ask again")
 
 
 def _message(response: httpx.Response) -> str:
@@ -170,97 +212,3 @@ def _message(response: httpx.Response) -> str:
         return json.dumps(data)[:300]
     except ValueError:
         return response.text[:300]
-
-
-class LLMRouter:
-    """Several OpenAI-compatible upstreams as one: a request goes to an upstream serving its model
-    (asked through /models) and fails over to the next when one is down."""
-
-    def __init__(self, urls: list[str] | tuple[str, ...], model: str | None = None, api_key: str | None = None,
-                 timeout: float = 600.0, max_wait: float = 600.0, connect_wait: float = 30.0):
-        if not urls:
-            raise LLMError("no LLM upstream configured; set SCRIPTORIUM_LLM_URL")
-        # With more than one upstream, a dead one is skipped after a single retry instead of waited for.
-        retries = 8 if len(urls) == 1 else 1
-        self.clients = [LLMClient(u, None, api_key, timeout, max_wait, retries, connect_wait) for u in urls]
-        self.model = model
-        self._served: dict[str, list[str]] = {}
-
-    @property
-    def base_url(self) -> str:
-        return ", ".join(c.base_url for c in self.clients)
-
-    async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
-
-    async def __aenter__(self) -> "LLMRouter":
-        return self
-
-    async def __aexit__(self, *_) -> None:
-        await self.aclose()
-
-    async def upstreams(self) -> list[dict]:
-        """Every upstream with its models, or the error that kept us from asking."""
-        rows = []
-        for client in self.clients:
-            try:
-                models = await asyncio.wait_for(client.models(), timeout=10)
-                self._served[client.base_url] = models
-                rows.append({"url": client.base_url, "healthy": True, "models": models, "error": None})
-            except (TimeoutError, LLMError) as e:
-                rows.append({"url": client.base_url, "healthy": False, "models": [], "error": str(e) or "timeout"})
-        return rows
-
-    def _unreachable(self, path: str, error: httpx.ConnectError) -> "LLMError":
-        return LLMError(f"cannot connect to the LLM server at {self.base_url} ({error or 'connection refused'}) while "
-                        f"asking {path}: start it with `ops up`, or point SCRIPTORIUM_LLM_URL at a running one")
-
-    async def models(self) -> list[str]:
-        seen = []
-        for row in await self.upstreams():
-            seen += [m for m in row["models"] if m not in seen]
-        return seen
-
-    async def _candidates(self, model: str | None) -> list[LLMClient]:
-        if model is None:
-            return self.clients
-        if not any(model in served for served in self._served.values()):
-            await self.upstreams()
-        serving = [c for c in self.clients if model in self._served.get(c.base_url, [])]
-        if not serving:
-            known = sorted({m for served in self._served.values() for m in served})
-            raise LLMError(f"no upstream serves model {model!r}; available: {', '.join(known) or 'none reachable'}")
-        return serving
-
-    async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
-        model = model or self.model
-        errors = []
-        for client in await self._candidates(model):
-            client.model = model
-            try:
-                return await client.chat(messages, **kwargs)
-            except LLMError as e:
-                if " answered 4" in str(e):  # the request itself is wrong: another upstream will not help
-                    raise
-                errors.append(str(e))
-        raise LLMError("every LLM upstream failed: " + " | ".join(errors) +
-                       "; start the backend with `ops up` or check SCRIPTORIUM_LLM_URL")
-
-    async def stream_chat(self, messages: list[dict], model: str | None = None, **kwargs) -> AsyncIterator[str]:
-        model = model or self.model
-        errors = []
-        for client in await self._candidates(model):
-            client.model = model
-            started = False
-            try:
-                async for delta in client.stream_chat(messages, **kwargs):
-                    started = True
-                    yield delta
-                return
-            except LLMError as e:
-                if started or " answered 4" in str(e):
-                    raise
-                errors.append(str(e))
-        raise LLMError("every LLM upstream failed: " + " | ".join(errors) +
-                       "; start the backend with `ops up` or check SCRIPTORIUM_LLM_URL")

@@ -11,7 +11,7 @@ from common.files import atomic_write_bytes
 from common.lease import LeaseError
 from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline import assembly, outputs
 from orchestrator.pipeline.illustration import holding, image_prompt, lease_for, render
@@ -113,7 +113,8 @@ class ArticleRun:
     async def _pipeline(self) -> dict:
         p = self.params
         async with LLMRouter(self.llm_urls, model=p.model or self.settings.llm_model, api_key=self.settings.llm_api_key,
-                             timeout=self.settings.llm_timeout) as llm:
+                             timeout=self.settings.llm_timeout, backoff=self.settings.llm_backoff,
+                             home=self.settings.home) as llm:
             self._stage("research", 1)
             outline = await self.step("research", lambda: self._research(llm))
             self.reporter.advance("research")

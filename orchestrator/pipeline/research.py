@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 ATTEMPTS = 3

@@ -1,6 +1,6 @@
 """Writing: one section at a time per request; the run sends them all at once and the backend batches them."""
 
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 

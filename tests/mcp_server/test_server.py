@@ -12,7 +12,7 @@ from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from PIL import Image
 
 from mcp_server.server import build_server
-from orchestrator.clients.llm import LLMRouter
+from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, ServerProcess, free_port
 from tests.mcp_server.helpers import DESTRUCTIVE, READ_ONLY, TOOLS, Checked, poll_job
@@ -85,6 +85,8 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
             assert [m["id"] for m in models["models"]] == ["tiny"]
             status = (await call("stack_status")).structured_content
             assert status["llm"][0]["healthy"] and status["comfyui"]["healthy"]
+            llm = status["llm"][0]  # what the router knows: in flight now, answered, last failure
+            assert llm["in_flight"] == 0 and llm["served"] >= 1 and llm["last_failure"] is None
             image_models = (await call("list_image_models")).structured_content
             assert "v1-5-pruned-emaonly.safetensors" in image_models["checkpoints"] and image_models["loras"]
             assert (await call("comfyui_queue")).structured_content["running"] == 0

@@ -4,7 +4,6 @@ import asyncio
 import json
 import os
 import signal
-import threading
 import time
 
 import httpx
@@ -13,47 +12,13 @@ import pytest
 from orchestrator import api
 from orchestrator.clients.llm import LLMClient
 from orchestrator.jobs import JobStore
-from orchestrator.pipeline.image import run_image
 from orchestrator.settings import Settings
 from tests.backend.server_process import ServerProcess
 from tests.backend.tiny_models import build_model
 from tests.ops.conftest import run_ops
+from tests.ops.lease_world import SimulatedCard, events, render
 
 GIB = 2**30
-
-
-class SimulatedCard:
-    """Writes the probe file the way a driver would report it: the LLM holds its memory unless asleep,
-    ComfyUI holds its model while one is loaded."""
-
-    def __init__(self, path, backend: str, comfyui: str, total: float, llm: float, image: float = 4.0):
-        self.path, self.backend, self.comfyui = path, backend, comfyui
-        self.total, self.llm, self.image = total, llm, image
-        self.stop = threading.Event()
-        self.write()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def write(self):
-        try:
-            asleep = httpx.get(f"{self.backend}/is_sleeping", timeout=2).json()["is_sleeping"]
-            loaded = httpx.get(f"{self.comfyui}/_test/state", timeout=2).json()["loaded"]
-        except (httpx.HTTPError, ValueError, KeyError):
-            return
-        used = (0 if asleep else self.llm) + (self.image if loaded else 0)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"index": 0, "name": "RTX 4090", "total": int(self.total * GIB),
-                                    "free": int((self.total - used) * GIB), "processes": []}]))
-        tmp.replace(self.path)
-
-    def run(self):
-        while not self.stop.is_set():
-            self.write()
-            time.sleep(0.1)
-
-    def close(self):
-        self.stop.set()
-        self.thread.join()
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +46,6 @@ def world(tmp_path, backend, comfyui, monkeypatch):
     settings = Settings.from_env()
     yield settings, card
     card.close()
-
-
-def events(settings: Settings) -> list[str]:
-    path = settings.home / "state" / "lease-events.log"
-    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def render(settings: Settings) -> dict:
-    store = JobStore(settings.jobs_db)
-    run = store.create_run("image", {"prompt": "a quill", "steps": 3})
-    return asyncio.run(run_image(store, run.id, settings))
 
 
 def test_a_job_that_fits_runs_without_a_sleep(world, backend):
