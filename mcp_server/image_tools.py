@@ -43,7 +43,7 @@ async def follow(ctx: Context, run):
     try:
         while time.monotonic() < deadline:
             run = await asyncio.to_thread(api.get, run.id, state.settings)
-            if run.status in FINAL:
+            if run.status in FINAL or run.interrupted:  # a worker that died will not finish it
                 return run
             await ctx.report_progress(run.progress, 1.0, run.message or run.status)
             if (run.status, run.stage, run.message) != said:

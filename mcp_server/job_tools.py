@@ -18,6 +18,7 @@ from mcp_server.models import (
     JobList,
     JobStarted,
     StackStatus,
+    StageJobResult,
     Upstream,
 )
 from orchestrator import api
@@ -30,6 +31,11 @@ def job_uri(job_id: str) -> str:
     return f"scriptorium://jobs/{job_id}"
 
 
+def stage_result(result: dict) -> StageJobResult:
+    article = result.get("article")
+    return StageJobResult(**{**result, "article": ArticleJobResult(**article) if article else None})
+
+
 def job_info(run) -> JobInfo:
     resources = [job_uri(run.id)]
     result = run.result or {}
@@ -37,7 +43,9 @@ def job_info(run) -> JobInfo:
         resources += [f"{job_uri(run.id)}/article.md", f"{job_uri(run.id)}/article.html"]
     resources += [f"{job_uri(run.id)}/images/{Path(p).name}" for p in result.get("images", [])]
     typed = None
-    if run.result:
+    if run.result and run.kind == "stage":
+        typed = stage_result(run.result)
+    elif run.result:
         typed = ArticleJobResult(**run.result) if run.kind == "article" else ImageJobResult(**run.result)
     status = "interrupted" if run.interrupted else run.status
     return JobInfo(job_id=run.id, kind=run.kind, status=status, stage=run.stage, progress=run.progress,

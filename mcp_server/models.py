@@ -32,8 +32,8 @@ class ImageJobResult(BaseModel):
 class ArticleJobResult(BaseModel):
     run_dir: str
     title: str
-    article_md: str = Field(description="path of the Markdown article")
-    article_html: str = Field(description="path of the standalone HTML page")
+    article_md: str | None = Field(description="path of the Markdown article")
+    article_html: str | None = Field(description="path of the standalone HTML page")
     images: list[str] = Field(description="paths of the illustrations")
     images_skipped: str | None = Field(None, description="why illustrations are missing, if they are")
     postprocess: dict[str, str | list[str]] = Field(default_factory=dict,
@@ -42,16 +42,31 @@ class ArticleJobResult(BaseModel):
     excerpt: str = ""
 
 
+class PartChange(BaseModel):
+    part: str
+    what: str
+    version: int
+
+
+class StageJobResult(BaseModel):
+    run_id: str
+    stage: str
+    changed: list[PartChange] = Field(description="the parts this call made, with their new versions")
+    article: ArticleJobResult | None = Field(description="assemble's article")
+    summary: str
+
+
 class JobInfo(BaseModel):
     job_id: str
-    kind: Literal["article", "image"]
+    kind: Literal["article", "image", "stage"] = Field(description="stage: one stage of a shared run")
     status: str = Field(description="queued | running | done | failed | cancelled; interrupted = marked running "
-                                    "but its worker is gone (`python -m orchestrator resume` continues it)")
+                                    "but its worker is gone (`python -m orchestrator resume` continues it); "
+                                    "open = a shared run (get_run shows its parts)")
     stage: str | None
     progress: float
     message: str | None
     error: str | None
-    result: ArticleJobResult | ImageJobResult | None
+    result: ArticleJobResult | ImageJobResult | StageJobResult | None
     resources: list[str] = Field(description="scriptorium:// URIs of the job and its files")
 
 

@@ -115,7 +115,7 @@ def register(server: MCPServer, settings: Settings, watch_of) -> None:
         resources = []
         for run in runs:
             info = job_info(run)
-            about = run.params.get("topic") or run.params.get("prompt") or Path(run.params.get("template", "")).name
+            about = run.params.get("topic") or run.params.get("prompt") or run.params.get("stage") or Path(run.params.get("template", "")).name
             resources.append(Resource(uri=job_uri(run.id), name=run.id, title=f"{run.kind}: {about} ({info.status})",
                                       mime_type="application/json"))
             for uri in info.resources[1:]:

@@ -10,7 +10,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.subscriptions import InMemorySubscriptionBus
 
-from mcp_server import image_tools, job_tools, logs, prompts, resources, text_tools
+from mcp_server import image_tools, job_tools, logs, prompts, resources, role_prompts, run_tools, text_tools
 from mcp_server.context import State
 from mcp_server.paths import FileAccess, Transport
 from orchestrator.clients.router import LLMRouter
@@ -20,8 +20,11 @@ INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_tex
 (or run_workflow for your own ComfyUI workflow file), and whole illustrated articles with start_pipeline (then
 poll get_job). Long calls return a job_id within about 45 seconds: call get_job(job_id) until its status is done.
 Images come back as resource links with small thumbnails; articles and images of finished jobs are resources
-(scriptorium://jobs/{job_id}/article.md, .../images/{name}). File arguments must lie in your roots or the
-directories in SCRIPTORIUM_MCP_ALLOWED_DIRS."""
+(scriptorium://jobs/{job_id}/article.md, .../images/{name}). For a team of agents, create_run makes a shared
+run: research, set_outline, write_sections, write_section, set_section, illustrate, set_image and assemble each do
+or edit one part, and get_run shows every part with its version (the prompts research_agent, writing_agent,
+image_agent and integration_agent explain each role). File arguments must lie in your roots or the directories
+in SCRIPTORIUM_MCP_ALLOWED_DIRS."""
 
 
 def _version() -> str:
@@ -71,8 +74,10 @@ def build_server(settings: Settings | None = None, budget: float | None = None, 
     text_tools.register(server)
     image_tools.register(server)
     job_tools.register(server)
+    run_tools.register(server)
     resources.register(server, settings, lambda ctx: ctx.lifespan_context.watch)
     prompts.register(server)
+    role_prompts.register(server)
     logs.register(server)
 
     @server.custom_route("/health", methods=["GET"])

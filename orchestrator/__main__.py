@@ -1,4 +1,5 @@
-"""python -m orchestrator: run, list, show, resume, cancel (and work, the detached worker)."""
+"""python -m orchestrator: run, list, show, resume, cancel (and work, the detached worker); create, research,
+write, illustrate and assemble for a shared run's stages one at a time."""
 
 import argparse
 import asyncio
@@ -6,7 +7,7 @@ import json
 import sys
 import time
 
-from orchestrator import api
+from orchestrator import api, run_cli
 from orchestrator.clients.comfyui import ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMError
 from orchestrator.jobs import JobError, JobStore
@@ -14,10 +15,14 @@ from orchestrator.pipeline.article import ArticleRun, Cancelled, Reporter
 from orchestrator.pipeline.image import run_image
 from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.pipeline.research import ResearchError
+from orchestrator.pipeline.stage_job import run_stage
+from orchestrator.pipeline.stages import StageError
+from orchestrator.run_edits import EditError
 from orchestrator.settings import Settings, SettingsError
 from orchestrator.workflows import TemplateError
 
-USER_ERRORS = (SettingsError, JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled)
+USER_ERRORS = (SettingsError, JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled,
+               StageError, EditError)
 
 
 class BarReporter(Reporter):
@@ -55,16 +60,23 @@ def _print_run(run: dict, as_json: bool) -> None:
         return
     state = "interrupted (resume it)" if run.get("interrupted") else run["status"]
     print(f"run       {run['id']}\nstatus    {state}\nstage     {run.get('stage') or '-'}\n"
-          f"progress  {run['progress'] * 100:.0f}%\ntopic     {run['params']['topic']}")
+          f"progress  {run['progress'] * 100:.0f}%\ntopic     {_about(run['params'])}")
     if run.get("error"):
         print(f"error     {run['error']}")
-    if run.get("result"):
+    if (run.get("result") or {}).get("article_html"):
         print(f"article   {run['result']['article_html']}")
         if run["result"].get("images_skipped"):
             print(f"note      {run['result']['images_skipped']}")
     for step in run.get("steps", []):
         took = f"{step['finished'] - step['started']:.1f}s" if step.get("finished") and step.get("started") else ""
         print(f"  {step['name']:<16} {step['status']:<8} {took:>8}  {step.get('error') or ''}")
+
+
+def _about(params: dict) -> str:
+    """What a run is about: an article's topic, an image's prompt, a stage job's stage and run."""
+    if params.get("stage"):
+        return f"{params['stage']} of {params['run_id']}"
+    return params.get("topic") or params.get("prompt") or params.get("template") or ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     list_p = sub.add_parser("list", help="recent runs")
     list_p.add_argument("--limit", type=int, default=20)
     list_p.add_argument("--json", action="store_true")
+    run_cli.add_parsers(sub)
     work_p = sub.add_parser("work", help=argparse.SUPPRESS)
     work_p.add_argument("run_id")
     args = parser.parse_args(argv)
@@ -120,20 +133,35 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"note: {result['images_skipped']}", file=sys.stderr)
                 print(result["article_html"])
             return 0
+        if args.command in run_cli.COMMANDS:
+            return run_cli.handle(args, settings, store)
         if args.command == "work":
             run = store.get(args.run_id)
             if run.kind == "image":
                 asyncio.run(run_image(store, run.id, settings))
+            elif run.kind == "stage":
+                asyncio.run(run_stage(store, run.id, settings))
             else:
                 asyncio.run(ArticleRun(store, run.id, settings).execute())
             return 0
         if args.command == "resume":
             run = store.get(args.run_id)
+            if run.kind == "stage":  # a stage job whose worker died: the same stage again, only what is missing
+                result = asyncio.run(run_stage(store, run.id, settings))
+                print(json.dumps({"job_id": run.id, **result}) if args.json else result["summary"])
+                return 0
             result = _execute(store, run.id, settings, quiet=args.json)
             print(json.dumps({"run_id": run.id, **result}) if args.json else result["article_html"])
             return 0
         if args.command == "show":
-            _print_run(api.status(args.run_id, settings), args.json)
+            shown = api.status(args.run_id, settings)
+            parts = api.get_run(shown["id"], settings) if shown["kind"] == "article" else None
+            if args.json:
+                print(json.dumps({**shown, **({"run": parts} if parts else {})}, indent=2, default=str))
+                return 0
+            _print_run(shown, False)
+            if parts:
+                run_cli.print_parts(parts)
             return 0
         if args.command == "cancel":
             run = store.request_cancel(args.run_id)
@@ -148,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for r in runs:
                     state = "interrupted" if r["interrupted"] else r["status"]
-                    print(f"{r['id']}  {state:<11} {r['progress'] * 100:4.0f}%  {r['params']['topic'][:60]}")
+                    print(f"{r['id']}  {state:<11} {r['progress'] * 100:4.0f}%  {_about(r['params'])[:60]}")
             return 0
     except (Cancelled, Interrupted):
         print("cancelled", file=sys.stderr)

@@ -10,15 +10,22 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from orchestrator import run_edits, run_view
+from orchestrator.history import Actor, VersionConflict
 from orchestrator.jobs import JobError, JobStore, Run
 from orchestrator.pipeline.image import ImageParams, build_workflow
-from orchestrator.pipeline.params import ArticleParams, ParamsError
+from orchestrator.pipeline.params import LENGTHS, ArticleParams, ParamsError
+from orchestrator.pipeline.stage_job import StageParams
+from orchestrator.run_edits import EditError
 from orchestrator.settings import Settings
 from orchestrator.workflows import TemplateError
 
-__all__ = ["JobError", "ParamsError", "Run", "TemplateError", "cancel", "create_article_run", "get", "image_workflow",
-           "list_runs", "page", "resume", "spawn_worker", "start_article", "start_image", "status", "wait_settled"]
+__all__ = ["Actor", "EditError", "JobError", "ParamsError", "Run", "TemplateError", "VersionConflict", "cancel",
+           "create_article_run", "create_run", "create_stage_job", "get", "get_run", "image_workflow", "list_runs",
+           "outline_schema", "page", "reject_section", "resume", "set_image", "set_outline", "set_section", "spawn_worker",
+           "start_article", "start_image", "start_stage", "status", "wait_settled"]
 
 
 def store_for(settings: Settings) -> JobStore:
@@ -117,6 +124,74 @@ def page(limit: int, cursor: str | None, settings: Settings) -> tuple[list[Run],
         return runs, None
     last = runs[limit - 1]
     return runs[:limit], base64.urlsafe_b64encode(json.dumps([last.created, last.id]).encode()).decode()
+
+
+# Shared runs: a workspace several agents (or people) each do a stage of ---------------------------------------
+
+def create_run(params: dict, settings: Settings | None = None) -> Run:
+    """A shared article run, open for its stages; `length` (short, medium, long) sets sections and words."""
+    settings = settings or Settings.from_env()
+    params = dict(params)
+    length = params.pop("length", None)
+    if length is not None:
+        if length not in LENGTHS:
+            raise ParamsError(f"length must be one of {', '.join(LENGTHS)}, got {length!r}")
+        sections, words = LENGTHS[length]
+        params.setdefault("sections", sections)
+        params.setdefault("words_per_section", words)
+        params.setdefault("images", min(2, params["sections"]))
+    validated = ArticleParams.from_dict(params)
+    return store_for(settings).create_run("article", validated.to_dict(), status="open")
+
+
+def get_run(run_id: str, settings: Settings | None = None) -> dict:
+    settings = settings or Settings.from_env()
+    return run_view.view(store_for(settings), settings, run_id)
+
+
+def outline_schema() -> dict:
+    """The JSON schema set_outline checks an outline against."""
+    return run_edits.edit_schema()
+
+
+def set_outline(run_id: str, outline: dict, expected_version: int, actor: Actor,
+                settings: Settings | None = None) -> int:
+    settings = settings or Settings.from_env()
+    return run_edits.set_outline(store_for(settings), settings, run_id, outline, expected_version, actor)
+
+
+def set_section(run_id: str, index: int, text: str, expected_version: int, actor: Actor,
+                settings: Settings | None = None) -> int:
+    settings = settings or Settings.from_env()
+    return run_edits.set_section(store_for(settings), settings, run_id, index, text, expected_version, actor)
+
+
+def reject_section(run_id: str, index: int, reason: str, actor: Actor, expected_version: int | None = None,
+                   settings: Settings | None = None) -> int:
+    settings = settings or Settings.from_env()
+    return run_edits.reject_section(store_for(settings), run_id, index, reason, expected_version, actor)
+
+
+def set_image(run_id: str, index: int, path: Path, actor: Actor, prompt: str | None = None,
+              expected_version: int | None = None, settings: Settings | None = None) -> int:
+    settings = settings or Settings.from_env()
+    return run_edits.set_image(store_for(settings), settings, run_id, index, path, prompt, expected_version, actor)
+
+
+def create_stage_job(run_id: str, stage: str, args: dict, actor: Actor, settings: Settings) -> Run:
+    """The job of one stage on a shared run, not yet started (the CLI does it in the foreground)."""
+    store = store_for(settings)
+    run = run_edits.article_run(store, run_id)
+    params = StageParams(run.id, stage, {k: v for k, v in args.items() if v is not None}, actor.client, actor.tool)
+    return store.create_run("stage", params.to_dict())
+
+
+def start_stage(run_id: str, stage: str, args: dict, actor: Actor, settings: Settings | None = None) -> Run:
+    """Do one stage on a shared run in a worker of its own; follow the returned job like any other."""
+    settings = settings or Settings.from_env()
+    job = create_stage_job(run_id, stage, args, actor, settings)
+    spawn_worker(job.id, settings)
+    return store_for(settings).get(job.id)
 
 
 def list_runs(limit: int = 50, settings: Settings | None = None) -> list[dict]:

@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,
     params TEXT NOT NULL,
-    status TEXT NOT NULL,           -- queued | running | done | failed | cancelled
+    status TEXT NOT NULL,           -- queued | running | done | failed | cancelled; open: a shared run
     stage TEXT,
     progress REAL NOT NULL DEFAULT 0,
     message TEXT,
@@ -39,6 +39,18 @@ CREATE TABLE IF NOT EXISTS steps (
     files TEXT,                     -- {relative path: {sha256, size}} of what the step wrote
     inputs TEXT,                    -- {step name: digest} of the steps it consumed, when it finished
     PRIMARY KEY (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS history (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    part TEXT NOT NULL,             -- the step that holds the part: research, write:00, illustrate:01, assemble
+    version INTEGER NOT NULL,
+    client TEXT NOT NULL,           -- who changed it (an MCP client's name, the CLI, the pipeline)
+    tool TEXT NOT NULL,             -- and with what
+    at REAL NOT NULL,
+    digest TEXT NOT NULL,           -- the step's digest after the change
+    content TEXT,                   -- an outline's JSON or a section's text: no version is ever lost
+    note TEXT,                      -- the instructions or prompt it was made with
+    PRIMARY KEY (run_id, part, version)
 );
 """
 SCHEMA_VERSION = 2  # 1: steps without files/inputs (their outputs are checked for presence only)
@@ -100,7 +112,11 @@ class Step:
     @property
     def digest(self) -> str:
         """What a consumer of this step depends on: its output and the content of its files."""
-        return hashlib.sha256(json.dumps([self.output, self.files], sort_keys=True).encode()).hexdigest()
+        return step_digest(self.output, self.files)
+
+
+def step_digest(output, files: dict | None) -> str:
+    return hashlib.sha256(json.dumps([output, files], sort_keys=True).encode()).hexdigest()
 
 
 class JobStore:
@@ -127,14 +143,26 @@ class JobStore:
         finally:
             db.close()
 
+    @contextmanager
+    def transaction(self):
+        """A connection inside BEGIN IMMEDIATE: what is read in it cannot change before it commits."""
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
     # Runs ----------------------------------------------------------------------------------------------
 
-    def create_run(self, kind: str, params: dict) -> Run:
+    def create_run(self, kind: str, params: dict, status: str = "queued") -> Run:
         now = time.time()
         run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
         with self._connect() as db:
-            db.execute("INSERT INTO runs (id, kind, params, status, created, updated) VALUES (?, ?, ?, 'queued', ?, ?)",
-                       (run_id, kind, json.dumps(params), now, now))
+            db.execute("INSERT INTO runs (id, kind, params, status, created, updated) VALUES (?, ?, ?, ?, ?, ?)",
+                       (run_id, kind, json.dumps(params), status, now, now))
         return self.get(run_id)
 
     def get(self, run_id: str) -> Run:
@@ -200,7 +228,7 @@ class JobStore:
 
     def request_cancel(self, run_id: str) -> Run:
         run = self.get(run_id)
-        if run.status in ("done", "failed", "cancelled"):
+        if run.status in ("done", "failed", "cancelled", "open"):  # an open run: its stage jobs are cancelled
             return run
         if run.status == "queued" and not run.worker_alive or run.interrupted:
             self.update(run.id, status="cancelled", cancel_requested=1, message="cancelled")

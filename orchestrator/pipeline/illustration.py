@@ -11,6 +11,7 @@ from orchestrator.clients.comfyui import ComfyUIClient
 from orchestrator.clients.router import LLMRouter
 from orchestrator.lease import Coordinator
 from orchestrator.pipeline.params import ArticleParams
+from orchestrator.workflows import edit
 
 
 async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: ArticleParams) -> str:
@@ -27,10 +28,17 @@ async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: Articl
 
 async def render(comfyui: ComfyUIClient, prompt: str, params: ArticleParams, index: int,
                  on_progress: Callable[[dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, extra_data: dict | None = None) -> bytes:
-    workflow, defaults = workflows.load(params.template)
+                 should_stop: Callable[[], bool] | None = None, extra_data: dict | None = None,
+                 template: str | None = None, checkpoint: str | None = None) -> bytes:
+    """template/checkpoint: this image's own, instead of the run's template and the template's checkpoint."""
+    workflow, defaults = workflows.load(template or params.template)
     seed = None if params.seed is None else params.seed + index
-    filled = workflows.fill(workflow, {**defaults, "prompt": prompt, "seed": seed})
+    values = {**defaults, "prompt": prompt, "seed": seed}
+    if checkpoint and "checkpoint" in workflows.placeholders(workflow):
+        values["checkpoint"] = checkpoint
+    filled = workflows.fill(workflow, values)
+    if checkpoint and "checkpoint" not in workflows.placeholders(workflow):
+        filled = edit.with_checkpoint(filled, checkpoint)
     images = await comfyui.generate(filled, on_progress, should_stop, extra_data)
     return images[0]
 

@@ -7,6 +7,7 @@ different result, makes the step stale: it is redone, and so in turn is everythi
 
 from pathlib import Path
 
+from common.files import atomic_write_bytes
 from common.hashing import fingerprint
 from orchestrator.jobs import Step
 
@@ -66,3 +67,14 @@ def stale_reason(run_dir: Path, step: Step, inputs: dict[str, Step | None]) -> s
         elif step.started is not None and current.finished is not None and current.finished > step.started:
             return f"its input {name} was redone since"  # an older row: no digests, so the clock decides
     return None
+
+
+def keep_previous(run_dir: Path, part: str, step: Step | None, version: int) -> None:
+    """Copy the files of a part's current version under history/ before a new version overwrites them."""
+    if step is None or step.status != "done" or not step.files or version == 0:
+        return
+    for relative in step.files:
+        source = run_dir / relative
+        target = run_dir / "history" / f"{part.replace(':', '-')}.v{version}" / relative
+        if source.is_file() and not target.exists():
+            atomic_write_bytes(target, source.read_bytes())

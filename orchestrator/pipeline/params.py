@@ -8,6 +8,9 @@ class ParamsError(ValueError):
     pass
 
 
+LENGTHS = {"short": (3, 120), "medium": (5, 200), "long": (8, 300)}  # sections, words per section
+
+
 @dataclass
 class ArticleParams:
     topic: str
@@ -22,6 +25,7 @@ class ArticleParams:
     llm_url: str | None = None  # override SCRIPTORIUM_LLM_URL for this run
     comfyui_url: str | None = None  # override SCRIPTORIUM_COMFYUI_URL for this run
     model: str | None = None
+    style: str | None = None  # how the sections are written ("plain and practical", "playful")
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic.strip():

@@ -37,10 +37,10 @@ def read_sources(paths: list[str]) -> list[dict]:
     return [{"name": Path(p).name, "text": Path(p).read_text(errors="replace")[:SOURCE_CHARS]} for p in paths]
 
 
-def messages_for(params: ArticleParams, sources: list[dict]) -> list[dict]:
-    grounding = ""
+def messages_for(params: ArticleParams, sources: list[dict], instructions: str | None = None) -> list[dict]:
+    grounding = f"\n\nFollow these instructions: {instructions}" if instructions else ""
     if sources:
-        grounding = "\n\nBase the key points on these sources:\n" + "\n\n".join(
+        grounding += "\n\nBase the key points on these sources:\n" + "\n\n".join(
             f"--- {s['name']} ---\n{s['text']}" for s in sources)
     return [
         {"role": "system", "content": "You are a careful research assistant. You answer with JSON only."},
@@ -80,10 +80,11 @@ def parse_outline(text: str, sections: int) -> dict:
     return {"title": title.strip(), "sections": clean}
 
 
-async def research(llm: LLMRouter, params: ArticleParams, structured: bool = True) -> dict:
+async def research(llm: LLMRouter, params: ArticleParams, structured: bool = True,
+                   instructions: str | None = None) -> dict:
     """Ask for the outline; a malformed answer is retried (with the problem named) up to ATTEMPTS times."""
     sources = read_sources(params.sources)
-    messages = messages_for(params, sources)
+    messages = messages_for(params, sources, instructions)
     schema = outline_schema(params.sections) if structured else None
     problem, text = "", ""
     for attempt in range(ATTEMPTS):

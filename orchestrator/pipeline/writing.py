@@ -4,21 +4,24 @@ from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
 
-def section_messages(outline: dict, index: int, params: ArticleParams) -> list[dict]:
+def section_messages(outline: dict, index: int, params: ArticleParams, instructions: str | None = None) -> list[dict]:
     section = outline["sections"][index]
     plan = "\n".join(f"{i + 1}. {s['heading']}" for i, s in enumerate(outline["sections"]))
     points = "\n".join(f"- {p}" for p in section["key_points"])
     return [
-        {"role": "system", "content": f"You are a skilled writer for {params.audience}. You write clear prose."},
+        {"role": "system", "content": f"You are a skilled writer for {params.audience}. You write clear prose"
+                                      + (f", in this style: {params.style}." if params.style else ".")},
         {"role": "user", "content": (
             f"The article \"{outline['title']}\" has these sections:\n{plan}\n\n"
             f"Write section {index + 1}, \"{section['heading']}\", covering:\n{points}\n\n"
-            f"About {params.words_per_section} words of Markdown paragraphs; no heading, no preamble.")},
+            f"About {params.words_per_section} words of Markdown paragraphs; no heading, no preamble."
+            + (f"\n\nFollow these instructions: {instructions}" if instructions else ""))},
     ]
 
 
-async def write_section(llm: LLMRouter, outline: dict, index: int, params: ArticleParams) -> str:
-    reply = await llm.chat(section_messages(outline, index, params), max_tokens=int(params.words_per_section * 2.2),
+async def write_section(llm: LLMRouter, outline: dict, index: int, params: ArticleParams,
+                        instructions: str | None = None) -> str:
+    reply = await llm.chat(section_messages(outline, index, params, instructions), max_tokens=int(params.words_per_section * 2.2),
                            temperature=params.temperature, seed=None if params.seed is None else params.seed + index)
     text = reply["text"].strip()
     if not text:

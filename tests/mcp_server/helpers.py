@@ -7,10 +7,12 @@ import time
 import jsonschema
 from mcp import Client
 
+RUN_TOOLS = {"create_run", "get_run", "research", "set_outline", "write_section", "write_sections", "set_section",
+             "reject_section", "illustrate", "set_image", "assemble"}  # shared runs: tests/mcp_server/test_runs.py
 TOOLS = {"generate_text", "chat", "list_models", "generate_image", "run_workflow", "upload_image",
          "list_image_models", "comfyui_queue", "free_image_memory", "start_pipeline", "get_job", "cancel_job",
-         "list_jobs", "stack_status"}
-READ_ONLY = {"list_models", "list_image_models", "get_job", "list_jobs", "stack_status"}
+         "list_jobs", "stack_status"} | RUN_TOOLS
+READ_ONLY = {"list_models", "list_image_models", "get_job", "list_jobs", "stack_status", "get_run"}
 DESTRUCTIVE = {"cancel_job", "comfyui_queue"}
 
 

@@ -104,9 +104,10 @@ def test_job_progress_as_log_messages_at_the_chosen_level(settings, comfyui):
 def test_the_write_article_prompt(settings):
     async def go():
         async with Client(build_server(settings)) as client:
-            prompts = (await client.list_prompts()).prompts
-            assert [p.name for p in prompts] == ["write_article"]
-            assert {a.name for a in prompts[0].arguments} == {"topic", "audience", "length"}
+            prompts = {p.name: p for p in (await client.list_prompts()).prompts}
+            assert set(prompts) == {"write_article", "research_agent", "writing_agent", "image_agent",
+                                    "integration_agent"}  # the roles: test_runs.py
+            assert {a.name for a in prompts["write_article"].arguments} == {"topic", "audience", "length"}
             got = await client.get_prompt("write_article", {"topic": "marginalia", "length": "short"})
             return got.messages[0].content.text
 

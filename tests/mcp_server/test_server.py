@@ -15,7 +15,7 @@ from mcp_server.server import build_server
 from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, ServerProcess, free_port
-from tests.mcp_server.helpers import DESTRUCTIVE, READ_ONLY, TOOLS, Checked, poll_job
+from tests.mcp_server.helpers import DESTRUCTIVE, READ_ONLY, RUN_TOOLS, TOOLS, Checked, poll_job
 
 
 def run(coro):
@@ -94,7 +94,8 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
             assert freed["freed"] > 0 and freed["after"][0]["vram_free"] > freed["before"][0]["vram_free"]
             missing = await call("get_job", {"job_id": "nope"})
             assert missing.is_error and "no run 'nope'" in missing.content[0].text
-            assert call.validated == TOOLS - {"run_workflow", "upload_image"}  # those two: test_images.py
+            # run_workflow and upload_image: test_images.py; the shared-run tools: test_runs.py
+            assert call.validated == TOOLS - {"run_workflow", "upload_image"} - RUN_TOOLS
             assert init is None or init.version
 
     run(go())

@@ -1,0 +1,28 @@
+"""The shared-run tests' server: `python -m mcp_server --http` as a real process against the real backend and the
+ComfyUI stand-in, allowed to read one directory."""
+
+import os
+
+import pytest
+
+from orchestrator.settings import Settings
+from tests.mcp_server.http_server import MCPHTTPServer
+
+
+@pytest.fixture
+def served(tmp_path, llm_server, comfyui):
+    settings = Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    env = {
+        **os.environ,
+        "SCRIPTORIUM_HOME": str(settings.home),
+        "SCRIPTORIUM_LLM_URL": settings.llm_urls[0],
+        "SCRIPTORIUM_COMFYUI_URL": comfyui.url,
+        "SCRIPTORIUM_MCP_ALLOWED_DIRS": str(allowed),
+        "SCRIPTORIUM_MCP_BUDGET": "40",
+    }
+    env.pop("SCRIPTORIUM_MCP_TOKEN", None)
+    server = MCPHTTPServer(env, cwd=tmp_path)
+    yield server, settings, allowed
+    server.stop()
