@@ -42,6 +42,8 @@ class EngineConfig:
     gpu_memory_utilization: float | int = 0.9
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
     moe_gpu_experts: int | None = None  # MoE experts per layer kept on the device; the rest in host memory
+    # None: the checkpoint's own format (a GGUF stays quantized); "dequantize": a GGUF expanded to dtype at load
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:

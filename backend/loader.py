@@ -8,15 +8,16 @@ from pathlib import Path
 
 import torch
 
+from backend.gguf_config import gguf_config
 from backend.home import cache_dir
 from backend.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelLoadError, from_hf_config
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
-from backend.weights import iter_gguf, iter_safetensors, load_weights
+from backend.weights import iter_safetensors, load_weights
 
-# GGUF layouts whose tensor names and rotary permutation are verified against transformers (SmolLM2's test).
-# Qwen2/Qwen3 GGUFs use other names for biases and norms; they stay refused until a test covers them.
-_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
+# expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower).
+QUANTIZATION_MODES = (None, "dequantize")
 
 
 @dataclass
@@ -70,54 +71,7 @@ def read_config(source: ModelSource) -> tuple[ModelConfig, object]:
             extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
             mc.eos_token_ids = sorted(set(mc.eos_token_ids) | set(extra))
         return mc, None
-    return _gguf_config(source.gguf_file)
-
-
-def _gguf_config(path: Path) -> tuple[ModelConfig, object]:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises assorted errors on a truncated or foreign file
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
-
-    def field(key, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(_GGUF_ARCHITECTURES)}"
-        )
-    scaling_type = field(f"{arch}.rope.scaling.type", "none")
-    if scaling_type not in ("none", "linear"):
-        raise ModelLoadError(f"{path}: GGUF rope scaling {scaling_type!r} is not supported")
-    heads = int(field(f"{arch}.attention.head_count"))
-    hidden = int(field(f"{arch}.embedding_length"))
-    names = {t.name for t in reader.tensors}
-    mc = ModelConfig(
-        architecture=_GGUF_ARCHITECTURES[arch],
-        vocab_size=int(field(f"{arch}.vocab_size", 0) or len(field("tokenizer.ggml.tokens"))),
-        hidden_size=hidden,
-        intermediate_size=int(field(f"{arch}.feed_forward_length")),
-        num_layers=int(field(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field(f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=(
-            {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
-            if scaling_type == "linear" else None
-        ),
-        max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
-        tie_word_embeddings="output.weight" not in names,
-        eos_token_ids=[int(field("tokenizer.ggml.eos_token_id"))] if field("tokenizer.ggml.eos_token_id") is not None else [],
-    )
-    mc.qkv_bias = "blk.0.attn_q.bias" in names
-    mc.qk_norm = "blk.0.attn_q_norm.weight" in names
-    return mc, reader
+    return gguf_config(source.gguf_file)
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -146,7 +100,10 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
 
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
-               max_positions: int, moe_gpu_experts: int | None = None) -> CausalLM:
+               max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None) -> CausalLM:
+    if quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
+                         "format) or 'dequantize' (a GGUF's weights expanded at load)")
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     # Cast while still on meta: materialising in fp32 first would need twice the memory (Mixtral: 187 GB).
@@ -168,18 +125,30 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             model.model.norm.weight.fill_(8.0)
         _offload(model, moe_gpu_experts, device)
         return model.to(device).eval()
-    model = model.to_empty(device="cpu")
-    model.tie_weights()  # materialising meta tensors may have split the shared embedding
-    model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     if reader is None:
-        tensors = iter_safetensors(source.path)
+        model = model.to_empty(device="cpu")
+        model.tie_weights()  # materialising meta tensors may have split the shared embedding
+        with torch.no_grad():
+            load_weights(model, iter_safetensors(source.path), source.name)
     else:
-        tensors = iter_gguf(reader, reader.fields["general.architecture"].contents(), config.num_heads,
-                            config.num_kv_heads, source.name)
-    with torch.no_grad():
-        load_weights(model, tensors, source.name)
+        from backend.quant.gguf_load import load_gguf
+
+        load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
+        if device.type == "cpu":
+            _pack_for_cpu(model)
+    model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
+
+
+def _pack_for_cpu(model: CausalLM) -> None:
+    from backend.quant import cpu_pack
+    from backend.quant.modules import QuantWeight
+
+    if cpu_pack.enabled():
+        for m in model.modules():
+            if isinstance(m, QuantWeight):
+                m.pack_for_cpu()
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:

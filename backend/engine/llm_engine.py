@@ -132,7 +132,7 @@ class LLMEngine:
         self.model_name = config.model
         self.tokenizer = load_tokenizer(source)
         self.model = load_model(source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                                config.moe_gpu_experts)
+                                config.moe_gpu_experts, config.quantization)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -279,7 +279,7 @@ class LLMEngine:
         if self.sleep_level == 2:
             self.model_config, reader = read_config(self.source)
             self.model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                                    self.config.moe_gpu_experts)
+                                    self.config.moe_gpu_experts, self.config.quantization)
             self.runner.model = self.model
         elif self.device.type != "cpu":
             self.model.to(self.device)

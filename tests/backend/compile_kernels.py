@@ -19,7 +19,7 @@ from backend.kernels import triton_kernels as tk
 # Shared memory one block may use (CUDA programming guide, "Technical specifications per compute capability").
 SHARED_LIMIT = {90: 227 * 1024, 89: 99 * 1024, 80: 163 * 1024}
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
-         torch.int32: "i32", torch.bool: "i1"}
+         torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
 # Real shapes: (q heads, kv heads, head dim, hidden, MoE intermediate, experts, top-k)
 MODELS = {"mixtral-8x7b": (32, 8, 128, 4096, 14336, 8, 2), "qwen3-30b-a3b": (32, 4, 128, 2048, 768, 128, 8),
           "smollm2-135m": (9, 3, 64, 576, 1536, 4, 2)}

@@ -1,0 +1,143 @@
+"""Memory arithmetic with the real sizes of quantized weights: pure functions of a model's shapes.
+
+What a model holds on the device: its non-expert weights, the experts kept resident, and a KV cache.
+The expert part is what `moe_gpu_experts` trades: offloaded experts stay in host memory, in their
+quantized form too (backend/models/expert_cache.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backend.model_config import ModelConfig
+from backend.quant.formats import BY_NAME, row_bytes
+
+FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+# recipe(kind, layer or None, config) -> format name; kinds are GGUF tensor kinds (attn_q, ffn_down_exps, ...)
+Recipe = Callable[[str, int | None, ModelConfig], str]
+
+
+def tensor_bytes(fmt: str, rows: int, cols: int) -> int:
+    """Bytes of a [rows, cols] weight stored in a GGUF format."""
+    if fmt in FLOAT_BYTES:
+        return rows * cols * FLOAT_BYTES[fmt]
+    return rows * row_bytes(BY_NAME[fmt], cols)
+
+
+def _use_more_bits(layer: int, layers: int) -> bool:
+    # llama.cpp's quantizer (llama-quant.cpp): the first and last eighth, and every third layer between.
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m(kind: str, layer: int | None, cfg: ModelConfig) -> str:
+    """The tensor formats llama.cpp's Q4_K_M picks (llama_tensor_get_type), for the layouts we run."""
+    if kind == "output":
+        return "Q6_K"
+    if kind == "attn_v":
+        if cfg.num_experts == 8:
+            return "Q8_0"  # 8-expert models (Mixtral): ~128 MB more for attention quality
+        return "Q6_K" if _use_more_bits(layer, cfg.num_layers) else "Q4_K"
+    if kind in ("ffn_down", "ffn_down_exps"):
+        return "Q6_K" if _use_more_bits(layer, cfg.num_layers) else "Q4_K"
+    if kind == "attn_output" and cfg.num_experts == 8:
+        return "Q5_K"
+    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp"):
+        return "F32"  # routers are never quantized
+    return "Q4_K"
+
+
+@dataclass
+class WeightBytes:
+    dense: int  # everything but the routed experts: embeddings, attention, dense MLPs, shared experts, norms
+    experts: int  # all routed experts of all layers
+    per_expert: list[int]  # bytes of one expert (gate + up + down), per layer (0 for dense layers)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+    def resident(self, gpu_experts: int | None) -> int:
+        """On the device with `gpu_experts` experts per layer resident (None: all)."""
+        if gpu_experts is None:
+            return self.total
+        return self.dense + sum(b * gpu_experts for b in self.per_expert)
+
+
+def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
+    h, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dense = tensor_bytes(recipe("token_embd", None, cfg), cfg.vocab_size, h) + 4 * h
+    if not cfg.tie_word_embeddings:
+        dense += tensor_bytes(recipe("output", None, cfg), cfg.vocab_size, h)
+    experts, per_expert = 0, []
+    for i in range(cfg.num_layers):
+        fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
+        dense += 2 * 4 * h + (2 * 4 * d if cfg.qk_norm else 0)
+        dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
+        dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
+        if cfg.qkv_bias:
+            dense += 4 * (heads + 2 * kv) * d
+        if cfg.o_bias:
+            dense += 4 * h
+        if not cfg.layer_is_moe(i):
+            inter = cfg.intermediate_size
+            dense += 2 * tensor_bytes(fmt("ffn_gate"), inter, h) + tensor_bytes(fmt("ffn_down"), h, inter)
+            per_expert.append(0)
+            continue
+        inter = cfg.moe_intermediate_size
+        one = (tensor_bytes(fmt("ffn_gate_exps"), inter, h) + tensor_bytes(fmt("ffn_up_exps"), inter, h)
+               + tensor_bytes(fmt("ffn_down_exps"), h, inter))
+        per_expert.append(one)
+        experts += one * cfg.num_experts
+        dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
+        if cfg.shared_expert_intermediate_size:
+            s = cfg.shared_expert_intermediate_size
+            dense += 2 * tensor_bytes(fmt("ffn_gate_shexp"), s, h) + tensor_bytes(fmt("ffn_down_shexp"), h, s)
+            dense += 4 * h  # its gate
+    return WeightBytes(dense, experts, per_expert)
+
+
+def kv_cache_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes
+
+
+def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_experts: int) -> int | None:
+    """The moe_gpu_experts that fits `budget` once `reserved` (KV cache, activations) is counted: None when
+    every expert fits, else the largest count per layer. Raises when not even one expert per layer fits."""
+    room = budget - reserved
+    if weights.resident(None) <= room:
+        return None
+    for n in range(num_experts - 1, 0, -1):
+        if weights.resident(n) <= room:
+            return n
+    gib = 2**30
+    raise ValueError(f"the model needs {weights.resident(1) / gib:.1f} GiB with one expert per layer resident and "
+                     f"{reserved / gib:.1f} GiB reserved; the budget is {budget / gib:.1f} GiB")
+
+
+def file_recipe(reader) -> Recipe:
+    """The formats a GGUF file actually holds, as a recipe (to check weight_bytes against a loaded model)."""
+    formats = {}
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
+        formats[(kind, layer)] = t.tensor_type.name
+    return lambda kind, layer, cfg: formats.get((kind, layer), "F32")
+
+
+def module_bytes(model: nn.Module) -> int:
+    """What a loaded model holds in its own memory: parameters and buffers (quantized blocks, CPU repacks,
+    expert slots), not the host copies of offloaded experts. Shared tensors count once."""
+    seen, total = set(), 0
+    buffers = [b for name, b in model.named_buffers() if not name.endswith("cos_sin")]  # a table, not weights
+    for t in [*model.parameters(), *buffers, *_expert_slots(model)]:
+        if t is None or t.data_ptr() in seen or t.device.type == "meta":
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _expert_slots(model: nn.Module) -> list[torch.Tensor]:
+    return [t for m in model.modules() if getattr(m, "expert_cache", None) is not None for t in m.expert_cache.dev]
