@@ -48,19 +48,16 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).float()
 
 
-def _nibbles(qs: torch.Tensor, chunk: int) -> torch.Tensor:
-    """[n, bytes] -> [n, 2 * bytes]: each run of `chunk` bytes gives its low nibbles, then its high ones."""
-    n = qs.shape[0]
-    qs = qs.view(n, -1, 1, chunk)
-    return torch.cat([qs & 15, qs >> 4], dim=2).view(n, -1)
-
-
 def _bits(qh: torch.Tensor, shifts: int, width: int, chunk: int) -> torch.Tensor:
     """[n, bytes] -> [n, bytes * shifts]: for each run of `chunk` bytes, the fields at bit 0, width, 2*width..."""
     n = qh.shape[0]
-    qh = qh.view(n, -1, 1, chunk)
-    mask = (1 << width) - 1
-    return torch.cat([(qh >> (width * s)) & mask for s in range(shifts)], dim=2).view(n, -1)
+    by = torch.arange(0, shifts * width, width, dtype=torch.uint8, device=qh.device).view(1, 1, shifts, 1)
+    return ((qh.reshape(n, -1, 1, chunk) >> by) & ((1 << width) - 1)).view(n, -1)
+
+
+def _nibbles(qs: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[n, bytes] -> [n, 2 * bytes]: each run of `chunk` bytes gives its low nibbles, then its high ones."""
+    return _bits(qs, 2, 4, chunk)
 
 
 def _k_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
