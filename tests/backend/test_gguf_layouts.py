@@ -15,26 +15,9 @@ from backend.models.moe import SparseMoE
 from backend.quant.modules import QuantEmbedding, QuantLinear
 from tests.backend.conftest import hf_greedy, prompts_of_lengths
 from tests.backend.test_models_vs_transformers import prefill_logits
-from tests.backend.tiny_gguf import POLICY, build_family, write_gguf
+from tests.backend.tiny_gguf import POLICY
 
 PROMPTS = prompts_of_lengths(3, 17, 33)
-
-
-@pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory):
-    """tiny_gguf(family, variant=None, **options) -> (GGUF file, reference directory), built once."""
-    root = tmp_path_factory.mktemp("tiny-gguf")
-    built = {}
-
-    def get(family: str, variant: str | None = None, build: dict | None = None, **options):
-        key = (family, variant)
-        if key not in built:
-            name = family + (f"-{variant}" if variant else "")
-            hf = build_family(family, root / name, **(build or {}))
-            built[key] = write_gguf(family, hf, root / f"{name}.gguf", **options)
-        return built[key]
-
-    return get
 
 
 @pytest.fixture
