@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: up test lint model bench
+.PHONY: up test lint model bench tools
 
 # A venv with the project installed.
 $(VENV)/.installed: pyproject.toml
@@ -20,7 +20,16 @@ $(VENV)/.installed: pyproject.toml
 model: $(VENV)/.installed
 	$(PY) -m backend models pull smollm2
 
-test: $(VENV)/.installed model
+# Agent tools the install tests drive for real: Claude Code's CLI (`claude mcp add-json`), from the npm registry.
+CLAUDE_CODE ?= @anthropic-ai/claude-code@2.1.197
+.tools/npm/bin/claude:
+	npm install -g -q --prefix .tools/npm $(CLAUDE_CODE) >/dev/null
+
+tools:
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) -s .tools/npm/bin/claude; \
+	else echo "npm not found: the Claude Code CLI test will be skipped"; fi
+
+test: $(VENV)/.installed model tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
 

@@ -1,11 +1,8 @@
-"""Where the backend keeps its files: everything lives under SCRIPTORIUM_HOME."""
+"""Where the backend keeps its files: everything lives under SCRIPTORIUM_HOME (common.paths)."""
 
-import os
 from pathlib import Path
 
-
-def data_home() -> Path:
-    return Path(os.environ.get("SCRIPTORIUM_HOME") or Path.home() / ".local/share/scriptorium").expanduser()
+from common.paths import data_home
 
 
 def models_dir() -> Path:

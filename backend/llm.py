@@ -5,7 +5,9 @@ import sys
 from collections.abc import Sequence as Seq
 
 from backend.config import EngineConfig
+from backend.engine.admission import chat_prompt_ids
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.output import OutputAssembler
 from backend.outputs import RequestOutput
 from backend.sampling_params import SamplingParams
 
@@ -46,7 +48,7 @@ class LLM:
                 request_id = str(next(self._ids))
                 self.engine.add_request(request_id, prompt, params)
                 ids.append(request_id)
-            return self._run(ids, use_tqdm)
+            return self._run(ids, [p.n for p in params_list], use_tqdm)
         except BaseException:
             for request_id in ids:  # leave the engine clean if a prompt was refused or the user interrupted
                 self.engine.abort_request(request_id)
@@ -58,33 +60,34 @@ class LLM:
         """Applies the model's chat template to one conversation (a list of {"role", "content"}) or to several."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
-        if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"model {self.engine.model_name!r} has no chat template; pass chat_template=...")
-        prompts = []
-        for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template,
-                                                 add_generation_prompt=add_generation_prompt)
-            # The template writes any special tokens itself; tokenizing must not add a second BOS.
-            prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
+        prompts = [chat_prompt_ids(tokenizer, c, self.engine.model_name, chat_template, add_generation_prompt)
+                   for c in conversations]
         outputs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         for out in outputs:
             out.prompt = tokenizer.decode(out.prompt_token_ids)
         return outputs
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], ns: list[int], use_tqdm: bool) -> list[RequestOutput]:
         from rich.progress import Progress
 
+        engine = self.engine
+        assemblers = {}
+        for request_id, n in zip(ids, ns):
+            seq = engine.requests[request_id][0]
+            assemblers[request_id] = OutputAssembler(request_id, engine.prompts.get(request_id),
+                                                     seq.token_ids[:seq.num_prompt_tokens], n)
         results: dict[str, RequestOutput] = {}
         show = use_tqdm and sys.stderr.isatty()
         with Progress(transient=True, disable=not show) as progress:
             task = progress.add_task("generating", total=len(ids))
             while len(results) < len(ids):
-                outputs = self.engine.step()
-                if not outputs and not self.engine.has_unfinished_requests():
+                deltas = engine.step_deltas()
+                if not deltas and not engine.has_unfinished_requests():
                     raise RuntimeError("the engine stopped with requests unfinished; this is a bug, please report it")
-                for out in outputs:
-                    if out.finished:
-                        results[out.request_id] = out
+                for delta in deltas:
+                    assemblers[delta.request_id].add(delta)
+                    if delta.finished:
+                        results[delta.request_id] = assemblers[delta.request_id].output()
                         progress.advance(task)
         return [results[i] for i in ids]
 

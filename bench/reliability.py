@@ -33,7 +33,10 @@ async def first_chunks(url: str, concurrency: int, n: int, max_tokens: int) -> l
         start = time.monotonic()
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             async for line in response.aiter_lines():
-                if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
                     return time.monotonic() - start
         return time.monotonic() - start
 

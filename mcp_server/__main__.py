@@ -1,58 +1,14 @@
 """python -m mcp_server: serve MCP over stdio (default) or streamable HTTP (--http); install/uninstall."""
 
 import argparse
-import hmac
 import json
 import logging
 import sys
 from pathlib import Path
 
-from mcp_server.install import CLIENTS, InstallError, install, uninstall
+from mcp_server.http import serve_http
+from mcp_server.install import CLIENTS, SCOPES, InstallError, install, uninstall
 from orchestrator.settings import Settings, SettingsError
-
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-class BearerGate:
-    """ASGI middleware: every request but /health must carry `Authorization: Bearer <token>`."""
-
-    def __init__(self, app, token: str):
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                from starlette.responses import JSONResponse
-
-                response = JSONResponse({"error": "unauthorized",
-                                         "message": "send Authorization: Bearer <SCRIPTORIUM_MCP_TOKEN>"},
-                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def serve_http(settings: Settings, host: str, port: int, budget: float | None) -> int:
-    import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    from mcp_server.server import build_server
-
-    token = settings.mcp_token
-    if host not in LOCAL_HOSTS and not token:
-        print(f"error: refusing to serve MCP on {host} without a token; set SCRIPTORIUM_MCP_TOKEN (clients then send "
-              "Authorization: Bearer <token>) or bind to 127.0.0.1", file=sys.stderr)
-        return 2
-    server = build_server(settings, budget=budget)
-    security = None
-    if host not in LOCAL_HOSTS:  # reached by name or address from elsewhere: the token is the protection
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=host)
-    if token:
-        app = BearerGate(app, token)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("install", "uninstall"):
         p = sub.add_parser(name, help=f"{name} the 'scriptorium' entry in an agent's MCP configuration")
         p.add_argument("--client", required=True, choices=CLIENTS)
-        p.add_argument("--scope", default="user", choices=["user", "project"])
-        p.add_argument("--project-dir", default=".", help="the project for --scope project (default: here)")
+        p.add_argument("--scope", default="user", choices=SCOPES,
+                       help="user (every project), project (a file in the project, to commit) or local (Claude "
+                            "Code: this project, only you)")
+        p.add_argument("--project-dir", default=".", help="the project for --scope project/local (default: here)")
+        p.add_argument("--no-cli", dest="use_cli", action="store_false", default=None,
+                       help="edit ~/.claude.json directly even when the claude CLI is on PATH")
         if name == "install":
             p.add_argument("--http", dest="http_url", default=None, metavar="URL",
                            help="register the HTTP server at URL (e.g. http://127.0.0.1:8765/mcp) instead of stdio")
@@ -84,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("install", "uninstall"):
         try:
             if args.command == "install":
-                result = install(args.client, args.scope, Path(args.project_dir), args.http_url, settings.mcp_token,
-                                 args.dry_run)
+                result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
+                                 bool(settings.mcp_token), args.dry_run, args.use_cli)
             else:
-                result = uninstall(args.client, args.scope, Path(args.project_dir))
+                result = uninstall(args.client, args.scope, Path(args.project_dir), args.use_cli)
         except InstallError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -102,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
             verb = "installed scriptorium in" if args.command == "install" else "removed scriptorium from"
             backup = f" (backup: {result['backup']})" if result.get("backup") else ""
             print(f"{verb} {result['path']}{backup}")
+        if not args.json:
+            for note in result.get("notes", []):
+                print(f"note: {note}")
         return 0
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio

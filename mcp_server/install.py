@@ -1,222 +1,100 @@
 """`python -m mcp_server install|uninstall --client NAME`: our entry in an agent's MCP configuration.
 
-Each client reads its own file and shape. Changes merge into the file without touching other
-entries, keep a timestamped backup of the previous file, do nothing when the entry is already
-there, and refuse to touch a file that does not parse.
+Changes merge into the file without touching other entries (or, in JSON files, any other byte),
+keep a timestamped backup of the previous file, do nothing when the entry is already there, and
+refuse to touch a file that does not parse. Claude Code rewrites ~/.claude.json while it runs, so
+its user and local scopes go through its own `claude mcp add-json` when the CLI is on PATH.
 """
 
 import json
-import os
 import shutil
-import sys
+import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-ENTRY = "scriptorium"
-CLIENTS = ("claude-desktop", "claude-code", "cursor", "vscode", "codex", "hermes", "goose")
-PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL")
+from common.agent_configs import remember
+from mcp_server import config_files
+from mcp_server.clients import CLIENTS, ENTRY, SCOPES, Entry, InstallError, Target, entry, target
+
+__all__ = ["CLIENTS", "SCOPES", "InstallError", "install", "target", "uninstall"]
 
 
-class InstallError(Exception):
-    pass
+def _result(t: Target, changed: bool, backup: Path | None = None, notes: list[str] | None = None, **extra) -> dict:
+    return {"client": t.client, "scope": t.scope, "path": str(t.path), "changed": changed,
+            "backup": str(backup) if backup else None, "notes": notes or [], **extra}
 
 
-@dataclass
-class Target:
-    client: str
-    path: Path
-    format: str  # json | toml | yaml
-    key: str  # the mapping of servers inside the file
-
-
-def _config_home() -> Path:
-    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-
-
-def _app_support(name: str) -> Path:
-    """The per-user application folder of desktop apps (Claude Desktop, VS Code)."""
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / name
-    if sys.platform == "win32":
-        return Path(os.environ["APPDATA"]) / name
-    return _config_home() / name
-
-
-def target(client: str, scope: str, project: Path) -> Target:
-    if client not in CLIENTS:
-        raise InstallError(f"unknown client {client!r}; choose one of {', '.join(CLIENTS)}")
-    if scope not in ("user", "project"):
-        raise InstallError(f"scope must be user or project, got {scope!r}")
-    user_only = {"claude-desktop", "hermes", "goose"}
-    if scope == "project" and client in user_only:
-        raise InstallError(f"{client} reads only its user configuration; use --scope user")
-    project = project.resolve()
-    if client == "claude-desktop":
-        return Target(client, _app_support("Claude") / "claude_desktop_config.json", "json", "mcpServers")
-    if client == "claude-code":
-        path = project / ".mcp.json" if scope == "project" else Path.home() / ".claude.json"
-        return Target(client, path, "json", "mcpServers")
-    if client == "cursor":
-        base = project if scope == "project" else Path.home()
-        return Target(client, base / ".cursor" / "mcp.json", "json", "mcpServers")
-    if client == "vscode":
-        path = project / ".vscode" / "mcp.json" if scope == "project" else _app_support("Code") / "User" / "mcp.json"
-        return Target(client, path, "json", "servers")
-    if client == "codex":
-        base = project / ".codex" if scope == "project" else Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        return Target(client, base / "config.toml", "toml", "mcp_servers")
-    if client == "hermes":
-        home = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
-        return Target(client, home / "config.yaml", "yaml", "mcp_servers")
-    return Target(client, _config_home() / "goose" / "config.yaml", "yaml", "extensions")
-
-
-def entry(client: str, http_url: str | None, token: str | None) -> dict:
-    """Our server's entry in the shape `client` reads: stdio (this interpreter) or HTTP."""
-    if http_url is None:
-        command, args = sys.executable, ["-m", "mcp_server"]
-        env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
-        if client == "goose":
-            return {"type": "stdio", "name": ENTRY, "enabled": True, "cmd": command, "args": args, "envs": env,
-                    "env_keys": [], "timeout": 300}
-        stdio = {"command": command, "args": args, "env": env}
-        if client in ("claude-code", "vscode"):
-            stdio = {"type": "stdio", **stdio}
-        if client == "hermes":
-            stdio["timeout"] = 300
-        return stdio
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if client == "codex":
-        http = {"url": http_url}
-        if token:
-            http["bearer_token_env_var"] = "SCRIPTORIUM_MCP_TOKEN"  # Codex reads the token from the environment
-        return http
-    if client == "goose":
-        return {"type": "streamable_http", "name": ENTRY, "enabled": True, "uri": http_url, "headers": headers,
-                "envs": {}, "env_keys": [], "timeout": 300}
-    if client == "claude-desktop":  # reads only stdio servers: bridge with mcp-remote (needs Node.js)
-        args = ["-y", "mcp-remote", http_url] + (["--header", f"Authorization: Bearer {token}"] if token else [])
-        return {"command": "npx", "args": args}
-    http = {"url": http_url, "headers": headers}
-    if client in ("claude-code", "vscode"):
-        http = {"type": "http", **http}
-    return http
-
-
-# Reading and writing each format, keeping what is not ours ---------------------------------------------
-
-def _load(t: Target):
-    text = t.path.read_text() if t.path.exists() else ""
-    try:
-        if t.format == "json":
-            return json.loads(text) if text.strip() else {}
-        if t.format == "toml":
-            import tomlkit
-
-            return tomlkit.parse(text)
-        from ruamel.yaml import YAML
-
-        data = YAML().load(text) if text.strip() else None
-        return data if data is not None else {}
-    except Exception as e:  # each parser raises its own error types
-        raise InstallError(f"{t.path} is not valid {t.format.upper()} ({str(e).splitlines()[0]}); fix or move it "
-                           "first, nothing was changed") from None
-
-
-def _dump(t: Target, data) -> str:
-    if t.format == "json":
-        return json.dumps(data, indent=2) + "\n"
-    if t.format == "toml":
-        import tomlkit
-
-        return tomlkit.dumps(data)
-    import io
-
-    from ruamel.yaml import YAML
-
-    yaml = YAML()
-    yaml.default_flow_style = False
-    buffer = io.StringIO()
-    yaml.dump(data, buffer)
-    return buffer.getvalue()
-
-
-def _servers(t: Target, data, create: bool):
-    if not isinstance(data, dict):
-        raise InstallError(f"{t.path} does not hold a mapping at its top level; nothing was changed")
-    servers = data.get(t.key)
-    if servers is None and create:
-        if t.format == "toml":
-            import tomlkit
-
-            servers = tomlkit.table(is_super_table=True)
-        else:
-            servers = {}
-        data[t.key] = servers
-    if servers is not None and not isinstance(servers, dict):
-        raise InstallError(f"{t.path}: {t.key} is not a mapping; nothing was changed")
-    return servers
-
-
-def _plain(value):
-    """Compare TOML/YAML documents' values with plain ones."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if hasattr(value, "unwrap"):
-        return _plain(value.unwrap())
-    return value
-
-
-def _write(t: Target, text: str) -> Path | None:
-    """Write atomically, backing the old file up first; returns the backup's path."""
-    backup = None
-    if t.path.exists():
-        backup = t.path.with_name(f"{t.path.name}.{time.strftime('%Y%m%d-%H%M%S')}.scriptorium.bak")
-        shutil.copy2(t.path, backup)
-    t.path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = t.path.with_name(t.path.name + ".scriptorium.tmp")
-    tmp.write_text(text)
-    if t.path.exists():
-        shutil.copymode(t.path, tmp)
-    tmp.replace(t.path)
-    return backup
+def _claude_cli(t: Target, use_cli: bool | None) -> str | None:
+    if t.client != "claude-code" or t.scope == "project" or use_cli is False:
+        return None
+    found = shutil.which("claude")
+    if use_cli and not found:
+        raise InstallError("the claude CLI is not on PATH")
+    return found
 
 
 def install(client: str, scope: str = "user", project: Path = Path("."), http_url: str | None = None,
-            token: str | None = None, dry_run: bool = False) -> dict:
+            token_configured: bool = False, dry_run: bool = False, use_cli: bool | None = None) -> dict:
+    """token_configured: the server has SCRIPTORIUM_MCP_TOKEN (then the entry refers to it; it never holds it)."""
     t = target(client, scope, project)
-    ours = entry(client, http_url, token)
+    ours = entry(client, scope, http_url, token_configured)
     if dry_run:
-        snippet = {t.key: {ENTRY: ours}}
-        if t.format == "toml":
-            import tomlkit
+        return _result(t, False, notes=ours.notes, snippet=config_files.snippet(t, ours.value, ours.inputs))
+    text = config_files.read_text(t)
+    data = config_files.load(t, text)
+    present = config_files.servers(t, data) or {}
+    if ENTRY in present and config_files.plain(present[ENTRY]) == ours.value and _inputs_present(data, ours):
+        return _result(t, False, notes=ours.notes)
+    cli = _claude_cli(t, use_cli)
+    if cli:
+        backup = _backup(t)
+        if ENTRY in present:
+            _run(cli, t, "remove", ENTRY, "--scope", t.scope)
+        _run(cli, t, "add-json", ENTRY, json.dumps(ours.value), "--scope", t.scope)
+    else:
+        backup = config_files.write(t, config_files.with_entry(t, text, data, ours.value, ours.inputs))
+    remember(t.path)
+    return _result(t, True, backup, ours.notes)
 
-            text = tomlkit.dumps({t.key: {ENTRY: ours}})
-        elif t.format == "yaml":
-            text = _dump(t, snippet)
-        else:
-            text = json.dumps(snippet, indent=2)
-        return {"client": client, "path": str(t.path), "changed": False, "snippet": text}
-    data = _load(t)
-    servers = _servers(t, data, create=True)
-    if ENTRY in servers and _plain(servers[ENTRY]) == ours:
-        return {"client": client, "path": str(t.path), "changed": False, "backup": None}
-    servers[ENTRY] = ours
-    backup = _write(t, _dump(t, data))
-    return {"client": client, "path": str(t.path), "changed": True, "backup": str(backup) if backup else None}
 
-
-def uninstall(client: str, scope: str = "user", project: Path = Path(".")) -> dict:
+def uninstall(client: str, scope: str = "user", project: Path = Path("."), use_cli: bool | None = None) -> dict:
     t = target(client, scope, project)
     if not t.path.exists():
-        return {"client": client, "path": str(t.path), "changed": False, "backup": None}
-    data = _load(t)
-    servers = _servers(t, data, create=False)
-    if not servers or ENTRY not in servers:
-        return {"client": client, "path": str(t.path), "changed": False, "backup": None}
-    del servers[ENTRY]
-    backup = _write(t, _dump(t, data))
-    return {"client": client, "path": str(t.path), "changed": True, "backup": str(backup)}
+        return _result(t, False)
+    text = config_files.read_text(t)
+    data = config_files.load(t, text)
+    present = config_files.servers(t, data)
+    if not present or ENTRY not in present:
+        return _result(t, False)
+    cli = _claude_cli(t, use_cli)
+    if cli:
+        backup = _backup(t)
+        _run(cli, t, "remove", ENTRY, "--scope", t.scope)
+        return _result(t, True, backup)
+    inputs = entry(client, scope, "https://example.invalid/mcp").inputs  # ours, by id
+    return _result(t, True, config_files.write(t, config_files.with_entry(t, text, data, None, inputs)))
+
+
+def _inputs_present(data, ours: Entry) -> bool:
+    have = data.get("inputs") if isinstance(data.get("inputs"), list) else []
+    return all(item in have for item in ours.inputs)
+
+
+def _backup(t: Target) -> Path | None:
+    if not t.path.exists():
+        return None
+    backup = t.path.with_name(f"{t.path.name}.{time.strftime('%Y%m%d-%H%M%S')}.scriptorium.bak")
+    shutil.copy2(t.path, backup)
+    return backup
+
+
+def _run(cli: str, t: Target, *args: str) -> None:
+    """`claude mcp ARGS` in the project (local scope is per directory); its own message when it fails."""
+    cwd = Path(t.key[1]) if t.scope == "local" else None
+    try:
+        done = subprocess.run([cli, "mcp", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InstallError(f"`claude mcp {args[0]}` could not run: {e}") from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        raise InstallError(f"`claude mcp {args[0]}` failed: {message[-1] if message else done.returncode}")

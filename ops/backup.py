@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 from common.files import atomic_write_text, fsync_dir
+from common.hashing import sha256_file
 from ops.backup_prune import prune, prune_plan
 from ops.backup_store import MANIFEST, OBJECTS, Backup, BackupError, Broken, list_backups, scan, store_lock
 
@@ -26,12 +27,7 @@ __all__ = ["MANIFEST", "Backup", "BackupError", "Broken", "create", "find", "get
            "prune_plan", "restore", "root_for", "scan", "sha256", "verify"]
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256 = sha256_file  # the name backup's callers (verify, tests) use
 
 
 def root_for(home: Path, to: str | None) -> Path:

@@ -7,9 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from ops import alerts, gpu, lifecycle
+from common import gpu
+from common.agent_configs import backups_of, remembered
+from common.gpu import fmt
+from ops import alerts, lifecycle
 from ops.backup import BackupError
-from ops.gpu import fmt
 from ops.plan import make_plan
 from ops.stack import StackError, load
 from ops.state import State
@@ -132,8 +134,8 @@ def _health(args) -> int:
         if not ok:
             print(f"error: {detail}", file=sys.stderr)
         return 0 if ok else 1
+    from common.settings import Settings
     from ops.lease import repair
-    from orchestrator.settings import Settings
 
     repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
     report = lifecycle.health_report(stack, args.profile, every=args.all)
@@ -205,17 +207,12 @@ def _systemd(args) -> int:
 
 
 def _backup_configs(stack) -> list[Path]:
-    """compose.yaml, its .env, the settings file, and the backups `mcp_server install` kept of agent configs."""
-    from mcp_server.install import CLIENTS, InstallError, target
-
+    """compose.yaml, its .env, the settings file, and the backups `mcp_server install` kept of the agent configs
+    it changed (it records which in the data directory)."""
     configs = [stack.path, stack.path.parent / ".env",
                Path(os.environ.get("SCRIPTORIUM_CONFIG") or lifecycle.home() / "config.toml")]
-    for client in CLIENTS:
-        try:
-            path = target(client, "user", Path.cwd()).path
-        except (InstallError, KeyError):
-            continue
-        configs += sorted(path.parent.glob(f"{path.name}.*.scriptorium.bak"))
+    for path in remembered(lifecycle.home()):
+        configs += backups_of(path)
     return configs
 
 

@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import gpu
 from common.files import atomic_write_text
-from ops import gpu
+from common.paths import data_home
 from ops.health import check
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner
@@ -17,7 +18,7 @@ from ops.state import Record, State
 
 
 def home() -> Path:
-    return Path(os.environ.get("SCRIPTORIUM_HOME") or Path.home() / ".local/share/scriptorium").expanduser()
+    return data_home()
 
 
 def runner_for(kind: str, state: State, stack: Stack):

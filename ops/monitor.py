@@ -2,8 +2,9 @@
 
 import time
 
-from ops import gpu, lifecycle
-from ops.gpu import fmt
+from common import gpu
+from common.gpu import fmt
+from ops import lifecycle
 from ops.stack import Stack
 from ops.state import State
 

@@ -6,7 +6,7 @@ The LLM server reserves its KV cache up front (fixed); ComfyUI loads and frees m
 
 from dataclasses import dataclass, field
 
-from ops.gpu import Device, fmt
+from common.gpu import Device, fmt
 from ops.stack import Service, StackError
 
 

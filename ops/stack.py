@@ -10,9 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.sizes import SizeError, in_bytes, parse_memory
+
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^{}]|\{[^{}]*\})*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-UNITS = {"b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20, "g": 1e9, "gb": 1e9,
-         "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
 
 class StackError(Exception):
@@ -44,9 +44,7 @@ class Service:
 
     def budget(self, total: int) -> int:
         """The GPU memory this service needs on a card of `total` bytes."""
-        if isinstance(self.gpu_memory, float) and self.gpu_memory <= 1:
-            return int(self.gpu_memory * total)
-        return int(self.gpu_memory)
+        return in_bytes(self.gpu_memory, total)
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
@@ -70,20 +68,11 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 
 
 def parse_size(value, where: str) -> int | float:
-    """'18GiB' -> bytes; 0.4 -> a fraction of the card; 1073741824 -> bytes."""
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and not 0 <= value <= 1:
-            raise StackError(f"{where}: a fraction must be in [0, 1], got {value}")
-        return value
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m:
-        raise StackError(f"{where}: {value!r} is not a size such as 18GiB, 512MiB or a fraction such as 0.4")
-    number, unit = float(m.group(1)), m.group(2).lower() or "b"
-    if unit not in UNITS:
-        raise StackError(f"{where}: unknown unit {m.group(2)!r}; use B, KiB, MiB, GiB, TiB (or kB, MB, GB)")
-    if unit == "b" and number <= 1 and "." in m.group(1):
-        return number  # "0.5" as text: a fraction
-    return int(number * UNITS[unit])
+    """'18GiB' -> bytes; 0.4 -> a fraction of the card; 1073741824 -> bytes (common.sizes' grammar)."""
+    try:
+        return parse_memory(value)
+    except SizeError as e:
+        raise StackError(f"{where}: {e}") from None
 
 
 def _list(value) -> list:

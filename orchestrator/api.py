@@ -4,14 +4,21 @@ A run started here is worked on by its own detached process (`python -m orchestr
 so it outlives the caller; its state lives in SQLite and its files in the run directory.
 """
 
+import base64
+import json
 import os
 import subprocess
 import sys
+import time
 
-from orchestrator.jobs import JobStore, Run
-from orchestrator.pipeline.image import ImageParams
-from orchestrator.pipeline.params import ArticleParams
+from orchestrator.jobs import JobError, JobStore, Run
+from orchestrator.pipeline.image import ImageParams, build_workflow
+from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.settings import Settings
+from orchestrator.workflows import TemplateError
+
+__all__ = ["JobError", "ParamsError", "Run", "TemplateError", "cancel", "create_article_run", "get", "image_workflow",
+           "list_runs", "page", "resume", "spawn_worker", "start_article", "start_image", "status", "wait_settled"]
 
 
 def store_for(settings: Settings) -> JobStore:
@@ -35,6 +42,12 @@ def spawn_worker(run_id: str, settings: Settings) -> int:
                                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     store_for(settings).update(run_id, pid=proc.pid)
     return proc.pid
+
+
+def image_workflow(params: dict) -> dict:
+    """The ComfyUI workflow an image job with these parameters would submit; ParamsError or TemplateError
+    saying what is wrong with them."""
+    return build_workflow(ImageParams.from_dict(params))[0]
 
 
 def start_image(params: dict, settings: Settings | None = None) -> Run:
@@ -73,6 +86,37 @@ def status(run_id: str, settings: Settings | None = None) -> dict:
 def cancel(run_id: str, settings: Settings | None = None) -> Run:
     settings = settings or Settings.from_env()
     return store_for(settings).request_cancel(run_id)
+
+
+def get(run_id: str, settings: Settings | None = None) -> Run:
+    return store_for(settings or Settings.from_env()).get(run_id)
+
+
+def wait_settled(run_id: str, settings: Settings, timeout: float = 5.0) -> Run:
+    """The run once it is done, failed or cancelled, or as it stands after `timeout` seconds."""
+    store = store_for(settings)
+    deadline = time.monotonic() + timeout
+    run = store.get(run_id)
+    while run.status in ("queued", "running") and not run.interrupted and time.monotonic() < deadline:
+        time.sleep(0.1)
+        run = store.get(run_id)
+    return run
+
+
+def page(limit: int, cursor: str | None, settings: Settings) -> tuple[list[Run], str | None]:
+    """One page of runs, newest first, and the cursor of the next page (None at the end)."""
+    before = None
+    if cursor:
+        try:
+            created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+            before = (float(created), str(run_id))
+        except (ValueError, TypeError):
+            raise JobError(f"cursor {cursor!r} is not one list_jobs gave out; start again without a cursor") from None
+    runs = store_for(settings).page(limit + 1, before)
+    if len(runs) <= limit:
+        return runs, None
+    last = runs[limit - 1]
+    return runs[:limit], base64.urlsafe_b64encode(json.dumps([last.created, last.id]).encode()).decode()
 
 
 def list_runs(limit: int = 50, settings: Settings | None = None) -> list[dict]:

@@ -156,6 +156,17 @@ class JobStore:
             rows = db.execute("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
         return [_run(r) for r in rows]
 
+    def page(self, limit: int, before: tuple[float, str] | None = None) -> list[Run]:
+        """Runs newest first, starting after `before` (the created time and id of the last one already seen)."""
+        with self._connect() as db:
+            if before is None:
+                rows = db.execute("SELECT * FROM runs ORDER BY created DESC, id DESC LIMIT ?", (limit,)).fetchall()
+            else:
+                rows = db.execute("SELECT * FROM runs WHERE created < ? OR (created = ? AND id < ?) "
+                                  "ORDER BY created DESC, id DESC LIMIT ?",
+                                  (before[0], before[0], before[1], limit)).fetchall()
+        return [_run(r) for r in rows]
+
     def update(self, run_id: str, **fields) -> None:
         for key in ("result", "params"):
             if key in fields and fields[key] is not None:

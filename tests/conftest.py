@@ -59,6 +59,7 @@ class FakeComfyUI:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.input_dir = output.parent / f"{output.name}-input"  # ComfyUI's input folder (uploads land here)
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.orchestrator.fake_comfyui", "--port",
                                       str(self.port), "--output", str(output)], cwd=ROOT,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,6 +77,9 @@ class FakeComfyUI:
 
     def calls(self) -> list[dict]:
         return httpx.get(f"{self.url}/_test/calls").json()
+
+    def queue(self) -> dict:
+        return httpx.get(f"{self.url}/queue").json()
 
     def stop(self) -> None:
         self.proc.terminate()

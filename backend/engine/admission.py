@@ -52,3 +52,18 @@ class Limits:
                 f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
                 "prompt or raise max_model_len")
         return token_ids, text
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_template: str | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
+    """A conversation through the model's chat template (or the one given), as token ids. The template
+    writes any special tokens itself, so tokenizing must not add a second BOS. The template's own checks
+    (role order, ...) raise ValueError."""
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"model {model_name!r} has no chat template; pass chat_template=..., or use completions")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=chat_template,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # jinja's TemplateError and the template's raise_exception
+        raise ValueError(f"the chat template refused these messages: {e}") from None
+    return tokenizer(text, add_special_tokens=False).input_ids

@@ -67,9 +67,9 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return [], []
         ids, hashes, parent = [], [], None
-        bs = self.block_size
-        for i in range((seq.num_tokens - 1) // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        size = self.block_size
+        for i in range((seq.num_tokens - 1) // size):
+            tokens = tuple(seq.token_ids[i * size:(i + 1) * size])
             h = chain_hash(parent, tokens)
             block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
@@ -94,7 +94,7 @@ class BlockManager:
         seq.block_table = list(hit_ids) + [self._take_free_block() for _ in range(needed)]
         seq.block_hashes = list(hit_hashes)
         seq.num_computed_tokens = num_hit_tokens
-        if seq.num_cached_tokens < 0:  # count the prompt's lookup once, not again after a preemption
+        if seq.num_cached_tokens is None:  # count the prompt's lookup once, not again after a preemption
             seq.num_cached_tokens = num_hit_tokens
             self.prefix_queries += seq.num_prompt_tokens
             self.prefix_hits += num_hit_tokens
@@ -108,18 +108,18 @@ class BlockManager:
         seq.block_table.extend(self._take_free_block() for _ in range(needed))
         return True
 
-    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None | bool:
-        """Give child the parent's computed tokens: full blocks shared (never written again), the partial last
-        block, which both will append to, as a fresh copy. Returns (source, copy) block ids when a copy is
-        needed, None when none is, False when no block is free for it (nothing changed)."""
-        full, partial = divmod(parent.num_computed_tokens, self.block_size)
+    def fork(self, parent: Sequence, child: Sequence, num_computed: int) -> tuple[int, int] | None | bool:
+        """Give child the parent's first num_computed tokens of KV: full blocks shared (never written again),
+        the partial last block, which both will append to, as a fresh copy. Returns (source, copy) block ids
+        when a copy is needed, None when none is, False when no block is free for it (nothing changed)."""
+        full, partial = divmod(num_computed, self.block_size)
         if partial and not self.free:
             return False
         for block_id in parent.block_table[:full]:
             self.blocks[block_id].ref_count += 1
         child.block_table = parent.block_table[:full]
-        child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_hashes = list(parent.block_hashes[:full])
+        child.num_computed_tokens = num_computed
         child.num_cached_tokens = parent.num_cached_tokens
         if not partial:
             return None
@@ -127,13 +127,13 @@ class BlockManager:
         child.block_table.append(copy)
         return parent.block_table[full], copy
 
-    def commit(self, seq: Sequence) -> None:
-        """Register the sequence's newly completed full blocks in the prefix cache."""
+    def hash_full_blocks(self, seq: Sequence) -> None:
+        """Hash the sequence's newly completed full blocks into the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
-            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+        size = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // size):
+            tokens = tuple(seq.token_ids[i * size:(i + 1) * size])
             h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]

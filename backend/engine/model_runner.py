@@ -2,7 +2,7 @@
 
 import torch
 
-from backend.engine.scheduler import ScheduledSeq
+from backend.engine.scheduler import ScheduledSeq, StepPlan
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.transformer import Attention, CausalLM
 
@@ -55,15 +55,15 @@ class ModelRunner:
         self.allocate_static(largest, max_model_len)
         pool = None
         with torch.inference_mode():
-            for bs in reversed(sizes):  # the largest first, so smaller ones reuse its memory pool
-                args = self.static_args(bs)
+            for batch_size in reversed(sizes):  # the largest first, so smaller ones reuse its memory pool
+                args = self.static_args(batch_size)
                 self.model(*args)  # compiles the kernels and settles allocations before recording
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     out = self.model(*args)
                 pool = graph.pool()
-                self.graphs[bs] = (graph, out)
+                self.graphs[batch_size] = (graph, out)
         torch.cuda.synchronize(self.device)
 
     def allocate_static(self, largest: int, max_model_len: int) -> None:
@@ -78,23 +78,23 @@ class ModelRunner:
             "lens": torch.zeros(largest, dtype=torch.long, device=dev),
         }
 
-    def static_args(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        st = self.static
-        meta = AttentionMetadata(slot_mapping=st["slots"][:bs], num_decode=bs, decode_block_tables=st["tables"][:bs],
-                                 decode_context_lens=st["lens"][:bs])
-        return st["input_ids"][:bs], st["positions"][:bs], meta
+    def static_args(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        st, b = self.static, batch_size
+        meta = AttentionMetadata(slot_mapping=st["slots"][:b], num_decode=b, decode_block_tables=st["tables"][:b],
+                                 decode_context_lens=st["lens"][:b])
+        return st["input_ids"][:b], st["positions"][:b], meta
 
-    def fill_static(self, batch: list[ScheduledSeq], bs: int) -> None:
-        """Write a decode batch into the static inputs, rows n..bs as padding (slot -1: nothing stored;
+    def fill_static(self, batch: list[ScheduledSeq], batch_size: int) -> None:
+        """Write a decode batch into the static inputs, rows past it as padding (slot -1: nothing stored;
         length 0: nothing attended). One host-to-device copy per input."""
-        n = len(batch)
-        st, bsz, pad = self.static, self.block_size, bs - n
+        n, b = len(batch), batch_size
+        st, size, pad = self.static, self.block_size, batch_size - n
         positions = [item.seq.num_computed_tokens for item in batch]
-        st["input_ids"][:bs].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)] + [0] * pad))
-        st["positions"][:bs].copy_(torch.tensor(positions + [0] * pad))
-        st["slots"][:bs].copy_(torch.tensor([item.seq.block_table[p // bsz] * bsz + p % bsz
-                                             for item, p in zip(batch, positions)] + [-1] * pad))
-        st["lens"][:bs].copy_(torch.tensor([p + 1 for p in positions] + [0] * pad))
+        st["input_ids"][:b].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)] + [0] * pad))
+        st["positions"][:b].copy_(torch.tensor(positions + [0] * pad))
+        st["slots"][:b].copy_(torch.tensor([item.seq.block_table[p // size] * size + p % size
+                                            for item, p in zip(batch, positions)] + [-1] * pad))
+        st["lens"][:b].copy_(torch.tensor([p + 1 for p in positions] + [0] * pad))
         # Columns past a row's own blocks keep older numbers: the kernel reads only a row's first
         # ceil(length / block_size) entries.
         limit = st["tables"].shape[1]  # blocks of max_model_len; a table may hold more (reserved for drafts)
@@ -104,79 +104,93 @@ class ModelRunner:
 
     def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Hidden states of a decode batch through the smallest captured graph that holds it."""
-        bs = min(b for b in self.graphs if b >= len(batch))
-        self.fill_static(batch, bs)
-        graph, out = self.graphs[bs]
+        batch_size = min(b for b in self.graphs if b >= len(batch))
+        self.fill_static(batch, batch_size)
+        graph, out = self.graphs[batch_size]
         graph.replay()
         return out[:len(batch)]
 
-    @staticmethod
-    def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * itemsize
-
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+        size = self.block_size
+        return [block_table[p // size] * size + p % size for p in range(start, end)]
 
-    def prepare(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """Inputs for a batch ordered decode-first, and the rows whose logits are needed, in batch order."""
+    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """The plan's inputs, laid out once: decode tokens first (one per sequence), then prompt chunks and
+        verification runs. Sets each sampling item's logit_rows, in plan order, and returns the hidden rows
+        they come from."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        decode = [s for s in batch if s.num_tokens == 1]
-        prefill = [s for s in batch if s.num_tokens != 1]
-        for item in decode:
-            seq = item.seq
+        first_row = [0] * len(plan)
+        size = self.block_size
+        decode = [i for i, item in enumerate(plan) if item.num_tokens == 1]
+        prefill = [i for i, item in enumerate(plan) if item.num_tokens > 1]
+        for i in decode:
+            seq = plan[i].seq
             pos = seq.num_computed_tokens
+            first_row[i] = len(input_ids)
             input_ids.append(seq.token_ids[pos])
             positions.append(pos)
-            slots.append(seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            slots.append(seq.block_table[pos // size] * size + pos % size)
         meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(decode))
         if decode:
-            width = max(len(s.seq.block_table) for s in decode)
-            tables = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in decode]
-            meta.decode_block_tables = torch.tensor(tables, dtype=torch.long, device=self.device)
+            tables = [plan[i].seq.block_table for i in decode]
+            width = max(len(t) for t in tables)
+            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                                                    device=self.device)
             meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=self.device)
-        for item in prefill:
+        for i in prefill:
+            item = plan[i]
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
-            row = len(input_ids)
-            input_ids.extend((seq.token_ids[start:] + seq.draft_tokens[:item.num_draft])[:item.num_tokens])
+            first_row[i] = len(input_ids)
+            input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
             table = torch.tensor(seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(row, row + item.num_tokens, end, table))
-        # Each sampling sequence gets its last row; one verifying drafts gets all of its rows.
-        rows = {id(item): [i] for i, item in enumerate(decode)}
-        rows.update({id(item): list(range(chunk.end - 1 - item.num_draft, chunk.end))
-                     for item, chunk in zip(prefill, meta.prefills)})
-        sample_rows = [r for item in batch if item.samples for r in rows[id(item)]]
+            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens, end, table))
         if prefill:
             first = meta.prefills[0].start
             meta.prefill_cu_q = torch.tensor([c.start - first for c in meta.prefills] + [meta.prefills[-1].end - first],
                                              dtype=torch.long, device=self.device)
             meta.prefill_context_lens = torch.tensor([c.context_len for c in meta.prefills], dtype=torch.long,
                                                      device=self.device)
-            width = max(len(item.seq.block_table) for item in prefill)
-            meta.prefill_block_tables = torch.tensor([item.seq.block_table + [0] * (width - len(item.seq.block_table))
-                                                      for item in prefill], dtype=torch.long, device=self.device)
+            tables = [plan[i].seq.block_table for i in prefill]
+            width = max(len(t) for t in tables)
+            meta.prefill_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
+                                                     device=self.device)
             meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
         meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
+        sample_rows = _assign_logit_rows(plan, first_row)
         return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
                 torch.tensor(positions, dtype=torch.long, device=self.device), meta, sample_rows)
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Runs the batch; returns fp32 logits for its sampling rows (see prepare), in batch order, on the
-        device: the caller moves to the host only what it needs (token ids, for greedy requests)."""
-        if self.graphs and all(item.num_tokens == 1 and item.samples for item in batch) \
-                and len(batch) <= max(self.graphs):
-            hidden = self._replay(batch)
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Runs the plan; returns fp32 logits of its sampling rows on the device, item.logit_rows saying
+        which are whose: the caller moves to the host only what it needs (token ids, for greedy requests)."""
+        if self.graphs and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
+                and len(plan) <= max(self.graphs):
+            hidden = self._replay(plan)
+            _assign_logit_rows(plan, list(range(len(plan))))
             return self.model.compute_logits(hidden)
-        input_ids, positions, meta, sample_rows = self.prepare(batch)
+        input_ids, positions, meta, sample_rows = self.prepare(plan)
         hidden = self.model(input_ids, positions, meta)
         if not sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[index])
+
+
+def _assign_logit_rows(plan: StepPlan, first_row: list[int]) -> list[int]:
+    """Each sampling item's slice of the logits (its last row, or its last known token and drafts when it
+    verifies), in plan order; returns the hidden rows they are computed from."""
+    rows: list[int] = []
+    for item, first in zip(plan, first_row):
+        if item.num_tokens and item.computes_last_token:
+            last = first + item.num_tokens - 1
+            item.logit_rows = slice(len(rows), len(rows) + item.num_draft + 1)
+            rows.extend(range(last - item.num_draft, last + 1))
+        else:
+            item.logit_rows = None
+    return rows

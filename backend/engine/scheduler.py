@@ -1,30 +1,47 @@
 """Continuous batching with chunked prefill and preemption by recomputation.
 
 Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first,
-each taking one token (decode) or the next chunk of its prompt; waiting sequences then join
-in arrival order while budget, sequence slots and KV blocks last. When a running sequence
-needs a block and none is free, the newest running sequence is preempted: its blocks are
-freed and it goes back to the front of the queue, to be recomputed (mostly from the prefix
-cache) later.
+each taking one token (decode, plus the slots of the drafts it will verify) or the next chunk
+of its prompt; waiting sequences then join in arrival order while budget, sequence slots and KV
+blocks last. When a running sequence needs a block and none is free, the newest running
+sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
+recomputed (mostly from the prefix cache) later.
+
+The scheduler returns one plan per step and owns the sequences' state after it (postprocess):
+computed-token counts, the prefix-cache hashes of full blocks, appended tokens, finishing.
 """
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
 
 from backend.engine.block_manager import BlockManager
+from backend.engine.output import append_token
 from backend.engine.sequence import Sequence, Status
 
 
-@dataclass
+@dataclass(eq=False)
 class ScheduledSeq:
     seq: Sequence
-    num_tokens: int  # tokens computed for it this step, its draft tokens included
-    num_draft: int = 0  # speculative tokens appended after its last known token, to verify
+    num_tokens: int  # tokens computed for it this step, its drafts included
+    max_drafts: int = 0  # draft slots reserved for it; the proposer fills up to this many
+    draft_tokens: list[int] = field(default_factory=list)  # proposed for this step and verified by it
+    draft_probs: torch.Tensor | None = None  # the proposer's distribution per draft (None: deterministic)
+    logit_rows: slice | None = None  # its rows of the step's logits (set by the runner)
 
     @property
-    def samples(self) -> bool:
-        """Whether this step computes the sequence's last known token, so a new one is sampled."""
+    def num_draft(self) -> int:
+        return len(self.draft_tokens)
+
+    @property
+    def computes_last_token(self) -> bool:
+        """Whether this step computes the sequence's last known token, so that a new one is sampled."""
         return self.seq.num_computed_tokens + self.num_tokens - self.num_draft == self.seq.num_tokens
+
+
+StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences first, then admissions
 
 
 class Scheduler:
@@ -35,7 +52,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.on_release: list = []  # callbacks(seq) when a sequence's blocks are freed (draft caches follow)
+        self.on_release: list[Callable[[Sequence], None]] = []  # when a sequence's blocks are freed
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -45,7 +62,6 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free_sequence(seq)
-        seq.draft_tokens, seq.draft_probs = [], None
         for callback in self.on_release:
             callback(seq)
 
@@ -55,18 +71,20 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def schedule(self) -> list[ScheduledSeq]:
+    def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
+        """This step's plan. drafts: seq_id -> how many draft slots a decoding sequence would like; they are
+        reserved only when budget and blocks allow (never by evicting anyone)."""
         budget = self.max_num_batched_tokens
-        batch: list[ScheduledSeq] = []
+        plan: StepPlan = []
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = seq.num_tokens - seq.num_computed_tokens
-            drafts = len(seq.draft_tokens)
-            if drafts and (n + drafts > budget or not self.block_manager.append_slots(seq, n + drafts)):
-                seq.draft_tokens, seq.draft_probs, drafts = [], None, 0  # verify nothing rather than evict
-            n = min(n + drafts, budget)
+            k = (drafts or {}).get(seq.seq_id, 0) if n == 1 else 0
+            if k and (n + k > budget or not self.block_manager.append_slots(seq, n + k)):
+                k = 0
+            n = min(n + k, budget)
             while not self.block_manager.append_slots(seq, n):
                 victim = self.running.pop()  # the newest; always at or after position i
                 self._preempt(victim)
@@ -74,13 +92,11 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.append(ScheduledSeq(seq, n, drafts))
+                plan.append(ScheduledSeq(seq, n, max_drafts=k))
                 budget -= n
                 i += 1
-        for seq in self.running[i:]:  # not scheduled this step: their drafts are stale by the next
-            seq.draft_tokens, seq.draft_probs = [], None
         if preempted:
-            return batch  # no admissions in a step that had to evict
+            return plan  # no admissions in a step that had to evict
         # A sequence with pending forks (a request's other n - 1) holds their slots too, so that they can
         # join the batch with it once its prompt is prefilled.
         slots = len(self.running) + sum(len(s.forks) for s in self.running)
@@ -96,27 +112,66 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             slots += 1 + len(seq.forks)
-            batch.append(ScheduledSeq(seq, n))
+            plan.append(ScheduledSeq(seq, n))
             budget -= n
-        return batch
+        return plan
 
-    def fork(self, parent: Sequence, child: Sequence, copy_block) -> bool:
-        """Start child from parent's prefilled prompt: it shares the full blocks and gets a copy of the partial
-        last one (copy_block(src, dst) copies its KV), and runs from now on. Without a free block or slot it
-        queues first in line instead, to find the prompt in the prefix cache."""
-        if len(self.running) < self.max_num_seqs:
-            copy = self.block_manager.fork(parent, child)
-            if copy is not False:
+    def start_forks(self, plan: StepPlan, copy_block: Callable[[int, int], None]) -> None:
+        """Siblings of a sequence whose prompt this step finished take its KV (full blocks shared, the
+        partial last one copied) and join the plan, sampling their first tokens from its logits. Without a
+        free block or slot a sibling queues first in line instead, to find the prompt in the prefix cache."""
+        for item in list(plan):
+            parent = item.seq
+            if not parent.forks or not item.computes_last_token:
+                continue
+            children, parent.forks = [c for c in parent.forks if not c.finished], []
+            for child in children:
+                copy = False
+                if len(self.running) < self.max_num_seqs:
+                    copy = self.block_manager.fork(parent, child, parent.num_computed_tokens + item.num_tokens)
+                if copy is False:
+                    self.waiting.appendleft(child)
+                    continue
                 if copy is not None:
                     copy_block(*copy)
                 child.status = Status.RUNNING
                 self.running.append(child)
-                return True
-        self.waiting.appendleft(child)
-        return False
+                plan.append(ScheduledSeq(child, 0, logit_rows=item.logit_rows))
 
-    def finish(self, seq: Sequence) -> None:
+    def postprocess(self, plan: StepPlan, tokens: list[list[int] | None], eos_token_ids: set[int],
+                    max_model_len: int, tokenizer=None) -> list[tuple[Sequence, Exception]]:
+        """Advance each sequence by this step: its KV counts and block hashes, then the tokens sampled for
+        it (tokens[i] for plan[i]: accepted drafts plus one, or None), finishing it where they end it.
+        Returns the sequences whose tokens could not be taken, with the error."""
+        failed = []
+        for item, new in zip(plan, tokens):
+            seq = item.seq
+            if seq.finished:
+                continue
+            if item.num_draft:  # the last known token and the accepted drafts (all of new but one) have KV now
+                seq.num_computed_tokens += len(new) if new else 1
+            else:
+                seq.num_computed_tokens += item.num_tokens
+            self.block_manager.hash_full_blocks(seq)
+            if item.max_drafts:  # slots of rejected or never proposed drafts go back
+                self.block_manager.trim(seq, seq.num_computed_tokens + 1)
+            if not new:
+                continue
+            try:
+                for token in new:
+                    end = append_token(seq, token, eos_token_ids, max_model_len, tokenizer)
+                    if end is not None:
+                        if seq.logprobs is not None:  # entries of tokens past the end are dropped
+                            del seq.logprobs[seq.num_output_tokens:]
+                        self.finish(seq, *end)
+                        break
+            except Exception as e:  # noqa: BLE001 confined to this sequence's request by the caller
+                failed.append((seq, e))
+        return failed
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         """Remove a finished or aborted sequence and release its blocks."""
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:

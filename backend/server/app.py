@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.engine.output import OutputAssembler, RequestDelta
 from backend.outputs import RequestOutput
 from backend.server.async_engine import AsyncEngine
 from backend.server.limits import BodyLimit
@@ -202,12 +203,13 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         rid = new_id("cmpl")
         gens = [engine.generate(f"{rid}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
         if req.stream:
-            return _sse(_stream_completion(rid, req, gens, params))
-        finals = await _until_disconnect(request, _collect(gens))
+            return _sse(_stream_completion(rid, req, gens, prompts))
+        finals = await _until_disconnect(request, _collect(gens, prompts, req.n))
         choices, completion_tokens = [], 0
         for i, out in enumerate(finals):
             for c in out.outputs:
-                choices.append(completion_choice(i * req.n + c.index, c.text, c, req.logprobs))
+                choices.append(completion_choice(i * req.n + c.index, c.text, c.token_ids, c.logprobs, req.logprobs,
+                                                 c.finish_reason))
                 completion_tokens += len(c.token_ids)
         return {"id": rid, "object": "text_completion", "created": now(), "model": state.served_model_name,
                 "choices": choices, "usage": usage(sum(len(p) for p in prompts), completion_tokens)}
@@ -230,8 +232,8 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         rid = new_id("chatcmpl")
         gen = engine.generate(rid, prompt, params)
         if req.stream:
-            return _sse(_stream_chat(rid, req, gen, params, len(prompt)))
-        (out,) = await _until_disconnect(request, _collect([gen]))
+            return _sse(_stream_chat(rid, req, gen, len(prompt)))
+        (out,) = await _until_disconnect(request, _collect([gen], [prompt], req.n))
         choices = [{
             "index": c.index, "message": {"role": "assistant", "content": c.text},
             "logprobs": chat_logprobs(c.logprobs, c.token_ids, req.top_logprobs or 0) if req.logprobs else None,
@@ -240,7 +242,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         return {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
                 "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs))}
 
-    def _stream_chat(rid, req, gen, params, prompt_len) -> AsyncIterator[str]:
+    def _stream_chat(rid, req, gen, prompt_len) -> AsyncIterator[str]:
         created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(choices: list[dict], usage_value=None) -> str:
@@ -254,27 +256,25 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             for i in range(req.n):
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])
-            progress = _Progress(req.n, params.stop)
             completion_tokens = 0
-            async for out in gen:
-                for c in out.outputs:
-                    delta, start, finished = progress.advance(c)
+            async for delta in gen:
+                for d in delta.outputs:
+                    completion_tokens += len(d.token_ids)
                     lp = None
-                    if req.logprobs and c.logprobs is not None and start < len(c.token_ids):
-                        lp = chat_logprobs(c.logprobs[start:], c.token_ids[start:], req.top_logprobs or 0)
-                    if delta or lp:
-                        yield chunk([{"index": c.index, "delta": {"content": delta}, "logprobs": lp,
+                    if req.logprobs and d.logprobs and d.token_ids:
+                        lp = chat_logprobs(d.logprobs, d.token_ids, req.top_logprobs or 0)
+                    if d.text or lp:
+                        yield chunk([{"index": d.index, "delta": {"content": d.text}, "logprobs": lp,
                                       "finish_reason": None}])
-                    if finished:
-                        completion_tokens += len(c.token_ids)
-                        yield chunk([{"index": c.index, "delta": {}, "logprobs": None,
-                                      "finish_reason": c.finish_reason}])
+                    if d.finished:
+                        yield chunk([{"index": d.index, "delta": {}, "logprobs": None,
+                                      "finish_reason": d.finish_reason}])
             if include_usage:
                 yield chunk([], usage(prompt_len, completion_tokens))
 
         return events()
 
-    def _stream_completion(rid, req, gens, params) -> AsyncIterator[str]:
+    def _stream_completion(rid, req, gens, prompts) -> AsyncIterator[str]:
         created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(choices: list[dict], usage_value=None) -> str:
@@ -285,46 +285,23 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             return _event(body)
 
         async def events():
-            progress = [_Progress(req.n, p.stop) for p in params]
+            offsets = [[0] * req.n for _ in prompts]  # characters each choice has sent (logprobs' text_offset)
             prompt_tokens = completion_tokens = 0
-            async for i, out in _merge(gens):
-                for c in out.outputs:
-                    start_text = progress[i].sent[c.index]
-                    delta, start, finished = progress[i].advance(c)
-                    if delta or finished or (req.logprobs is not None and start < len(c.token_ids)):
-                        choice = completion_choice(i * req.n + c.index, delta, c, req.logprobs, start, start_text)
-                        choice["finish_reason"] = c.finish_reason if finished else None
-                        yield chunk([choice])
-                    if finished:
-                        completion_tokens += len(c.token_ids)
-                if out.finished:
-                    prompt_tokens += len(out.prompt_token_ids)
+            async for i, delta in _merge(gens):
+                for d in delta.outputs:
+                    completion_tokens += len(d.token_ids)
+                    if d.text or d.finished or (req.logprobs is not None and d.token_ids):
+                        yield chunk([completion_choice(i * req.n + d.index, d.text, d.token_ids, d.logprobs,
+                                                       req.logprobs, d.finish_reason, offsets[i][d.index])])
+                    offsets[i][d.index] += len(d.text)
+                if delta.finished:
+                    prompt_tokens += len(prompts[i])
             if include_usage:
                 yield chunk([], usage(prompt_tokens, completion_tokens))
 
         return events()
 
     return app
-
-
-class _Progress:
-    """What each choice of a stream has sent; text that could begin a stop string is held back."""
-
-    def __init__(self, n: int, stop: list[str]):
-        self.sent = [0] * n  # characters
-        self.tokens = [0] * n
-        self.done = [False] * n
-        self.hold = max((len(s) for s in stop), default=1) - 1
-
-    def advance(self, c) -> tuple[str, int, bool]:
-        if self.done[c.index]:
-            return "", len(c.token_ids), False
-        end = len(c.text) if c.finished else max(self.sent[c.index], len(c.text) - self.hold)
-        delta = c.text[self.sent[c.index]:end]
-        start = self.tokens[c.index]
-        self.sent[c.index], self.tokens[c.index] = end, len(c.token_ids)
-        self.done[c.index] = c.finished
-        return delta, start, c.finished
 
 
 def _event(body: dict) -> str:
@@ -346,7 +323,7 @@ def _sse(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _merge(gens: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merge(gens: list) -> AsyncIterator[tuple[int, RequestDelta]]:
     """Interleave several requests' output streams, tagged with their position."""
     if len(gens) == 1:
         async for out in gens[0]:
@@ -380,11 +357,12 @@ async def _merge(gens: list) -> AsyncIterator[tuple[int, RequestOutput]]:
             task.cancel()
 
 
-async def _collect(gens: list) -> list[RequestOutput]:
-    finals: list[RequestOutput | None] = [None] * len(gens)
-    async for i, out in _merge(gens):
-        finals[i] = out
-    return finals
+async def _collect(gens: list, prompts: list[list[int]], n: int) -> list[RequestOutput]:
+    """Each request's whole output, assembled from its deltas."""
+    assemblers = [OutputAssembler("", None, prompt, n) for prompt in prompts]
+    async for i, delta in _merge(gens):
+        assemblers[i].add(delta)
+    return [a.output() for a in assemblers]
 
 
 async def _until_disconnect(request: Request, coro):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from backend.engine.llm_engine import LLMEngine
-from backend.outputs import RequestOutput
+from backend.engine.output import RequestDelta
 from backend.sampling_params import SamplingParams
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import APIError
@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class RequestTiming:
     arrival: float
+    num_prompt_tokens: int = 0
     first_token: float | None = None
     last_token: float | None = None
     num_tokens: int = 0
+    first_finish_reason: str | None = None  # of choice 0: the request's outcome in the metrics
 
 
 # One step of a healthy engine takes well under a second to a few seconds; one that has not returned
@@ -68,15 +70,15 @@ class AsyncEngine:
 
     # Called from the event loop ------------------------------------------------------------------------
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Yields the request's cumulative output after each step that advanced it, the last one finished."""
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestDelta]:
+        """Yields what each step that advanced the request changed, the last delta finished."""
         if self._stopping:
             raise APIError(503, "the server is shutting down", type="service_unavailable")
         if self.died is not None:
             raise APIError(503, self.problem(), type="service_unavailable")
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic()))
+        self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic(), len(prompt)))
         self._submit(("add", request_id, prompt, params))
         finished = False
         try:
@@ -202,7 +204,7 @@ class AsyncEngine:
                 continue
             self._step_started = time.monotonic()
             try:
-                outputs = self.engine.step()
+                outputs = self.engine.step_deltas()
             except Exception as e:  # a bug in the engine: fail the requests of the batch, keep serving
                 log.exception("an engine step failed")
                 error = APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error")
@@ -225,16 +227,22 @@ class AsyncEngine:
                     self._streams.pop(out.request_id, None)
                     self._outcome("error")
                     continue
-                self._record_timing(stream[2], out, now)
+                timing = stream[2]
+                self._record_timing(timing, out, now)
                 self._deliver(out.request_id, out)
                 if out.finished:
                     self._streams.pop(out.request_id, None)
                     if self.metrics:
-                        self.metrics.record_finished(out)
+                        self.metrics.record_finished(timing.first_finish_reason, timing.num_prompt_tokens,
+                                                     timing.num_tokens)
 
-    def _record_timing(self, timing: RequestTiming, out: RequestOutput, now: float) -> None:
-        produced = sum(len(c.token_ids) for c in out.outputs)
-        if produced <= timing.num_tokens:
+    def _record_timing(self, timing: RequestTiming, delta: RequestDelta, now: float) -> None:
+        produced = 0
+        for d in delta.outputs:
+            produced += len(d.token_ids)
+            if d.index == 0 and d.finish_reason is not None:
+                timing.first_finish_reason = d.finish_reason
+        if not produced:
             return
         ttft = gap = None
         if timing.first_token is None:
@@ -243,7 +251,7 @@ class AsyncEngine:
         else:
             gap = now - timing.last_token
         timing.last_token = now
-        timing.num_tokens = produced
+        timing.num_tokens += produced
         if self.metrics:
             self.metrics.record_token_timing(ttft, gap)
 

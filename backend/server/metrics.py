@@ -3,8 +3,6 @@
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from backend.outputs import RequestOutput
-
 disable_created_metrics()  # the *_created samples only add noise to every scrape
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 20, 60)
 
@@ -57,10 +55,10 @@ class ServerMetrics:
                              registry=r, buckets=_LATENCY_BUCKETS)
         r.register(EngineCollector(stats))
 
-    def record_finished(self, out: RequestOutput) -> None:
-        self.requests.labels(outcome=out.outputs[0].finish_reason or "abort").inc()
-        self.generation_tokens.inc(sum(len(choice.token_ids) for choice in out.outputs))
-        self.prompt_tokens.inc(len(out.prompt_token_ids))
+    def record_finished(self, finish_reason: str | None, prompt_tokens: int, generated_tokens: int) -> None:
+        self.requests.labels(outcome=finish_reason or "abort").inc()
+        self.generation_tokens.inc(generated_tokens)
+        self.prompt_tokens.inc(prompt_tokens)
 
     def record_outcome(self, outcome: str) -> None:
         self.requests.labels(outcome=outcome).inc()

@@ -10,6 +10,7 @@ cannot fit.
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from backend.engine.admission import chat_prompt_ids
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import InvalidParameter, SamplingParams
 from backend.server.protocol import APIError
@@ -57,16 +58,12 @@ def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
 
 
 def _chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
-    tokenizer = engine.tokenizer
-    if not getattr(tokenizer, "chat_template", None):
-        raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
     check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as e:  # the template's own checks (role order, ...) raise
-        raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
-    return _validate_ids(tokenizer(text, add_special_tokens=False).input_ids, engine.model_config.vocab_size,
-                         "messages")
+        ids = chat_prompt_ids(engine.tokenizer, messages, engine.model_name)
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages") from None
+    return _validate_ids(ids, engine.model_config.vocab_size, "messages")
 
 
 async def completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:

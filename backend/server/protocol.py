@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backend.outputs import CompletionOutput, Logprob
+from backend.outputs import Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
 
 
@@ -210,12 +210,13 @@ def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int],
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def completion_choice(index: int, text: str, out: CompletionOutput, logprobs: int | None, start: int = 0,
-                      offset: int = 0) -> dict:
+def completion_choice(index: int, text: str, token_ids: list[int], entries: list[dict[int, Logprob]] | None,
+                      logprobs: int | None, finish_reason: str | None, offset: int = 0) -> dict:
+    """A completion choice (or a streamed piece of one, offset: the characters sent before it)."""
     lp = None
-    if logprobs is not None and out.logprobs is not None:
-        lp = completion_logprobs(out.logprobs[start:], out.token_ids[start:], logprobs, offset)
-    return {"index": index, "text": text, "logprobs": lp, "finish_reason": out.finish_reason}
+    if logprobs is not None and entries is not None:
+        lp = completion_logprobs(entries, token_ids, logprobs, offset)
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
 
 
 def now() -> int:

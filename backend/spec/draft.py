@@ -12,7 +12,7 @@ import torch
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.model_runner import ModelRunner
-from backend.engine.sampler import apply_penalties, has_penalties, needs_only_argmax, sampling_probs
+from backend.engine.sampler import needs_only_argmax, sampling_probs
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, locate, read_config
@@ -26,10 +26,9 @@ class DraftState:
     token_ids: list[int]
     num_prompt_tokens: int
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1
+    num_cached_tokens: int | None = None
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
-    draft_tokens: list[int] = field(default_factory=list)  # always empty: the draft verifies nothing
     unverified_from: int | None = None  # set while drafts fed to the cache await verification
 
     @property
@@ -96,51 +95,48 @@ class DraftProposer:
             return None
         return state
 
-    def propose(self, seqs: list[Sequence], ks: list[int], sampler) -> None:
-        states = {}
-        for seq, k in zip(seqs, ks):
-            state = self._reserve(seq, k)
+    def propose(self, items: list[ScheduledSeq], sampler) -> None:
+        """Fill each item's drafts (up to its max_drafts): a catch-up pass over what the draft has not seen
+        yields the first, one batched decode pass each the others."""
+        active = []
+        for item in items:
+            seq = item.seq
+            item.draft_tokens, item.draft_probs = [], None
+            state = self._reserve(seq, item.max_drafts)
             if state is not None:
-                states[seq.seq_id] = state
                 state.unverified_from = seq.num_tokens
-                seq.draft_tokens, seq.draft_probs = [], None
-        active = [(seq, k) for seq, k in zip(seqs, ks) if seq.seq_id in states]
-        probs: dict[int, list[torch.Tensor]] = {seq.seq_id: [] for seq, _ in active}
-        for step in range(max((k for _, k in active), default=0)):
-            group = [seq for seq, k in active if k > step]
-            items = []
-            for seq in group:
-                state = states[seq.seq_id]
-                items.append(ScheduledSeq(state, state.num_tokens - state.num_computed_tokens))
-            logits = self.runner.execute(items)  # on the device
-            for item in items:
-                item.seq.num_computed_tokens += item.num_tokens
-            simple = [needs_only_argmax(seq) for seq in group]
+                active.append((item, state))
+        probs: dict[int, list[torch.Tensor]] = {item.seq.seq_id: [] for item, _ in active}
+        for step in range(max((item.max_drafts for item, _ in active), default=0)):
+            group = [(item, state) for item, state in active if item.max_drafts > step]
+            runs = [ScheduledSeq(state, state.num_tokens - state.num_computed_tokens) for _, state in group]
+            logits = self.runner.execute(runs)  # on the device, one row each
+            for run in runs:
+                run.seq.num_computed_tokens += run.num_tokens
+            simple = [needs_only_argmax(item.seq) for item, _ in group]
             top = logits.argmax(dim=-1).tolist() if any(simple) else None
-            host = logits.cpu() if not all(simple) else None
-            for row, seq in enumerate(group):
+            for row, (item, state) in enumerate(group):
                 if simple[row]:
                     token, q = top[row], None
                 else:
-                    token, q = self._sample(host[row], seq, states[seq.seq_id], sampler)
-                states[seq.seq_id].token_ids.append(token)
-                seq.draft_tokens.append(token)
+                    token, q = self._sample(logits[row], item.seq, state, sampler)
+                state.token_ids.append(token)
+                item.draft_tokens.append(token)
                 if q is not None:
-                    probs[seq.seq_id].append(q)
-        for seq, _ in active:
-            seq.draft_probs = torch.stack(probs[seq.seq_id]) if probs[seq.seq_id] else None
+                    probs[item.seq.seq_id].append(q)
+        for item, _ in active:
+            item.draft_probs = torch.stack(probs[item.seq.seq_id]) if probs[item.seq.seq_id] else None
 
     @staticmethod
     def _sample(logits: torch.Tensor, seq: Sequence, state: DraftState, sampler) -> tuple[int, torch.Tensor | None]:
-        """The draft's token from its distribution, processed exactly as the target's will be."""
-        row = logits[None].clone()
-        if has_penalties(seq.params):
-            apply_penalties(row, [(seq.params, state.token_ids, seq.num_prompt_tokens)])
+        """The draft's token from its distribution, processed exactly as the target's will be (the target's
+        sampler, on the device)."""
+        row = sampler.processed(logits[None], [seq], [state.token_ids])
         if seq.params.greedy:
             return int(row.argmax()), None
         q = sampling_probs(row, [seq.params])[0]
         q = q / q.sum()
-        return int(torch.multinomial(q, 1, generator=sampler.generator_for(seq))), q
+        return int(sampler.draw(q[None], [seq])[0]), q
 
     def rollback(self, seq: Sequence, num_valid: int) -> None:
         """Only the first num_valid tokens of the sequence are the ones the draft saw; forget the rest."""
@@ -151,7 +147,7 @@ class DraftProposer:
         state.token_ids = state.token_ids[:num_valid]
         state.unverified_from = None
         del state.block_hashes[state.num_computed_tokens // self.block_manager.block_size:]
-        self.block_manager.commit(state)
+        self.block_manager.hash_full_blocks(state)
 
     def release(self, seq: Sequence) -> None:
         state = self.states.pop(seq.seq_id, None)

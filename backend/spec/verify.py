@@ -11,8 +11,8 @@ top-p and min-p, computed at each position with the drafts before it in the hist
 
 import torch
 
-from backend.engine.sampler import apply_penalties, has_penalties, sampling_probs
-from backend.engine.sequence import Sequence
+from backend.engine.sampler import Sampler, sampling_probs
+from backend.engine.scheduler import ScheduledSeq
 
 
 def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
@@ -23,29 +23,33 @@ def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
     return drafts[:accepted] + [targets[accepted]]
 
 
-def verify(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> list[int]:
-    """logits [k+1, V]: the target at the last known token and at each of the k drafts.
-
-    Returns the tokens to append: the accepted drafts and one more (a correction or a bonus).
-    """
-    drafts = seq.draft_tokens
-    params = seq.params
-    k = len(drafts)
-    logits = logits.cpu()  # plain greedy requests are accepted from argmaxes before they get here
-    if has_penalties(params):
-        logits = logits.clone()
-        apply_penalties(logits, [(params, seq.token_ids + drafts[:j], seq.num_prompt_tokens) for j in range(k + 1)])
+def verify(logits: torch.Tensor, item: ScheduledSeq, sampler: Sampler) -> list[int]:
+    """logits [k+1, V]: the target at the last known token and at each of the k drafts. Returns the tokens
+    to append: the accepted drafts and one more (a correction or a bonus); records their logprobs if asked."""
+    seq, drafts, q = item.seq, item.draft_tokens, item.draft_probs
+    params, k = seq.params, len(item.draft_tokens)
+    processed = sampler.processed(logits, [seq] * (k + 1), [seq.token_ids + drafts[:j] for j in range(k + 1)])
     if params.greedy:
-        return accept_greedy(drafts, logits.argmax(dim=-1).tolist())
-    p = sampling_probs(logits, [params] * (k + 1))
-    p = p / p.sum(dim=-1, keepdim=True)
-    q = seq.draft_probs
-    accepted_tokens = []
+        tokens = accept_greedy(drafts, processed.argmax(dim=-1).tolist())
+    else:
+        p = sampling_probs(processed, [params] * (k + 1))
+        p = p / p.sum(dim=-1, keepdim=True)
+        tokens = _accept_sampled(p, drafts, q, item, sampler)
+    if params.logprobs is not None:
+        raw = torch.log_softmax(logits, dim=-1)
+        for j, token in enumerate(tokens):
+            Sampler.record_logprobs(seq, raw[j], token)
+    return tokens
+
+
+def _accept_sampled(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None, item: ScheduledSeq,
+                    sampler: Sampler) -> list[int]:
+    seq = item.seq
+    accepted = []
     for j, x in enumerate(drafts):
         q_x = 1.0 if q is None else q[j, x].item()
-        u = torch.rand(1, generator=generator).item()
-        if u * q_x < p[j, x].item():
-            accepted_tokens.append(x)
+        if sampler.uniform(seq, p.device) * q_x < p[j, x].item():
+            accepted.append(x)
             continue
         if q is None:
             residual = p[j].clone()
@@ -54,5 +58,5 @@ def verify(logits: torch.Tensor, seq: Sequence, generator: torch.Generator) -> l
             residual = (p[j] - q[j]).clamp_min(0.0)
         if residual.sum() <= 0:  # p == q up to rounding: nothing to correct towards
             residual = p[j]
-        return accepted_tokens + [int(torch.multinomial(residual, 1, generator=generator))]
-    return accepted_tokens + [int(torch.multinomial(p[k], 1, generator=generator))]
+        return accepted + [int(sampler.draw(residual[None], [seq])[0])]
+    return accepted + [int(sampler.draw(p[len(drafts)][None], [seq])[0])]

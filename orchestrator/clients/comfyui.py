@@ -6,6 +6,7 @@ execution_success); /history/{id} holds its outputs, fetched through /view.
 """
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -35,6 +36,7 @@ class Interrupted(ComfyUIError):
     pass
 
 
+OURS = {"scriptorium": True}  # extra_data every prompt we submit carries; ComfyUI keeps it in its queue entry
 Progress = Callable[[dict], None]  # called with {"node": id, "value": n, "max": m} or {"node": id}
 
 
@@ -71,6 +73,33 @@ class ComfyUIClient:
         path = f"/object_info/{node_class}" if node_class else "/object_info"
         return (await self._request("GET", path)).json()
 
+    async def model_files(self) -> dict[str, list[str]]:
+        """The model files ComfyUI offers, by kind, as its loader nodes list them in /object_info."""
+        kinds = {"checkpoints": ("CheckpointLoaderSimple", "ckpt_name"), "loras": ("LoraLoader", "lora_name"),
+                 "vaes": ("VAELoader", "vae_name"), "upscalers": ("UpscaleModelLoader", "model_name")}
+        info = await self.object_info()
+        found = {}
+        for kind, (node, name) in kinds.items():
+            spec = (info.get(node) or {}).get("input", {})
+            found[kind] = [str(c) for c in _choices({**spec.get("required", {}), **spec.get("optional", {})}
+                                                    .get(name)) or []]
+        return found
+
+    async def queue(self) -> dict:
+        """GET /queue: {"queue_running": [...], "queue_pending": [...]}, items [number, prompt_id, prompt,
+        extra_data, outputs]."""
+        return (await self._request("GET", "/queue")).json()
+
+    async def upload_image(self, data: bytes, filename: str, overwrite: bool = False) -> dict:
+        """POST /upload/image (multipart, into the input folder): {"name", "subfolder", "type"}; ComfyUI renames
+        the file ("x (1).png") when one of that name exists and overwrite is off."""
+        response = await self._request("POST", "/upload/image", files={"image": (filename, data)},
+                                       data={"type": "input", "overwrite": "true" if overwrite else "false"})
+        if response.status_code != 200:
+            raise ComfyUIError(f"ComfyUI at {self.base_url} refused the upload of {filename} "
+                               f"({response.status_code}): {response.text[:200]}")
+        return response.json()
+
     async def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
         await self._request("POST", "/free", json={"unload_models": unload_models, "free_memory": free_memory})
 
@@ -79,6 +108,10 @@ class ComfyUIClient:
         running. (A bare POST /interrupt would stop whatever runs, perhaps another client's prompt.)"""
         await self._request("POST", "/queue", json={"delete": [prompt_id]})
         await self._request("POST", "/interrupt", json={"prompt_id": prompt_id})
+
+    async def _cancel_quietly(self, prompt_id: str) -> None:
+        with contextlib.suppress(TimeoutError, ComfyUIError):
+            await asyncio.wait_for(self.cancel(prompt_id), timeout=10)
 
     async def check_choices(self, workflow: dict) -> None:
         """Refuse, before submitting, a workflow naming a model file (or any other choice) ComfyUI does not have."""
@@ -103,8 +136,9 @@ class ComfyUIClient:
                     raise NodeError(node_id, node["class_type"],
                                     f"{name} {value!r} is not available in ComfyUI; available: {shown}")
 
-    async def submit(self, workflow: dict) -> str:
-        response = await self._request("POST", "/prompt", json={"prompt": workflow, "client_id": self.client_id})
+    async def submit(self, workflow: dict, extra_data: dict | None = None) -> str:
+        body = {"prompt": workflow, "client_id": self.client_id, "extra_data": {**OURS, **(extra_data or {})}}
+        response = await self._request("POST", "/prompt", json=body)
         if response.status_code == 400:
             raise _validation_error(response)
         if response.status_code >= 400:
@@ -204,13 +238,18 @@ class ComfyUIClient:
         return response.content
 
     async def generate(self, workflow: dict, on_progress: Progress | None = None,
-                       should_stop: Callable[[], bool] | None = None) -> list[bytes]:
-        """Check, submit, follow and download: the images of every output node, in node order."""
+                       should_stop: Callable[[], bool] | None = None, extra_data: dict | None = None) -> list[bytes]:
+        """Check, submit, follow and download: the images of every output node, in node order.
+        extra_data: kept with the prompt in ComfyUI's queue (it marks the prompt as ours)."""
         await self.check_choices(workflow)
         connection = await self._connect()  # before submitting, so no progress message is missed
         try:
-            prompt_id = await self.submit(workflow)
-            entry = await self._follow(connection, prompt_id, on_progress, should_stop)
+            prompt_id = await self.submit(workflow, extra_data)
+            try:
+                entry = await self._follow(connection, prompt_id, on_progress, should_stop)
+            except asyncio.CancelledError:  # our caller gave up: the prompt must not run on without us
+                await asyncio.shield(self._cancel_quietly(prompt_id))
+                raise
         finally:
             if connection is not None:
                 await connection.close()

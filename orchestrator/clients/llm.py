@@ -1,7 +1,9 @@
 """An async client for any OpenAI-compatible server (ours, vLLM, SGLang, Ollama, llama.cpp, ...).
 
-Retries with exponential backoff on connection errors, 429 and 5xx; a 503 with Retry-After
-(our backend while it sleeps for ComfyUI) is waited out rather than reported as a failure.
+Retries with exponential backoff on 429, 5xx and dropped connections; a 503 with Retry-After
+(our backend while it sleeps for ComfyUI, or loading) is waited out rather than reported as a
+failure. A refused connection (nothing listens) is retried only for `connect_wait` seconds:
+interactive callers (the MCP server) pass 0 and hear at once that the server is not running.
 """
 
 import asyncio
@@ -22,9 +24,10 @@ RETRYABLE = {429, 500, 502, 503, 504}
 
 class LLMClient:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 600.0,
-                 max_wait: float = 600.0, max_retries: int = 8):
+                 max_wait: float = 600.0, max_retries: int = 8, connect_wait: float = 30.0):
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.connect_wait = connect_wait  # how long a refused connection is retried (a restarting server)
         self.max_wait = max_wait  # the longest a call keeps retrying before it gives up
         self.max_retries = max_retries  # for connection errors and 429/5xx; a sleeping backend's 503 is waited out
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -60,6 +63,10 @@ class LLMClient:
                 if response.status_code not in RETRYABLE:
                     raise LLMError(f"{self.base_url}{path} answered {response.status_code}: {_message(response)}")
                 problem = f"{response.status_code}: {_message(response)}"
+            except httpx.ConnectError as e:
+                if time.monotonic() - started >= self.connect_wait:
+                    raise self._unreachable(path, e) from None
+                problem = f"{type(e).__name__}: {e}"
             except httpx.TransportError as e:
                 problem = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             delay = self._delay(attempt, response)
@@ -70,6 +77,10 @@ class LLMClient:
                                f"(last: {problem}); is the LLM server running? (SCRIPTORIUM_LLM_URL)")
             attempt += 1
             await asyncio.sleep(delay)
+
+    def _unreachable(self, path: str, error: httpx.ConnectError) -> "LLMError":
+        return LLMError(f"cannot connect to the LLM server at {self.base_url} ({error or 'connection refused'}) while "
+                        f"asking {path}: start it with `ops up`, or point SCRIPTORIUM_LLM_URL at a running one")
 
     async def models(self) -> list[str]:
         response = await self._request("GET", "/models")
@@ -127,6 +138,11 @@ class LLMClient:
                             if delta:
                                 yield delta
                     return
+            except httpx.ConnectError as e:
+                if time.monotonic() - started >= self.connect_wait:
+                    raise self._unreachable("/chat/completions", e) from None
+                attempt += 1
+                await asyncio.sleep(min(self._delay(attempt, None), self.connect_wait))
             except httpx.TransportError as e:
                 if attempt >= self.max_retries or time.monotonic() - started > self.max_wait:
                     raise LLMError(f"{self.base_url}/chat/completions: {type(e).__name__}: {e}") from None
@@ -161,12 +177,12 @@ class LLMRouter:
     (asked through /models) and fails over to the next when one is down."""
 
     def __init__(self, urls: list[str] | tuple[str, ...], model: str | None = None, api_key: str | None = None,
-                 timeout: float = 600.0, max_wait: float = 600.0):
+                 timeout: float = 600.0, max_wait: float = 600.0, connect_wait: float = 30.0):
         if not urls:
             raise LLMError("no LLM upstream configured; set SCRIPTORIUM_LLM_URL")
         # With more than one upstream, a dead one is skipped after a single retry instead of waited for.
         retries = 8 if len(urls) == 1 else 1
-        self.clients = [LLMClient(u, None, api_key, timeout, max_wait, retries) for u in urls]
+        self.clients = [LLMClient(u, None, api_key, timeout, max_wait, retries, connect_wait) for u in urls]
         self.model = model
         self._served: dict[str, list[str]] = {}
 
@@ -195,6 +211,10 @@ class LLMRouter:
             except (TimeoutError, LLMError) as e:
                 rows.append({"url": client.base_url, "healthy": False, "models": [], "error": str(e) or "timeout"})
         return rows
+
+    def _unreachable(self, path: str, error: httpx.ConnectError) -> "LLMError":
+        return LLMError(f"cannot connect to the LLM server at {self.base_url} ({error or 'connection refused'}) while "
+                        f"asking {path}: start it with `ops up`, or point SCRIPTORIUM_LLM_URL at a running one")
 
     async def models(self) -> list[str]:
         seen = []

@@ -8,7 +8,8 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from common.files import atomic_write_bytes
-from ops.lease import LeaseError
+from common.lease import LeaseError
+from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMRouter
 from orchestrator.jobs import JobStore
@@ -19,11 +20,6 @@ from orchestrator.pipeline.research import research
 from orchestrator.pipeline.writing import write_section
 from orchestrator.settings import Settings
 from orchestrator.workflows import TemplateError
-
-
-class Cancelled(Exception):
-    pass
-
 
 # The files the step being done has written. Sections are written concurrently, each in its own task, so the
 # step a file belongs to is a context variable (tasks and to_thread copy it), not an attribute of the run.
@@ -98,9 +94,10 @@ class ArticleRun:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._save("params.json", json.dumps(self.params.to_dict(), indent=2))
         try:
-            result = await self._pipeline()
+            result = await unless_cancelled(self.store, self.run_id, self._pipeline())
         except Cancelled:
-            self.store.update(self.run_id, status="cancelled", message="cancelled between steps")
+            self.store.update(self.run_id, status="cancelled",
+                              message="cancelled; requests in flight were aborted, steps already done are kept")
             raise
         except Interrupted:
             self.store.update(self.run_id, status="cancelled", message="cancelled; the ComfyUI prompt was interrupted")
@@ -192,7 +189,8 @@ class ArticleRun:
 
         try:
             async with holding(self.lease, self.params.template, f"{self.run_id}/illustrate:{i:02d}"):
-                png = await render(comfyui, prompt, self.params, i, progress, self._cancel_requested)
+                png = await render(comfyui, prompt, self.params, i, progress, self._cancel_requested,
+                                   {"scriptorium_job": self.run_id})
         except Interrupted:
             raise
         except (ComfyUIError, TemplateError, LeaseError) as e:  # the article still completes, saying why

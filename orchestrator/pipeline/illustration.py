@@ -1,11 +1,15 @@
 """Illustration: an image prompt per illustrated section from the LLM, the image from ComfyUI."""
 
+import os
 from collections.abc import Callable
 from contextlib import nullcontext
 
+from common.gpu import probe
+from common.sizes import SizeError, in_bytes, parse_memory
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
 from orchestrator.clients.llm import LLMRouter
+from orchestrator.lease import Coordinator
 from orchestrator.pipeline.params import ArticleParams
 
 
@@ -23,43 +27,37 @@ async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: Articl
 
 async def render(comfyui: ComfyUIClient, prompt: str, params: ArticleParams, index: int,
                  on_progress: Callable[[dict], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> bytes:
+                 should_stop: Callable[[], bool] | None = None, extra_data: dict | None = None) -> bytes:
     workflow, defaults = workflows.load(params.template)
     seed = None if params.seed is None else params.seed + index
     filled = workflows.fill(workflow, {**defaults, "prompt": prompt, "seed": seed})
-    images = await comfyui.generate(filled, on_progress, should_stop)
+    images = await comfyui.generate(filled, on_progress, should_stop, extra_data)
     return images[0]
 
 
-# What a render of each built-in template holds on the card (the model loaded plus working memory);
-# a user's template uses the comfyui service's x-ops.gpu_memory from compose.yaml.
-TEMPLATE_MEMORY = {"sd15": 4 << 30, "sdxl": 8 << 30, "flux": 16 << 30}
-DEFAULT_MEMORY = 8 << 30
+# What a render of each built-in template holds on the card (the model loaded plus working memory); a
+# user's template is budgeted like the comfyui service: SCRIPTORIUM_COMFYUI_GPU_MEMORY, the value
+# compose.yaml's x-ops.gpu_memory for it defaults to.
+TEMPLATE_MEMORY = {"sd15": 4 << 30, "sdxl": 8 << 30, "flux": 16 << 30, "img2img": 4 << 30, "upscale": 2 << 30}
+DEFAULT_MEMORY = "8GiB"
 
 
 def image_memory(template: str) -> int:
     if template in TEMPLATE_MEMORY:
         return TEMPLATE_MEMORY[template]
-    from ops.gpu import probe
-    from ops.stack import StackError, load
-
     try:
-        service = load().services.get("comfyui")
-    except StackError:
-        return DEFAULT_MEMORY
+        amount = parse_memory(os.environ.get("SCRIPTORIUM_COMFYUI_GPU_MEMORY") or DEFAULT_MEMORY)
+    except SizeError:
+        amount = parse_memory(DEFAULT_MEMORY)
     devices, _ = probe()
-    return service.budget(devices[0].total if devices else 0) if service else DEFAULT_MEMORY
+    return in_bytes(amount, devices[0].total if devices else 0)
 
 
 def lease_for(settings, comfyui_url: str | None, llm_url: str | None):
     """The GPU lease coordinator for image jobs (None when there is nothing to coordinate)."""
     if not comfyui_url:
         return None
-    from ops.lease import Coordinator, LeaseConfig
-
-    config = LeaseConfig(enabled=settings.leases, idle=settings.lease_idle,
-                         drain_timeout=settings.lease_drain_timeout, memory_timeout=settings.lease_memory_timeout)
-    return Coordinator(settings.home, llm_url, comfyui_url, config)
+    return Coordinator(settings, llm_url, comfyui_url)
 
 
 def holding(lease, template: str, job: str):

@@ -1,32 +1,42 @@
 """An image job: one ComfyUI render from a template, stored like any run (the MCP image tool's job)."""
 
 import os
-from dataclasses import asdict, dataclass
+import random
+from dataclasses import asdict, dataclass, field
 
 from common.files import atomic_write_bytes
 from orchestrator import workflows
+from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.illustration import holding, lease_for
 from orchestrator.pipeline.outputs import fingerprint
 from orchestrator.pipeline.params import ParamsError
 from orchestrator.settings import Settings
+from orchestrator.workflows import edit
 
 
 @dataclass
 class ImageParams:
-    prompt: str
+    prompt: str | None = None  # needed by the templates that have {{prompt}}
     negative_prompt: str | None = None
     width: int | None = None  # None: the template's default
     height: int | None = None
     steps: int | None = None
     cfg: float | None = None
     seed: int | None = None
-    template: str = "sd15"
+    template: str = "sd15"  # a built-in name or the path of an API-format workflow
     comfyui_url: str | None = None
+    checkpoint: str | None = None  # a file from list_image_models' checkpoints
+    lora: str | None = None  # spliced in after the checkpoint loader
+    lora_strength: float = 1.0
+    image: str | None = None  # a file in ComfyUI's input folder (img2img, upscale)
+    denoise: float | None = None
+    upscale_model: str | None = None
+    overrides: dict = field(default_factory=dict)  # {"placeholder": v} or {"<node>.<input>": v}
 
     def __post_init__(self) -> None:
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
             raise ParamsError("prompt must be a non-empty string")
         for name in ("width", "height"):
             value = getattr(self, name)
@@ -34,6 +44,12 @@ class ImageParams:
                 raise ParamsError(f"{name} must be a multiple of 8 between 64 and 4096, got {value}")
         if self.steps is not None and not 1 <= self.steps <= 200:
             raise ParamsError(f"steps must be between 1 and 200, got {self.steps}")
+        if self.denoise is not None and not 0 < self.denoise <= 1:
+            raise ParamsError(f"denoise must be in (0, 1], got {self.denoise}")
+        if not isinstance(self.overrides, dict):
+            raise ParamsError("overrides must be an object of names to values")
+        if self.template in workflows.NEEDS_IMAGE and not self.image:
+            raise ParamsError(f"the {self.template} template needs an image (upload one with upload_image)")
 
     @classmethod
     def from_dict(cls, data: dict) -> "ImageParams":
@@ -46,6 +62,28 @@ class ImageParams:
         return asdict(self)
 
 
+def build_workflow(params: ImageParams) -> tuple[dict, dict]:
+    """(the workflow to submit, the placeholder values used): template filled, then checkpoint, LoRA and named
+    input overrides applied. Raises TemplateError naming what is wrong."""
+    workflow, defaults = workflows.load(params.template)
+    named = {k: v for k, v in params.overrides.items() if "." not in k}
+    unknown = sorted(set(named) - set(workflows.PLACEHOLDERS))
+    if unknown:
+        raise workflows.TemplateError(f"unknown override(s) {', '.join(unknown)}: use a placeholder "
+                                      f"({', '.join(workflows.PLACEHOLDERS)}) or <node>.<input>")
+    given = {k: v for k, v in params.to_dict().items() if k in workflows.PLACEHOLDERS and v is not None}
+    values = {**defaults, **given, **named}
+    if values.get("seed") is None:  # chosen here, so the result can say which seed made the image
+        values["seed"] = random.randrange(2**48)
+    filled = workflows.fill(workflow, values)
+    if params.checkpoint and "checkpoint" not in workflows.placeholders(workflow):
+        filled = edit.with_checkpoint(filled, params.checkpoint)
+    if params.lora:
+        filled = edit.with_lora(filled, params.lora, params.lora_strength)
+    filled = edit.with_inputs(filled, {k: v for k, v in params.overrides.items() if "." in k})
+    return filled, values
+
+
 async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
     store.claim(run_id, os.getpid())
     params = ImageParams.from_dict(store.get(run_id).params)
@@ -55,9 +93,7 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
         if not url:
             raise ParamsError("ComfyUI is not configured: set SCRIPTORIUM_COMFYUI_URL (or start the stack's comfyui "
                               "service with `ops up`)")
-        workflow, defaults = workflows.load(params.template)
-        values = {**defaults, **{k: v for k, v in params.to_dict().items() if v is not None}}
-        filled = workflows.fill(workflow, values)
+        filled, values = build_workflow(params)
         store.start_step(run_id, "render")
         store.update(run_id, stage="render")
 
@@ -69,7 +105,8 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
         lease = lease_for(settings, url, settings.llm_urls[0])
         try:
             async with holding(lease, params.template, run_id), ComfyUIClient(url, settings.comfyui_timeout) as comfy:
-                images = await comfy.generate(filled, progress, lambda: store.cancel_requested(run_id))
+                images = await unless_cancelled(store, run_id, comfy.generate(
+                    filled, progress, lambda: store.cancel_requested(run_id), {"scriptorium_job": run_id}))
         finally:
             if lease is not None:
                 await lease.finish()
@@ -82,7 +119,7 @@ async def run_image(store: JobStore, run_id: str, settings: Settings) -> dict:
             files[path.name] = fingerprint(data)
         result = {"run_dir": str(run_dir), "images": paths, "seed": values.get("seed")}
         store.finish_step(run_id, "render", result, files=files)
-    except Interrupted:
+    except (Interrupted, Cancelled):
         store.update(run_id, status="cancelled", message="cancelled; the ComfyUI prompt was interrupted")
         raise
     except BaseException as e:

@@ -5,14 +5,10 @@ each step it consumed. A file that is missing, empty or changed, or an input tha
 different result, makes the step stale: it is redone, and so in turn is everything that consumed it.
 """
 
-import hashlib
 from pathlib import Path
 
+from common.hashing import fingerprint
 from orchestrator.jobs import Step
-
-
-def fingerprint(data: bytes) -> dict:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
 def file_problem(run_dir: Path, relative: str, recorded: dict | None) -> str | None:

@@ -11,7 +11,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
-PLACEHOLDERS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg", "seed", "checkpoint")
+PLACEHOLDERS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg", "seed", "checkpoint", "image", "denoise",
+                "upscale_model")
 BUILTIN = {
     "sd15": {"width": 512, "height": 512, "steps": 25, "cfg": 7.0, "checkpoint": "v1-5-pruned-emaonly.safetensors",
              "negative_prompt": "blurry, low quality, watermark, text"},
@@ -19,7 +20,12 @@ BUILTIN = {
              "negative_prompt": "blurry, low quality, watermark, text"},
     "flux": {"width": 1024, "height": 1024, "steps": 20, "cfg": 3.5, "checkpoint": "flux1-dev-fp8.safetensors",
              "negative_prompt": ""},
+    # Image input: `image` names a file in ComfyUI's input folder (upload_image puts it there).
+    "img2img": {"steps": 25, "cfg": 7.0, "denoise": 0.6, "checkpoint": "v1-5-pruned-emaonly.safetensors",
+                "negative_prompt": "blurry, low quality, watermark, text"},
+    "upscale": {"upscale_model": "RealESRGAN_x4plus.pth"},
 }
+NEEDS_IMAGE = ("img2img", "upscale")
 _WHOLE = re.compile(r"^\{\{(\w+)\}\}$")
 _INLINE = re.compile(r"\{\{(\w+)\}\}")
 

@@ -97,7 +97,7 @@ def test_freed_cached_blocks_are_reused_least_recently_freed_first():
     for seq in (a, b):
         assert bm.allocate(seq, [], [], 4)
         seq.num_computed_tokens = 4
-        bm.commit(seq)
+        bm.hash_full_blocks(seq)
     assert bm.num_free_blocks == 0 and not bm.allocate(_seq([9, 10, 11]), [], [], 3)
     bm.free_sequence(a)  # freed first, so evicted first
     bm.free_sequence(b)
@@ -115,7 +115,7 @@ def test_hash_collision_never_serves_wrong_tokens(monkeypatch):
     a = _seq([1, 2, 3])
     assert bm.allocate(a, [], [], 3)
     a.num_computed_tokens = 3
-    bm.commit(a)
+    bm.hash_full_blocks(a)
     assert bm.find_cached_prefix(_seq([1, 2, 9]))[0] == [a.block_table[0]]
     assert bm.find_cached_prefix(_seq([5, 6, 9]))[0] == []  # same hash, other tokens: a miss
 

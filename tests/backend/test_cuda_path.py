@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.llm_engine import warm_up
+from backend.engine.memory import warm_up
 from backend.loader import load_model, locate, read_config
 from tests.backend.conftest import prompts_of_lengths
 
@@ -110,7 +110,7 @@ def test_a_padded_static_decode_batch_matches_the_eager_step(family, tiny_dir, m
     for _ in range(3):  # prompts in, then decodes
         engine.step()
     batch = [ScheduledSeq(seq, 1) for seq in engine.scheduler.running]
-    assert len(batch) == 3 and all(item.samples for item in batch)
+    assert len(batch) == 3 and all(item.computes_last_token for item in batch)
     runner = engine.runner
     runner.allocate_static(8, engine.max_model_len)
     runner.static["tables"].fill_(7)  # stale entries past each row's blocks must not matter
@@ -153,7 +153,7 @@ def test_a_draft_model_sleeps_and_wakes_with_the_target(tiny_dir):
 
 
 def test_the_kv_cache_gets_what_the_budget_leaves_after_weights_and_activations():
-    from backend.engine.llm_engine import kv_cache_blocks
+    from backend.engine.memory import kv_cache_blocks
 
     gib, mib = 2**30, 2**20
     # 40 GiB allowed; 16 GiB of weights; the warm-up peaked at weights + its 1 GiB cache + 3 GiB of activations.

@@ -60,7 +60,7 @@ def test_every_gguf_format_compiles_for_the_card(capability, compiled):
 
 def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():
     """Block tables index the cache in blocks that the attention kernels load as one tile."""
-    from backend.engine.llm_engine import check_cuda_block_size
+    from backend.engine.memory import check_cuda_block_size
 
     check_cuda_block_size(16)
     check_cuda_block_size(32)

@@ -135,3 +135,18 @@ def test_prune_keeps_exactly_the_right_set(tmp_path):
         weeks.setdefault(when.isocalendar()[:2], backup_id)
     expected |= set(list(days.values())[:7]) | set(list(weeks.values())[:4])
     assert kept == expected and len(removed) == 80 - len(expected)
+
+
+def test_backup_keeps_the_copies_of_the_agent_configs_install_recorded(tmp_path, monkeypatch):
+    from common.agent_configs import remember
+    from ops.cli import _backup_configs
+    from ops.stack import load
+
+    monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "home"))
+    config = tmp_path / "agent" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text("mcp_servers: {}\n")
+    copy = config.parent / "config.yaml.20260101-000000.scriptorium.bak"
+    copy.write_text("old\n")
+    remember(config, tmp_path / "home")
+    assert copy in _backup_configs(load(str(Path(__file__).resolve().parents[2] / "compose.yaml")))

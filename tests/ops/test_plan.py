@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from ops.gpu import Device, GPUProcess
+from common.gpu import Device, GPUProcess
 from ops.plan import make_plan, order
 from ops.stack import StackError, interpolate, load, parse_size
 from tests.backend.server_process import ROOT

@@ -1,9 +1,12 @@
 """A stand-in for ComfyUI (which cannot be installed from package registries) that speaks its protocol.
 
 HTTP: POST /prompt (validated like ComfyUI: node types, required inputs, links and their types,
-classic choice lists; 400 with node_errors), GET /history[/{id}], GET /view, GET /object_info[/{class}],
-GET /system_stats, POST /free, POST /interrupt (of one prompt_id, or of whatever runs), GET/POST /queue
-(delete pending prompts). Websocket /ws?clientId=: status, execution_start, execution_cached,
+classic choice lists; 400 with node_errors; extra_data and client_id kept in the queue entry),
+GET /history[/{id}], GET /view, GET /object_info[/{class}] (LoadImage's choices are the files in the
+input folder, with image_upload), POST /upload/image (multipart "image", "overwrite", "type",
+"subfolder"; an existing name without overwrite becomes "name (1).ext"), GET /system_stats (VRAM free
+drops while a model is loaded), POST /free, POST /interrupt (of one prompt_id, or of whatever runs),
+GET/POST /queue (delete pending prompts, clear). Websocket /ws?clientId=: status, execution_start, execution_cached,
 executing, progress, executed, execution_error, execution_interrupted, execution_success.
 
 Behaviours checked against ComfyUI 0.3.64 run on the CPU: one worker runs prompts in order; a prompt's
@@ -31,11 +34,19 @@ from fastapi.responses import JSONResponse, Response
 
 UPSCALERS = ["RealESRGAN_x4plus.pth"]
 CHECKPOINTS = ["v1-5-pruned-emaonly.safetensors", "sd_xl_base_1.0.safetensors", "flux1-dev-fp8.safetensors"]
+LORAS = ["ink-wash.safetensors", "illuminated-manuscript.safetensors"]
+VAES = ["vae-ft-mse-840000-ema-pruned.safetensors"]
+VRAM_TOTAL, VRAM_LOADED = 24 << 30, 3 << 30  # a loaded checkpoint holds 3 GiB until /free
 INT, FLOAT, STRING = ["INT", {"default": 0}], ["FLOAT", {"default": 0.0}], ["STRING", {"default": ""}]
 NODES = {
     "CheckpointLoaderSimple": ({"ckpt_name": [CHECKPOINTS]}, ["MODEL", "CLIP", "VAE"]),
     "EmptyLatentImage": ({"width": INT, "height": INT, "batch_size": INT}, ["LATENT"]),
     "EmptySD3LatentImage": ({"width": INT, "height": INT, "batch_size": INT}, ["LATENT"]),
+    "LoraLoader": ({"model": ["MODEL"], "clip": ["CLIP"], "lora_name": [LORAS], "strength_model": FLOAT,
+                    "strength_clip": FLOAT}, ["MODEL", "CLIP"]),
+    "VAELoader": ({"vae_name": [VAES]}, ["VAE"]),
+    "LoadImage": ({"image": [[], {"image_upload": True}]}, ["IMAGE", "MASK"]),  # choices: the input folder
+    "VAEEncode": ({"pixels": ["IMAGE"], "vae": ["VAE"]}, ["LATENT"]),
     "CLIPTextEncode": ({"text": STRING, "clip": ["CLIP"]}, ["CONDITIONING"]),
     "ConditioningZeroOut": ({"conditioning": ["CONDITIONING"]}, ["CONDITIONING"]),
     "FluxGuidance": ({"conditioning": ["CONDITIONING"], "guidance": FLOAT}, ["CONDITIONING"]),
@@ -52,8 +63,16 @@ NODES = {
 }
 
 
-def object_info(cls: str) -> dict:
+def spec(cls: str, input_dir: Path) -> tuple[dict, list]:
     inputs, outputs = NODES[cls]
+    if cls == "LoadImage":  # like ComfyUI, the files in the input folder at the time of asking
+        files = sorted(p.name for p in input_dir.iterdir() if p.is_file()) if input_dir.is_dir() else []
+        inputs = {"image": [files, {"image_upload": True}]}
+    return inputs, outputs
+
+
+def object_info(cls: str, input_dir: Path) -> dict:
+    inputs, outputs = spec(cls, input_dir)
     return {"input": {"required": inputs}, "output": outputs, "output_node": cls == "SaveImage", "name": cls,
             "display_name": cls, "category": "test"}
 
@@ -62,7 +81,7 @@ def node_error(kind: str, message: str, details: str) -> dict:
     return {"type": kind, "message": message, "details": details, "extra_info": {}}
 
 
-def validate(prompt: dict) -> tuple[dict | None, dict]:
+def validate(prompt: dict, input_dir: Path) -> tuple[dict | None, dict]:
     """(top-level error or None, node_errors) the way ComfyUI's validate_prompt reports them."""
     if not isinstance(prompt, dict):
         return node_error("invalid_prompt", "Invalid prompt", "not an object"), {}
@@ -75,9 +94,9 @@ def validate(prompt: dict) -> tuple[dict | None, dict]:
         return node_error("prompt_no_outputs", "Prompt has no outputs", ""), {}
     errors = {}
     for node_id, node in prompt.items():
-        spec, _ = NODES[node["class_type"]]
+        inputs, _ = spec(node["class_type"], input_dir)
         problems = []
-        for name, kind in spec.items():
+        for name, kind in inputs.items():
             value = node.get("inputs", {}).get(name)
             if value is None:
                 problems.append(node_error("required_input_missing", "Required input is missing", name))
@@ -122,6 +141,23 @@ def order(prompt: dict) -> list[str]:
     return result
 
 
+def size_of(prompt: dict, node_id: str, input_dir: Path) -> tuple[int, int]:
+    """The pixel size flowing out of a node: from the empty latent, or the loaded image (x4 through an upscaler)."""
+    from PIL import Image
+
+    node = prompt[node_id]
+    cls, inputs = node["class_type"], node["inputs"]
+    if cls.startswith("Empty"):
+        return int(inputs["width"]), int(inputs["height"])
+    if cls == "LoadImage":
+        with Image.open(input_dir / inputs["image"]) as image:
+            return image.size
+    source = {"VAEEncode": "pixels", "KSampler": "latent_image", "VAEDecode": "samples", "SaveImage": "images",
+              "ImageUpscaleWithModel": "image"}[cls]
+    width, height = size_of(prompt, inputs[source][0], input_dir)
+    return (width * 4, height * 4) if cls == "ImageUpscaleWithModel" else (width, height)
+
+
 def png(width: int, height: int, seed: int) -> bytes:
     from PIL import Image
 
@@ -131,7 +167,7 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def build_app(output_dir: Path) -> FastAPI:
+def build_app(output_dir: Path, input_dir: Path) -> FastAPI:
     app = FastAPI()
     state = {"behaviour": {}, "history": {}, "sockets": {}, "calls": [], "interrupt": asyncio.Event(), "counter": 0,
              "loaded": False, "pending": [], "running": None, "worker": None, "cache": {}}
@@ -171,8 +207,8 @@ def build_app(output_dir: Path) -> FastAPI:
             node = prompt[node_id]
             cls = node["class_type"]
             await event("executing", {"node": node_id, "display_node": node_id})
-            spec, _ = NODES[cls]
-            missing = [name for name, kind in spec.items() if kind[0] == "COMBO"
+            inputs, _ = spec(cls, input_dir)
+            missing = [name for name, kind in inputs.items() if kind[0] == "COMBO"
                        and node["inputs"].get(name) not in kind[1]["options"]]
             if behaviour.get("fail_class") == cls or missing:
                 message = behaviour.get("message", "out of memory") if not missing else \
@@ -194,12 +230,11 @@ def build_app(output_dir: Path) -> FastAPI:
                     await event("progress", {"value": step, "max": steps, "node": node_id})
                     await asyncio.sleep(0.005)
             if cls == "SaveImage":
-                latent = next(n for n in prompt.values() if n["class_type"].startswith("Empty"))
-                sampler = next(n for n in prompt.values() if n["class_type"] == "KSampler")
+                sampler = next((n for n in prompt.values() if n["class_type"] == "KSampler"), None)
                 state["counter"] += 1
                 name = f"{node['inputs']['filename_prefix']}_{state['counter']:05d}_.png"
-                (output_dir / name).write_bytes(png(int(latent["inputs"]["width"]), int(latent["inputs"]["height"]),
-                                                    int(sampler["inputs"]["seed"])))
+                width, height = size_of(prompt, node_id, input_dir)
+                (output_dir / name).write_bytes(png(width, height, int(sampler["inputs"]["seed"]) if sampler else 0))
                 output = {"images": [{"filename": name, "subfolder": "", "type": "output"}]}
                 entry["outputs"][node_id] = output
                 await event("executed", {"node": node_id, "display_node": node_id, "output": output})
@@ -223,12 +258,17 @@ def build_app(output_dir: Path) -> FastAPI:
     async def post_prompt(request: Request):
         body = await request.json()
         prompt = body.get("prompt")
-        error, node_errors = validate(prompt)
+        error, node_errors = validate(prompt, input_dir)
         state["calls"].append({"path": "/prompt", "valid": error is None})
         if error is not None:
             return JSONResponse({"error": error, "node_errors": node_errors}, status_code=400)
         prompt_id = str(uuid.uuid4())
-        state["history"][prompt_id] = {"prompt": [len(state["history"]), prompt_id, prompt, {}, []], "outputs": {},
+        extra_data = dict(body.get("extra_data") or {})
+        if "client_id" in body:
+            extra_data["client_id"] = body["client_id"]
+        outputs = [i for i, n in prompt.items() if n["class_type"] == "SaveImage"]
+        state["history"][prompt_id] = {"prompt": [len(state["history"]), prompt_id, prompt, extra_data, outputs],
+                                       "outputs": {},
                                        "status": {"status_str": None, "completed": False, "messages": []}}
         state["pending"].append((prompt_id, prompt, body.get("client_id")))
         if state["worker"] is None or state["worker"].done():
@@ -271,17 +311,39 @@ def build_app(output_dir: Path) -> FastAPI:
 
     @app.get("/object_info")
     async def all_object_info():
-        return {cls: object_info(cls) for cls in NODES}
+        return {cls: object_info(cls, input_dir) for cls in NODES}
 
     @app.get("/object_info/{cls}")
     async def one_object_info(cls: str):
-        return {cls: object_info(cls)} if cls in NODES else {}
+        return {cls: object_info(cls, input_dir)} if cls in NODES else {}
+
+    @app.post("/upload/image")
+    async def upload_image(request: Request):
+        form = await request.form()
+        image = form.get("image")
+        state["calls"].append({"path": "/upload/image", "filename": getattr(image, "filename", None)})
+        if image is None or not getattr(image, "filename", None):
+            return Response(status_code=400)
+        folder = input_dir / str(form.get("subfolder", ""))
+        if ".." in image.filename or "/" in image.filename or ".." in str(form.get("subfolder", "")):
+            return Response(status_code=400)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = image.filename
+        if str(form.get("overwrite", "")).lower() not in ("true", "1"):
+            stem, dot, ext = name.rpartition(".")
+            i = 1
+            while (folder / name).exists():
+                name = f"{stem} ({i}).{ext}" if dot else f"{image.filename} ({i})"
+                i += 1
+        (folder / name).write_bytes(await image.read())
+        return {"name": name, "subfolder": str(form.get("subfolder", "")), "type": str(form.get("type", "input"))}
 
     @app.get("/system_stats")
     async def system_stats():
+        free = VRAM_TOTAL - (VRAM_LOADED if state["loaded"] else 0) - (1 << 28)
         return {"system": {"os": "posix", "comfyui_version": "fake", "python_version": "3", "embedded_python": False},
-                "devices": [{"name": "cpu", "type": "cpu", "index": None, "vram_total": 8 << 30,
-                             "vram_free": 6 << 30, "torch_vram_total": 0, "torch_vram_free": 0}]}
+                "devices": [{"name": "cpu", "type": "cpu", "index": None, "vram_total": VRAM_TOTAL,
+                             "vram_free": free, "torch_vram_total": 0, "torch_vram_free": 0}]}
 
     @app.post("/free")
     async def free(request: Request):
@@ -339,10 +401,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--input", help="ComfyUI's input folder (default: beside --output, named input)")
     args = parser.parse_args()
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    uvicorn.run(build_app(output), host="127.0.0.1", port=args.port, log_level="warning")
+    inputs = Path(args.input) if args.input else output.parent / f"{output.name}-input"
+    inputs.mkdir(parents=True, exist_ok=True)
+    uvicorn.run(build_app(output, inputs), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

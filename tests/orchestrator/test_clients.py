@@ -245,7 +245,7 @@ def test_llm_client_does_not_retry_a_client_error(llm_server):
 def test_templates_fill_typed_values_and_refuse_unknown_placeholders(tmp_path):
     for name in workflows.BUILTIN:
         workflow, defaults = workflows.load(name)
-        filled = workflows.fill(workflow, {**defaults, "prompt": "ink", "seed": 5})
+        filled = workflows.fill(workflow, {**defaults, "prompt": "ink", "seed": 5, "image": "in.png"})
         assert "{{" not in json.dumps(filled)
     filled = sd15(width=640)
     assert filled["5"]["inputs"]["width"] == 640 and filled["3"]["inputs"]["seed"] == 1

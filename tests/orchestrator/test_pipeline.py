@@ -95,6 +95,7 @@ def test_cancel_interrupts_the_comfyui_prompt(settings, comfyui):
     run = api.start_article({"topic": "vellum", "sections": 2, "images": 1, "words_per_section": 40}, settings)
     store = JobStore(settings.jobs_db)
     wait_for(lambda: (s := store.step(run.id, "illustrate:00")) is not None and s.status == "running")
+    wait_for(lambda: comfyui.queue()["queue_running"])  # the render itself, not the image prompt before it
     result = run_cli(settings, "cancel", run.id, "--json")
     assert result.returncode == 0, result.stderr
     wait_for(lambda: store.get(run.id).status == "cancelled", timeout=30)

@@ -104,13 +104,13 @@ def test_health_reports_an_engine_stuck_in_one_step(inprocess):
     engine = state.engine
     engine.wedged_after = 0.5
     release = threading.Event()
-    step = engine.engine.step
+    step = engine.engine.step_deltas
 
     def hung_step():
         release.wait(30)
         return step()
 
-    engine.engine.step = hung_step
+    engine.engine.step_deltas = hung_step
     request = threading.Thread(target=httpx.post, args=(f"{url}/v1/chat/completions",), daemon=True,
                                kwargs={"json": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
                                        "timeout": 60})
@@ -123,17 +123,18 @@ def test_health_reports_an_engine_stuck_in_one_step(inprocess):
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200
 
 
-def test_a_request_that_fails_mid_generation_gets_its_500_alone_and_is_counted(inprocess):
-    url, state = inprocess
-    engine = state.engine.engine
-    append = engine._append_token
+def test_a_request_that_fails_mid_generation_gets_its_500_alone_and_is_counted(inprocess, monkeypatch):
+    import backend.engine.scheduler as scheduler
 
-    def faulty(seq, token):
+    url, _ = inprocess
+    append = scheduler.append_token
+
+    def faulty(seq, token, *args):
         if seq.params.max_tokens == 7:  # the marked request
             raise RuntimeError("simulated stop-string fault")
-        return append(seq, token)
+        return append(seq, token, *args)
 
-    engine._append_token = faulty
+    monkeypatch.setattr(scheduler, "append_token", faulty)
     body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "ignore_eos": True}
 
     async def both():
@@ -142,7 +143,6 @@ def test_a_request_that_fails_mid_generation_gets_its_500_alone_and_is_counted(i
                                         client.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 9}))
 
     marked, healthy = asyncio.run(both())
-    engine._append_token = append
     assert marked.status_code == 500 and "simulated stop-string fault" in marked.json()["error"]["message"]
     assert healthy.status_code == 200 and healthy.json()["usage"]["completion_tokens"] == 9
     text = httpx.get(f"{url}/metrics").text

@@ -1,0 +1,137 @@
+"""What a step changes in a sequence's output: its tokens appended, detokenized and checked against the
+stops, then handed on as deltas; cumulative outputs are assembled from deltas where a caller wants them.
+
+Text that could be the start of a stop string is held back until it cannot be (the stop string itself is
+never part of the output), so a delta's text is always final.
+"""
+
+from dataclasses import dataclass, field
+
+from backend.engine.sequence import Sequence
+from backend.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+@dataclass
+class SequenceDelta:
+    index: int
+    token_ids: list[int]  # the tokens generated since the last delta
+    text: str  # the text that became final since the last delta
+    logprobs: list[dict[int, Logprob]] | None = None  # one entry per new token, when asked for
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestDelta:
+    request_id: str
+    outputs: list[SequenceDelta]  # the sequences this step changed
+    finished: bool = False  # every sequence of the request has finished
+    error: str | None = None  # processing the request failed; its sequences end with finish_reason "error"
+    num_cached_tokens: int = 0
+
+
+def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int,
+                 tokenizer=None) -> tuple[str, int | str | None] | None:
+    """Add one generated token; returns (finish_reason, stop_reason) when it ends the sequence."""
+    seq.token_ids.append(token)
+    if seq.matcher is not None and not seq.matcher.accept_token(token):
+        raise RuntimeError(f"token {token} does not continue the output's grammar")
+    p = seq.params
+    if seq.logprobs and tokenizer is not None:
+        for tid, lp in seq.logprobs[-1].items():
+            lp.decoded_token = tokenizer.decode([tid])
+    delta = seq.detokenizer.add(token) if seq.detokenizer is not None else ""
+    stop_token = token in p.stop_token_ids or (token in eos_token_ids and not p.ignore_eos)
+    # A grammar that has ended (it accepted a stop token) admits nothing more: it ends the output even
+    # under ignore_eos.
+    if stop_token or (seq.matcher is not None and seq.matcher.is_terminated()):
+        return "stop", token
+    if delta and p.stop:
+        stop = _find_stop_string(seq, len(delta))
+        if stop is not None:
+            return "stop", stop
+    if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or seq.num_tokens >= max_model_len:
+        return "length", None
+    return None
+
+
+def _find_stop_string(seq: Sequence, delta_len: int) -> str | None:
+    """The earliest stop string the new text completes; the text is cut where it begins."""
+    text = seq.detokenizer.text
+    longest = max(len(s) for s in seq.params.stop)
+    search_from = max(0, len(text) - delta_len - longest + 1)
+    found = [(pos, s) for pos, s in ((text.find(s, search_from), s) for s in seq.params.stop) if pos >= 0]
+    if not found:
+        return None
+    pos, stop = min(found)
+    seq.detokenizer.text = text[:pos]
+    return stop
+
+
+def take_delta(seq: Sequence) -> SequenceDelta | None:
+    """What the sequence gained since the last delta (None if nothing that can be handed out yet)."""
+    text = seq.text
+    if seq.finished:
+        end = len(text)
+    else:
+        hold = max((len(s) for s in seq.params.stop), default=1) - 1
+        end = max(seq.num_sent_chars, len(text) - hold)
+    new_tokens = seq.output_token_ids[seq.num_sent_tokens:]
+    if not new_tokens and end == seq.num_sent_chars and not seq.finished:
+        return None
+    delta = SequenceDelta(
+        index=seq.index, token_ids=new_tokens, text=text[seq.num_sent_chars:end],
+        logprobs=seq.logprobs[seq.num_sent_tokens:] if seq.logprobs is not None else None,
+        finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+        cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None)
+    seq.num_sent_tokens += len(new_tokens)
+    seq.num_sent_chars = end
+    return delta
+
+
+@dataclass
+class _Accumulated:
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    cumulative_logprob: float | None = None
+
+
+class OutputAssembler:
+    """Cumulative RequestOutputs (vLLM's shape) from one request's deltas."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], n: int):
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
+        self.choices = [_Accumulated() for _ in range(n)]
+        self.num_cached_tokens = 0
+        self.finished = False
+        self.error: str | None = None
+
+    def add(self, delta: RequestDelta) -> None:
+        for d in delta.outputs:
+            c = self.choices[d.index]
+            c.token_ids.extend(d.token_ids)
+            c.text += d.text
+            if d.logprobs is not None:
+                c.logprobs = (c.logprobs or []) + d.logprobs
+            c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+            if d.cumulative_logprob is not None:
+                c.cumulative_logprob = d.cumulative_logprob
+        self.finished, self.error = delta.finished, delta.error
+        self.num_cached_tokens = delta.num_cached_tokens
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+            outputs=[CompletionOutput(index=i, text=c.text, token_ids=list(c.token_ids), finish_reason=c.finish_reason,
+                                      stop_reason=c.stop_reason, logprobs=c.logprobs,
+                                      cumulative_logprob=c.cumulative_logprob)
+                     for i, c in enumerate(self.choices)],
+            finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error)

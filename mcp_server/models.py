@@ -1,0 +1,151 @@
+"""What the tools return: each a pydantic model, so every tool publishes an outputSchema its results meet."""
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class TextResult(BaseModel):
+    text: str
+    model: str | None
+    tokens: int = Field(description="chunks streamed, about one token each")
+    truncated: bool = Field(description="true when the time budget ran out before the model finished")
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class JobStarted(BaseModel):
+    job_id: str
+    status: str
+    message: str
+
+
+class ImageJobResult(BaseModel):
+    run_dir: str
+    images: list[str] = Field(description="paths of the PNG files")
+    seed: int | None = None
+
+
+class ArticleJobResult(BaseModel):
+    run_dir: str
+    title: str
+    article_md: str = Field(description="path of the Markdown article")
+    article_html: str = Field(description="path of the standalone HTML page")
+    images: list[str] = Field(description="paths of the illustrations")
+    images_skipped: str | None = Field(None, description="why illustrations are missing, if they are")
+    postprocess: dict[str, str | list[str]] = Field(default_factory=dict,
+                                                    description="web-sized copies and thumbnail, or why skipped")
+    thumbnail: str | None = None
+    excerpt: str = ""
+
+
+class JobInfo(BaseModel):
+    job_id: str
+    kind: Literal["article", "image"]
+    status: str = Field(description="queued | running | done | failed | cancelled; interrupted = marked running "
+                                    "but its worker is gone (`python -m orchestrator resume` continues it)")
+    stage: str | None
+    progress: float
+    message: str | None
+    error: str | None
+    result: ArticleJobResult | ImageJobResult | None
+    resources: list[str] = Field(description="scriptorium:// URIs of the job and its files")
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]
+    next_cursor: str | None = Field(description="pass as cursor for the next (older) page; null at the end")
+
+
+class ImageFile(BaseModel):
+    path: str
+    uri: str = Field(description="the full image as a resource")
+    width: int
+    height: int
+    bytes: int
+
+
+class ImageResult(JobInfo):
+    images: list[ImageFile] = Field(default_factory=list, description="the finished images (empty while rendering)")
+
+
+class Upstream(BaseModel):
+    url: str
+    healthy: bool
+    models: list[str]
+    error: str | None
+
+
+class ModelEntry(BaseModel):
+    id: str
+    upstream: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelEntry]
+    upstreams: list[Upstream]
+
+
+class ComfyStatus(BaseModel):
+    url: str | None
+    configured: bool
+    healthy: bool
+    devices: list[dict] = Field(default_factory=list, description="ComfyUI's devices with vram_total/vram_free")
+    error: str | None = None
+
+
+class GPUDevice(BaseModel):
+    index: int
+    name: str
+    total: int
+    free: int
+    processes: list[dict]
+    temperature: int | None = None
+
+
+class StackStatus(BaseModel):
+    llm: list[Upstream]
+    comfyui: ComfyStatus
+    gpu: list[GPUDevice] | None = Field(description="per-GPU total/free bytes and the processes holding memory; "
+                                                    "null when there is no NVIDIA GPU")
+
+
+class ImageModels(BaseModel):
+    checkpoints: list[str]
+    loras: list[str]
+    vaes: list[str]
+    upscalers: list[str]
+    templates: list[str] = Field(description="built-in workflow templates (generate_image's template)")
+
+
+class QueuedPrompt(BaseModel):
+    prompt_id: str
+    state: Literal["running", "pending"]
+    ours: bool = Field(description="submitted by this stack (only ours can be cleared)")
+
+
+class QueueInfo(BaseModel):
+    running: int
+    pending: int
+    prompts: list[QueuedPrompt]
+    cleared: list[str] = Field(default_factory=list, description="prompt ids removed or interrupted by this call")
+
+
+class Memory(BaseModel):
+    vram_total: int
+    vram_free: int
+
+
+class FreedMemory(BaseModel):
+    before: list[Memory]
+    after: list[Memory]
+    freed: int = Field(description="bytes of VRAM freed on all devices together")
+
+
+class Uploaded(BaseModel):
+    name: str = Field(description="the file's name in ComfyUI's input folder (pass as image to img2img/upscale)")
+    subfolder: str
+    type: str

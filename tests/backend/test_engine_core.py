@@ -1,0 +1,133 @@
+"""The engine's core contracts: one plan whose row slices are where each sequence's logits are, the same
+deltas offline and over the server, and an engine that sleeps and wakes as good as new."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+
+from backend import LLM, SamplingParams
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.server.app import build_app
+from tests.backend.conftest import prompts_of_lengths
+from tests.backend.server_process import free_port
+
+
+def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_model):
+    """Decodes, a verification run with drafts, a whole prompt and a partial prompt chunk in one step; each
+    item's logit_rows hold transformers' logits at exactly its positions."""
+    directory = tiny_dir("llama")
+    reference = hf_model(directory)
+    engine = LLMEngine(EngineConfig(model=str(directory), block_size=8, max_num_batched_tokens=32,
+                                    speculative={"method": "ngram", "num_tokens": 2}))
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    short_a, short_c, whole, partial = prompts_of_lengths(6, 9, 20, 100)
+    engine.add_request("a", short_a, greedy)
+    engine.add_request("c", short_c, greedy)
+    for _ in range(3):
+        engine.step_deltas()
+    engine.add_request("whole", whole, greedy)
+    engine.add_request("partial", partial, greedy)
+    a, c = (next(s for s in engine.scheduler.running if s.request_id == rid) for rid in ("a", "c"))
+    plan = engine.scheduler.schedule({a.seq_id: 2})
+    items = {item.seq.request_id: item for item in plan}
+    assert set(items) == {"a", "c", "whole", "partial"} and items["a"].max_drafts == 2
+    items["a"].draft_tokens, items["a"].num_tokens = [7, 11], 3  # any drafts: their rows are verified
+    logits = engine.runner.execute(plan)
+
+    def expected(tokens: list[int], positions: range) -> torch.Tensor:
+        with torch.no_grad():
+            return reference(torch.tensor([tokens])).logits[0, list(positions)]
+
+    drafted = a.token_ids + [7, 11]
+    torch.testing.assert_close(logits[items["a"].logit_rows], expected(drafted, range(a.num_tokens - 1, len(drafted))),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[items["c"].logit_rows], expected(c.token_ids, [c.num_tokens - 1]),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[items["whole"].logit_rows], expected(whole, [len(whole) - 1]),
+                               atol=1e-4, rtol=1e-4)
+    assert items["partial"].logit_rows is None and items["partial"].num_tokens < len(partial)
+    slices = [items[r].logit_rows for r in ("a", "c", "whole")]
+    assert [(s.start, s.stop) for s in slices] == [(0, 3), (3, 4), (4, 5)]  # plan order, contiguous
+    for rid in items:
+        engine.abort_request(rid)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dir):
+    """A real uvicorn server in this process and an offline engine on the same model and settings."""
+    config = EngineConfig(model=str(tiny_dir("llama")), block_size=8, max_model_len=256)
+    app = build_app(config, "tiny")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    yield url, LLMEngine(config)
+    server.should_exit = True
+
+
+def _offline_deltas(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> list[str]:
+    engine.add_request("offline", prompt, params)
+    pieces = []
+    while engine.has_unfinished_requests():
+        for delta in engine.step_deltas():
+            pieces.extend(d.text for d in delta.outputs if d.text)
+    return pieces
+
+
+async def _server_deltas(url: str, messages: list[dict], **fields) -> tuple[list[str], str]:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    stream = await client.chat.completions.create(model="tiny", messages=messages, stream=True, temperature=0,
+                                                  **fields)
+    pieces, finish = [], None
+    async for chunk in stream:
+        choice = chunk.choices[0]
+        if choice.delta.content:
+            pieces.append(choice.delta.content)
+        finish = choice.finish_reason or finish
+    return pieces, finish
+
+
+def test_offline_and_server_emit_the_same_deltas_with_stop_strings_held_back(served):
+    url, engine = served
+    messages = [{"role": "user", "content": "The scribe copied the manuscript"}]
+    text = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = engine.tokenizer(text, add_special_tokens=False).input_ids
+    full = "".join(_offline_deltas(engine, prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    stop = full[len(full) // 2:len(full) // 2 + 3]  # a stop string the output is sure to reach
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop])
+    offline = _offline_deltas(engine, prompt, params)
+    served_pieces, finish = asyncio.run(_server_deltas(url, messages, max_tokens=40, stop=[stop],
+                                                       extra_body={"ignore_eos": True}))
+    assert served_pieces == offline and finish == "stop"
+    assert "".join(offline) == full[:full.index(stop)]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_and_wake_then_generate_is_identical_to_a_fresh_engine(tiny_dir, level):
+    directory = str(tiny_dir("qwen2"))
+    prompts = prompts_of_lengths(5, 30)
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True, logprobs=1)]
+    fresh = LLM(directory, block_size=8, speculative={"method": "ngram"}).generate(prompts, params, use_tqdm=False)
+    llm = LLM(directory, block_size=8, speculative={"method": "ngram"})
+    llm.generate(prompts, params, use_tqdm=False)  # the prefix cache and speculation state fill up
+    llm.engine.sleep(level)
+    llm.engine.wake_up()
+    again = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(fresh, again):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids and a.outputs[0].text == b.outputs[0].text

@@ -1,0 +1,130 @@
+"""Cancelling cancels: a tool call the client gives up on, and cancel_job, stop the job, drop or interrupt its
+ComfyUI prompt by id, and abort the LLM requests in flight."""
+
+import asyncio
+import os
+import re
+import sys
+import time
+
+import httpx
+import pytest
+from mcp import Client, StdioServerParameters
+
+from mcp_server.server import build_server
+from orchestrator.settings import Settings
+from tests.backend.server_process import ROOT
+from tests.mcp_server.helpers import poll_job
+
+
+@pytest.fixture
+def settings(tmp_path, llm_server, comfyui) -> Settings:
+    return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url)
+
+
+def nothing_left(comfyui, timeout: float = 10) -> dict:
+    """ComfyUI's queue once it is empty (or as it is at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue = comfyui.queue()
+        if not queue["queue_running"] and not queue["queue_pending"]:
+            return queue
+        time.sleep(0.1)
+    return queue
+
+
+def interrupted_prompts(comfyui) -> list[str]:
+    return [c["body"].get("prompt_id") for c in comfyui.calls() if c["path"] == "/interrupt"]
+
+
+def wait_running(comfyui, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = comfyui.queue()["queue_running"]
+        if running:
+            return running[0][1]
+        time.sleep(0.1)
+    raise TimeoutError("no prompt started")
+
+
+def stdio(settings: Settings) -> StdioServerParameters:
+    env = {**os.environ, "SCRIPTORIUM_HOME": str(settings.home), "SCRIPTORIUM_LLM_URL": settings.llm_urls[0],
+           "SCRIPTORIUM_COMFYUI_URL": settings.comfyui_url}
+    return StdioServerParameters(command=sys.executable, args=["-m", "mcp_server"], cwd=str(ROOT), env=env)
+
+
+@pytest.mark.parametrize("transport", ["memory", "stdio"])
+def test_a_cancelled_generate_image_leaves_nothing_running(settings, comfyui, transport):
+    comfyui.behave(hang=True)
+    target = build_server(settings, budget=60) if transport == "memory" else stdio(settings)
+
+    async def scenario():
+        async with Client(target, mode="legacy") as client:
+            # notifications/cancelled, as today's clients send when their user presses stop
+            task = asyncio.ensure_future(client.call_tool("generate_image", {"prompt": "never", "steps": 50}))
+            prompt_id = await asyncio.to_thread(wait_running, comfyui)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            queue = await asyncio.to_thread(nothing_left, comfyui)
+            jobs = (await client.call_tool("list_jobs", {})).structured_content["jobs"]
+            return prompt_id, queue, jobs
+
+    prompt_id, queue, jobs = asyncio.run(scenario())
+    assert not queue["queue_running"] and not queue["queue_pending"]
+    assert prompt_id in interrupted_prompts(comfyui)  # by its id: another client's render would go on
+    assert [j["status"] for j in jobs] == ["cancelled"]
+
+
+def test_cancel_job_stops_an_image_and_an_article_mid_render(settings, comfyui):
+    comfyui.behave(hang=True)
+
+    async def go():
+        async with Client(build_server(settings, budget=1)) as client:
+            image = (await client.call_tool("generate_image", {"prompt": "slow", "steps": 20})).structured_content
+            first = await asyncio.to_thread(wait_running, comfyui)
+            cancelled = (await client.call_tool("cancel_job", {"job_id": image["job_id"]})).structured_content
+            assert cancelled["status"] == "cancelled"
+            assert not (await asyncio.to_thread(nothing_left, comfyui))["queue_running"]
+            article = await client.call_tool("start_pipeline", {"topic": "quills", "sections": 1, "images": 1,
+                                                                "words_per_section": 30})
+            job_id = article.structured_content["job_id"]
+            second = await asyncio.to_thread(wait_running, comfyui, 120)
+            started = time.monotonic()
+            info = (await client.call_tool("cancel_job", {"job_id": job_id})).structured_content
+            assert info["status"] == "cancelled" and time.monotonic() - started < 5
+            queue = await asyncio.to_thread(nothing_left, comfyui)
+            assert not queue["queue_running"] and not queue["queue_pending"]
+            return first, second
+
+    first, second = asyncio.run(go())
+    assert {first, second} <= set(interrupted_prompts(comfyui))
+
+
+def aborted(llm_server) -> float:
+    text = httpx.get(f"{llm_server.url}/metrics").text
+    match = re.search(r'^scriptorium_requests_total\{outcome="abort"\} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
+    before = aborted(llm_server)
+
+    async def go():
+        async with Client(build_server(settings, budget=5)) as client:
+            started = await client.call_tool("start_pipeline", {"topic": "long scrolls", "sections": 2, "images": 0,
+                                                                "words_per_section": 1500})
+            job_id = started.structured_content["job_id"]
+            while (await client.call_tool("get_job", {"job_id": job_id})).structured_content["stage"] != "writing":
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # the sections are being written
+            clock = time.monotonic()
+            info = (await client.call_tool("cancel_job", {"job_id": job_id})).structured_content
+            assert info["status"] == "cancelled" and time.monotonic() - clock < 5, info
+            return await poll_job(client, job_id)
+
+    assert asyncio.run(go())["status"] == "cancelled"
+    deadline = time.monotonic() + 10
+    while aborted(llm_server) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert aborted(llm_server) >= before + 1  # the backend saw its requests go and aborted them
