@@ -17,7 +17,17 @@ from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.admission import Limits
 from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
-from backend.engine.memory import CacheShape, check_cuda_block_size, num_kv_blocks, report_memory
+from backend.engine.memory import (
+    CacheShape,
+    activation_bytes,
+    auto_gpu_experts,
+    check_cuda_block_size,
+    expert_budget,
+    kv_bytes_per_block,
+    min_kv_bytes,
+    num_kv_blocks,
+    report_memory,
+)
 from backend.engine.model_runner import ModelRunner
 from backend.engine.output import OutputAssembler, RequestDelta, take_delta
 from backend.engine.sampler import Sampler
@@ -26,6 +36,7 @@ from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import RequestOutput
+from backend.quant.memory import file_recipe, float_recipe, host_expert_bytes, module_bytes, weight_bytes
 from backend.sampling_params import SamplingParams
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
@@ -54,6 +65,7 @@ class LLMEngine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.spec = SpeculativeConfig.parse(config.speculative)
+        self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs)
 
@@ -70,15 +82,17 @@ class LLMEngine:
         if self.spec is not None:
             if draft_model is not None:
                 self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size)
-                cost = self.proposer.num_parameters / sum(p.numel() for p in self.model.parameters())
+                # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
+                # (parameters would miss quantized weights, which are buffers of blocks).
+                cost = module_bytes(draft_model) / module_bytes(self.model)
             else:
                 self.proposer, cost = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max), 0.0
             self.speculator = Speculator(self.spec, self.proposer, cost, self.max_model_len)
             self.scheduler.on_release.append(self.speculator.release)
         self._start_cache()
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
-        if self.device.type == "cuda":
-            report_memory(config, self.device, self.num_kv_blocks)
+        report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
+                      sum(host_expert_bytes(m) for m in models))
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}  # each request's prompt text, for the outputs of step()
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas
@@ -88,15 +102,34 @@ class LLMEngine:
     # Construction, shared with wake-up ---------------------------------------------------------------
 
     def _load_models(self, reader=None):
-        """The target's weights and the draft's (loaded before the KV cache is sized, so both are counted)."""
+        """The draft's weights and the target's (loaded before the KV cache is sized, so both are counted; the
+        draft first, so that moe_gpu_experts="auto" counts what it holds)."""
         if reader is None:
             self.model_config, reader = read_config(self.source)
-        model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                           self.config.moe_gpu_experts, self.config.quantization)
         draft = None
         if self.spec is not None and self.spec.method == "draft":
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
+        if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
+            self.moe_gpu_experts = self._auto_gpu_experts(reader, draft)
+        model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
+                           self.moe_gpu_experts, self.config.quantization)
         return model, draft
+
+    def _auto_gpu_experts(self, reader, draft) -> int | None:
+        cfg = self.model_config
+        if not cfg.is_moe:
+            return None
+        recipe = file_recipe(reader, self.dtype) if reader is not None and self.config.quantization is None \
+            else float_recipe(self.dtype)
+        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
+        draft_bytes = 0
+        if draft is not None:
+            per_block += kv_bytes_per_block(draft.config, self.config.block_size, self.dtype)
+            draft_bytes = module_bytes(draft)
+        reserved = (activation_bytes(cfg, self.max_num_batched_tokens, self._max_logit_rows(), self.dtype)
+                    + min_kv_bytes(self.config, per_block, self.max_model_len) + draft_bytes)
+        budget = expert_budget(self.config, self.device)
+        return auto_gpu_experts(self.config, cfg, weight_bytes(cfg, recipe), budget, reserved)
 
     def _start_cache(self) -> None:
         """A fresh KV cache and prefix cache (the draft's too), and the CUDA graphs that read them."""

@@ -98,10 +98,6 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     return WeightBytes(dense, experts, per_expert)
 
 
-def kv_cache_bytes(cfg: ModelConfig, tokens: int, dtype_bytes: int = 2) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes
-
-
 def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_experts: int) -> int | None:
     """The moe_gpu_experts that fits `budget` once `reserved` (KV cache, activations) is counted: None when
     every expert fits, else the largest count per layer. Raises when not even one expert per layer fits."""
@@ -116,14 +112,26 @@ def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_expert
                      f"{reserved / gib:.1f} GiB reserved; the budget is {budget / gib:.1f} GiB")
 
 
-def file_recipe(reader) -> Recipe:
-    """The formats a GGUF file actually holds, as a recipe (to check weight_bytes against a loaded model)."""
+def float_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]
+
+
+def float_recipe(dtype: torch.dtype) -> Recipe:
+    """Every weight in the compute dtype (a Hugging Face checkpoint, a GGUF loaded with quantization='dequantize')."""
+    name = float_name(dtype)
+    return lambda kind, layer, cfg: name
+
+
+def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
+    """What a GGUF file's tensors become once loaded, as a recipe: kernel formats stay as their blocks, everything
+    else (F16/BF16, and IQ*/TQ* dequantized at load) is held in the compute dtype."""
     formats = {}
     for t in reader.tensors:
         parts = t.name.split(".")
         layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
-        formats[(kind, layer)] = t.tensor_type.name
-    return lambda kind, layer, cfg: formats.get((kind, layer), "F32")
+        name = t.tensor_type.name
+        formats[(kind, layer)] = name if name in BY_NAME else float_name(dtype)
+    return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))
 
 
 def module_bytes(model: nn.Module) -> int:
@@ -137,6 +145,11 @@ def module_bytes(model: nn.Module) -> int:
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
     return total
+
+
+def host_expert_bytes(model: nn.Module) -> int:
+    """The host copies of offloaded experts (in their stored form: quantized experts stay quantized)."""
+    return sum(m.expert_cache.host_bytes() for m in model.modules() if getattr(m, "expert_cache", None) is not None)
 
 
 def _expert_slots(model: nn.Module) -> list[torch.Tensor]:

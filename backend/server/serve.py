@@ -15,6 +15,15 @@ def _memory(text: str) -> float | int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _experts(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of experts; give an integer >= 1 or 'auto'") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
@@ -36,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: what this server may use, a fraction of the card (0.45) or a size (18GiB); the "
                              "KV cache gets what the weights and a measured warm-up leave of it")
     parser.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
-    parser.add_argument("--moe-gpu-experts", type=int, default=None,
+    parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
-                             "pinned host memory")
+                             "pinned host memory; 'auto': the most that fit --gpu-memory-utilization")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,

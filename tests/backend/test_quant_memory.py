@@ -4,15 +4,10 @@ same functions against what a loaded quantized model holds."""
 import pytest
 import torch
 
+from backend.config import EngineConfig
+from backend.engine.memory import activation_bytes, auto_gpu_experts, kv_bytes_per_block, min_kv_bytes
 from backend.model_config import from_hf_config
-from backend.quant.memory import (
-    file_recipe,
-    fit_gpu_experts,
-    kv_cache_bytes,
-    module_bytes,
-    q4_k_m,
-    weight_bytes,
-)
+from backend.quant.memory import file_recipe, fit_gpu_experts, module_bytes, q4_k_m, weight_bytes
 
 GIB = 2**30
 MIXTRAL = dict(architectures=["MixtralForCausalLM"], vocab_size=32000, hidden_size=4096, intermediate_size=14336,
@@ -25,6 +20,11 @@ QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], vocab_size=151936, hidde
 # What the engine reserves beside weights and the KV cache: activations of a 2k-token prefill, CUDA graphs,
 # the CUDA context. Generous for these models (measured activations of Mixtral's 2k-token step: ~0.5 GiB).
 RESERVE = GIB + GIB // 2
+
+
+def kv_cache_bytes(cfg, tokens: int) -> int:
+    """The engine's own KV sizing (bf16, blocks of 16)."""
+    return tokens // 16 * kv_bytes_per_block(cfg, 16, torch.bfloat16)
 
 
 def test_mixtral_8x7b_q4_k_m_fits_24_gib_with_experts_offloaded():
@@ -43,6 +43,17 @@ def test_mixtral_8x7b_q4_k_m_fits_24_gib_with_experts_offloaded():
     assert w.resident(6) + kv + RESERVE <= budget < w.resident(7) + kv + RESERVE
     offloaded = w.total - w.resident(6)
     assert 6.5e9 < offloaded < 7.5e9  # in host memory, still quantized (a quarter of the bf16 copy)
+
+
+def test_the_engines_auto_choice_for_mixtral_on_24_gib_agrees():
+    """What LLM(..., moe_gpu_experts="auto", max_model_len=4096) reserves on a 24 GiB budget: its activation
+    estimate for a 2k-token step plus a 4k-token KV cache; it picks the same 6 experts per layer."""
+    cfg = from_hf_config(MIXTRAL, "mixtral")
+    config = EngineConfig(model="mixtral", max_model_len=4096, moe_gpu_experts="auto")
+    reserved = activation_bytes(cfg, 2048, 64, torch.bfloat16) + \
+        min_kv_bytes(config, kv_bytes_per_block(cfg, 16, torch.bfloat16), 4096)
+    assert GIB // 2 < reserved < RESERVE
+    assert auto_gpu_experts(config, cfg, weight_bytes(cfg, q4_k_m), 24 * GIB, reserved) == 6
 
 
 def test_qwen3_30b_a3b_q4_k_m_fits_24_gib_whole():
