@@ -26,6 +26,7 @@ def parse_memory(text: str) -> float | int:
 @dataclass
 class EngineConfig:
     model: str
+    tokenizer: str | None = None  # a Hugging Face directory with the tokenizer; None: the model's own
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
     max_num_seqs: int = 64

@@ -169,9 +169,17 @@ def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
     return cos_sin_table(config.head_dim, config.rope_theta, config.rope_scaling, max_positions)
 
 
-def load_tokenizer(source: ModelSource):
+def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
+    """The model's tokenizer (a GGUF's from its metadata), or the one in the directory `tokenizer` names."""
     from transformers import AutoTokenizer
 
+    if tokenizer is not None and resolve(tokenizer) not in (source.path, source.gguf_file):
+        path = resolve(tokenizer)
+        try:
+            return AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"tokenizer {tokenizer}: cannot load it ({e}); give a Hugging Face directory "
+                                 "with tokenizer files, or leave tokenizer unset to use the model's own") from None
     if source.random_weights and not any(source.path.glob("tokenizer*")):
         return None  # a random-weight model for benchmarks takes token ids
     if source.gguf_file is None:

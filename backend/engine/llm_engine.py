@@ -14,7 +14,7 @@ import torch
 
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
-from backend.engine.admission import Limits
+from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
 from backend.engine.memory import (
@@ -34,10 +34,11 @@ from backend.engine.sampler import Sampler
 from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine_args import EngineArgs
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import RequestOutput
 from backend.quant.memory import file_recipe, float_recipe, host_expert_bytes, module_bytes, weight_bytes
-from backend.sampling_params import SamplingParams
+from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
 from backend.spec.ngram import NgramProposer
@@ -60,7 +61,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(self.model_config.max_position_embeddings, 8192)
         self.max_num_batched_tokens = config.max_num_batched_tokens or min(2048, self.max_model_len)
         self.model_name = config.model
-        self.tokenizer = load_tokenizer(self.source)
+        self.tokenizer = load_tokenizer(self.source, config.tokenizer)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -98,6 +99,14 @@ class LLMEngine:
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas
         self._guided_lock = threading.Lock()
         self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        """The step-wise API of nano-vllm-style engines; the file's header is checked before weights load."""
+        config = args.create_engine_config()
+        model_config, _ = read_config(locate(config.model))
+        args.check_model(model_config)
+        return cls(config)
 
     # Construction, shared with wake-up ---------------------------------------------------------------
 
@@ -191,11 +200,22 @@ class LLMEngine:
 
     # Requests ------------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued."""
+    def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
+                    params: SamplingParams | dict | None = None) -> None:
+        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued.
+        prompt: text, token ids, or chat messages (through the model's chat template); params: SamplingParams
+        or a dict of its fields (None: the defaults)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
+        params = as_sampling_params(params)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
+            ids = chat_prompt_ids(self.tokenizer, prompt, self.model_name)
+            token_ids, _ = self.limits.prompt_ids(ids, self.tokenizer, self.model_name)
+            text = self.tokenizer.decode(token_ids)
+        else:
+            token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
         self.limits.check(params)
         matchers = [self.guided_matcher(params) for _ in range(params.n)]
         seqs = []
