@@ -16,8 +16,9 @@ from backend.models.transformer import CausalLM
 from backend.weights import iter_safetensors, load_weights
 
 # quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
-# expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower).
-QUANTIZATION_MODES = (None, "dequantize")
+# expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower); "int8" and
+# "int4" quantize a Hugging Face checkpoint's linear layers at load (backend/quant/hf_quantize.py).
+QUANTIZATION_MODES = (None, "dequantize", "int8", "int4")
 
 
 @dataclass
@@ -103,12 +104,21 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
                max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None) -> CausalLM:
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
-                         "format) or 'dequantize' (a GGUF's weights expanded at load)")
+                         "format), 'dequantize' (a GGUF's weights expanded at load), or 'int8' / 'int4' (a "
+                         "Hugging Face checkpoint quantized at load)")
+    if quantization in ("int8", "int4") and reader is not None:
+        raise ValueError(f"quantization={quantization!r} quantizes a Hugging Face checkpoint at load; {source.name} is "
+                         "a GGUF file, already quantized: leave quantization unset to run its own formats")
+    if quantization == "dequantize" and reader is None:
+        raise ValueError(f"quantization='dequantize' expands a GGUF file's weights; {source.name} is a Hugging Face "
+                         "checkpoint, already in floats: leave quantization unset")
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     # Cast while still on meta: materialising in fp32 first would need twice the memory (Mixtral: 187 GB).
     model = model.to(dtype)
     if source.random_weights:
+        if quantization is not None:
+            raise ValueError(f"{source.name}: a random-weight model takes no quantization setting")
         # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
         # Seeded from config.json, so every load of one model (a target and itself as draft) is the same model.
         home = torch.device("cpu") if moe_gpu_experts else device
@@ -130,12 +140,16 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         model.tie_weights()  # materialising meta tensors may have split the shared embedding
         with torch.no_grad():
             load_weights(model, iter_safetensors(source.path), source.name)
+        if quantization in ("int8", "int4"):
+            from backend.quant.hf_quantize import quantize_model
+
+            quantize_model(model, quantization, dtype, source.name)
     else:
         from backend.quant.gguf_load import load_gguf
 
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
-        if device.type == "cpu":
-            _pack_for_cpu(model)
+    if device.type == "cpu":
+        _pack_for_cpu(model)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()

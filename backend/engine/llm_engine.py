@@ -37,7 +37,14 @@ from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import RequestOutput
-from backend.quant.memory import file_recipe, float_recipe, host_expert_bytes, module_bytes, weight_bytes
+from backend.quant.memory import (
+    file_recipe,
+    float_recipe,
+    hf_recipe,
+    host_expert_bytes,
+    module_bytes,
+    weight_bytes,
+)
 from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
@@ -128,8 +135,11 @@ class LLMEngine:
         cfg = self.model_config
         if not cfg.is_moe:
             return None
-        recipe = file_recipe(reader, self.dtype) if reader is not None and self.config.quantization is None \
-            else float_recipe(self.dtype)
+        q = self.config.quantization
+        if q in ("int8", "int4"):
+            recipe = hf_recipe(q, self.dtype)
+        else:
+            recipe = file_recipe(reader, self.dtype) if reader is not None and q is None else float_recipe(self.dtype)
         per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
         draft_bytes = 0
         if draft is not None:

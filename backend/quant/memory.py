@@ -122,6 +122,16 @@ def float_recipe(dtype: torch.dtype) -> Recipe:
     return lambda kind, layer, cfg: name
 
 
+def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:
+    """A Hugging Face checkpoint quantized at load (hf_quantize.py): the decoder's linear layers and experts in
+    the mode's format; embeddings, output and routers in the compute dtype."""
+    from backend.quant.hf_quantize import MODES
+
+    fmt, name = MODES[mode], float_name(dtype)
+    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp")
+    return lambda kind, layer, cfg: name if kind in kept else fmt
+
+
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
     """What a GGUF file's tensors become once loaded, as a recipe: kernel formats stay as their blocks, everything
     else (F16/BF16, and IQ*/TQ* dequantized at load) is held in the compute dtype."""

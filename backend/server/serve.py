@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
                              "pinned host memory; 'auto': the most that fit --gpu-memory-utilization")
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"],
+                        help="int8/int4: quantize a Hugging Face checkpoint's linear layers at load (weight-only, "
+                             "groups of 32); dequantize: expand a GGUF's weights at load (default: the file's own)")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,
@@ -76,7 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-        moe_gpu_experts=args.moe_gpu_experts,
+        moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
     )
     # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)
