@@ -13,6 +13,7 @@ from backend.home import cache_dir
 from backend.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelLoadError, from_hf_config
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
+from backend.quant.formats import BY_NAME
 from backend.weights import iter_safetensors, load_weights
 
 # quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
@@ -30,6 +31,7 @@ class ModelSource:
     # A config.json marked "scriptorium_random_weights": the weights are drawn at random on the device
     # (benchmarks of real shapes with nothing to download, bench/device.py).
     random_weights: bool = False
+    random_format: str | None = None  # the marker names a GGUF format ("Q4_K"): random blocks of it
 
     @property
     def name(self) -> str:
@@ -44,10 +46,14 @@ def locate(model: str) -> ModelSource:
         return ModelSource(path.parent, path)
     if (path / "config.json").exists():
         try:
-            marked = bool(json.loads((path / "config.json").read_text()).get("scriptorium_random_weights"))
+            marked = json.loads((path / "config.json").read_text()).get("scriptorium_random_weights")
         except (ValueError, AttributeError):
-            marked = False
-        return ModelSource(path, random_weights=marked)
+            marked = None
+        fmt = marked if isinstance(marked, str) else None
+        if fmt is not None and fmt not in BY_NAME:
+            raise ModelLoadError(f"{path / 'config.json'}: scriptorium_random_weights={fmt!r} is not a format we "
+                                 f"compute on; use true (floats) or one of {', '.join(BY_NAME)}")
+        return ModelSource(path, random_weights=bool(marked), random_format=fmt)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return ModelSource(path, ggufs[0])
@@ -119,6 +125,10 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
     if source.random_weights:
         if quantization is not None:
             raise ValueError(f"{source.name}: a random-weight model takes no quantization setting")
+        if source.random_format is not None:
+            from backend.quant import random_blocks
+
+            random_blocks.quantize_meta(model, BY_NAME[source.random_format], dtype)
         # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
         # Seeded from config.json, so every load of one model (a target and itself as draft) is the same model.
         home = torch.device("cpu") if moe_gpu_experts else device
@@ -133,6 +143,10 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             # Scale the logits so the next-token distribution is peaked like a trained model's: with the
             # near-flat logits of raw random weights, rounding alone would decide the argmax.
             model.model.norm.weight.fill_(8.0)
+            if source.random_format is not None:
+                random_blocks.fill_random(model, generator)
+        if device.type == "cpu":
+            _pack_for_cpu(model)
         _offload(model, moe_gpu_experts, device)
         return model.to(device).eval()
     if reader is None:

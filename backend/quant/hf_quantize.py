@@ -8,6 +8,7 @@ keep the checkpoint's dtype, as GPTQ/AWQ checkpoints do: they are where rounding
 """
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -60,37 +61,35 @@ def _weight(w: torch.Tensor, fmt: Format, dtype: torch.dtype) -> QuantWeight:
     return out
 
 
-def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, source: str) -> None:
-    """Replace the decoder's linear layers and experts of a loaded (CPU) model with quantized ones, in place."""
+def replace_layers(model: nn.Module, make: Callable[[torch.Tensor], QuantWeight], block: int) -> list[str]:
+    """Swap the decoder's linear layers and experts for quantized ones whose weights `make` builds from the float
+    weight (a real one, or a meta one for its shape); returns the layers kept because rows are not whole blocks."""
     from backend.models.moe import SparseMoE
 
-    fmt = BY_NAME[MODES[mode]]
     kept = []
     for name, module in list(model.named_modules()):
         if isinstance(module, SparseMoE) and module.experts is None and module.expert_cache is None:
             inter = module.w_gate_up.shape[1] // 2
-            if module.w_gate_up.shape[2] % GROUP or module.w_down.shape[2] % GROUP:
+            if module.w_gate_up.shape[2] % block or module.w_down.shape[2] % block:
                 kept.append(f"{name}.experts")
                 continue
             stacks = (module.w_gate_up.data[:, :inter], module.w_gate_up.data[:, inter:], module.w_down.data)
-            module.use_quantized(QuantExperts(*(_weight(s, fmt, dtype) for s in stacks)))
+            module.use_quantized(QuantExperts(*(make(s) for s in stacks)))
         elif isinstance(module, nn.Linear) and not name.endswith(KEEP):
-            if module.in_features % GROUP:
+            if module.in_features % block:
                 kept.append(name)
                 continue
-            new = QuantLinear(
-                module.in_features, [_weight(module.weight, fmt, dtype)], bias=False, dtype=dtype
-            )
+            new = QuantLinear(module.in_features, [make(module.weight)], bias=False, dtype=module.weight.dtype)
             new.bias = module.bias
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, attr, new)
+    return kept
+
+
+def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, source: str) -> None:
+    """Replace the decoder's linear layers and experts of a loaded (CPU) model with quantized ones, in place."""
+    fmt = BY_NAME[MODES[mode]]
+    kept = replace_layers(model, lambda w: _weight(w, fmt, dtype), GROUP)
     if kept:
-        log.info(
-            "%s: %d layer(s) whose rows are not whole groups of %d stay in %s (%s%s)",
-            source,
-            len(kept),
-            GROUP,
-            str(dtype).removeprefix("torch."),
-            ", ".join(kept[:4]),
-            ", ..." if len(kept) > 4 else "",
-        )
+        log.info("%s: %d layer(s) whose rows are not whole groups of %d stay in %s (%s%s)", source, len(kept), GROUP,
+                 str(dtype).removeprefix("torch."), ", ".join(kept[:4]), ", ..." if len(kept) > 4 else "")

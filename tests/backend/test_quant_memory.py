@@ -89,3 +89,28 @@ def test_the_arithmetic_is_what_a_loaded_model_holds(family, tiny_gguf, monkeypa
         if cfg.is_moe else None
     if offloaded is not None:
         assert module_bytes(offloaded) == predicted.resident(1)
+
+
+def test_random_q4_k_weights_hold_what_the_arithmetic_says(tmp_path, monkeypatch):
+    """bench/device.py's quantized figure: a Mixtral-shaped config marked "Q4_K" loads random, finite Q4_K blocks
+    in every linear layer and expert, and holds the bytes weight_bytes predicts for that recipe."""
+    import json
+
+    from backend.loader import ModelLoadError, load_model, locate, read_config
+    from backend.quant.modules import QuantWeight
+
+    monkeypatch.setenv("SCRIPTORIUM_QUANT_CPU", "reference")
+    shape = dict(MIXTRAL, vocab_size=512, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, num_local_experts=4)
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "scriptorium_random_weights": "Q4_K"}))
+    source = locate(str(tmp_path))
+    cfg, _ = read_config(source)
+    model = load_model(source, cfg, None, torch.float32, torch.device("cpu"), 64)
+    weights = [m for m in model.modules() if isinstance(m, QuantWeight)]
+    assert len(weights) == 2 * (3 + 2)  # per layer: qkv, o and the experts' gate, up, down
+    assert all(w.fmt.name == "Q4_K" and torch.isfinite(w.dequantize(torch.float32)).all() for w in weights)
+    recipe = lambda kind, layer, c: "F32" if kind in ("token_embd", "output", "ffn_gate_inp") else "Q4_K"  # noqa: E731
+    assert module_bytes(model) == weight_bytes(cfg, recipe).total
+    (tmp_path / "config.json").write_text(json.dumps({**shape, "scriptorium_random_weights": "Q4_X"}))
+    with pytest.raises(ModelLoadError, match="scriptorium_random_weights='Q4_X' is not a format we compute on"):
+        locate(str(tmp_path))
