@@ -11,7 +11,7 @@ inputs run a scalar loop ten times slower than fp32 dense). From formats.decode'
   zero to cancel (an offset of 128 s would amplify the bf16 rounding of z). 1.25 bytes a weight for Q8_0.
 - Q2_K, Q3_K, Q6_K share a scale per 16 weights, which the kernel cannot express: they are
   requantized to 8 bits per group of 32 (symmetric), adding at most half a step of 1/127 of the
-  group's largest weight (measured in tests/backend/test_quant_cpu.py), then packed as Q8_0.
+  group's largest weight (tests/backend/test_quant_kernels.py), then packed as Q8_0.
 
 The weights are exact in their integers; scales, zeros, activations and outputs are rounded to bf16
 (relative 2**-9), so this path agrees with dequantize + fp32 matmul to about 1e-2, not bit for bit.

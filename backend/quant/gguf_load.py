@@ -103,7 +103,7 @@ class GGUFLoad:
         self.cfg = model.config
         self.entries = entries(reader, source)
         self.keep = keep_quantized
-        self.dequantized: dict[str, int] = {}  # types expanded at load -> their bytes in the file
+        self.dequantized: dict[str, tuple[int, int]] = {}  # types expanded at load -> (bytes in the file, weights)
         self.targets: dict[int, tuple[QuantWeight, int, int | None]] = {}  # id(tensor) -> (weight, row, expert)
 
     def quantized(self, e: Entry) -> bool:
@@ -118,7 +118,8 @@ class GGUFLoad:
             from gguf.quants import dequantize
 
             if int(t.tensor_type) not in (0, 1, 30):
-                self.dequantized[t.tensor_type.name] = self.dequantized.get(t.tensor_type.name, 0) + int(t.n_bytes)
+                file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
+                self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if self.arch == "llama" and e.kind in ("attn_q", "attn_k"):
             data = _unpermute_rope(data, self.cfg.num_heads if e.kind == "attn_q" else self.cfg.num_kv_heads)
@@ -204,9 +205,12 @@ class GGUFLoad:
             load_weights(self.model, self._floats(), self.source)
         if self.dequantized:
             names = ", ".join(sorted(self.dequantized))
-            file_bytes = sum(self.dequantized.values())
-            log.warning("%s: no kernel for %s; those tensors are dequantized at load to %s (%.2f GiB in the file)",
-                        self.source, names, str(self.dtype).removeprefix("torch."), file_bytes / 2**30)
+            file_bytes = sum(b for b, _ in self.dequantized.values())
+            held = sum(n for _, n in self.dequantized.values()) * torch.empty(0, dtype=self.dtype).element_size()
+            log.warning("%s: no kernel for %s; those tensors are dequantized at load to %s: %.3f GiB in memory "
+                        "where the file holds %.3f GiB (%.3f GiB more)", self.source, names,
+                        str(self.dtype).removeprefix("torch."), held / 2**30, file_bytes / 2**30,
+                        (held - file_bytes) / 2**30)
 
     def _floats(self) -> Iterator[tuple[str, torch.Tensor]]:
         for e in self.entries:

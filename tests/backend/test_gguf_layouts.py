@@ -104,6 +104,11 @@ def test_types_without_a_kernel_are_dequantized_at_load_with_one_line(tiny_gguf,
         llm = LLM(str(path), block_size=8)
     lines = [r.getMessage() for r in caplog.records if "no kernel for" in r.getMessage()]
     assert len(lines) == 1 and "TQ2_0" in lines[0] and "dequantized at load to float32" in lines[0]
+    # what it costs: every ffn_down weight in fp32 against TQ2_0's 66 bytes per 256 weights in the file
+    cfg = llm.engine.model_config
+    weights = cfg.num_layers * cfg.hidden_size * cfg.intermediate_size
+    held, in_file = weights * 4 / 2**30, weights // 256 * 66 / 2**30
+    assert f"{held:.3f} GiB in memory where the file holds {in_file:.3f} GiB ({held - in_file:.3f} GiB more)" in lines[0]
     assert not isinstance(llm.engine.model.model.layers[0].mlp.down_proj, QuantLinear)
 
 
