@@ -19,13 +19,9 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
 from backend.engine.memory import (
     CacheShape,
-    activation_bytes,
-    auto_gpu_experts,
     check_cuda_block_size,
-    expert_budget,
-    kv_bytes_per_block,
-    min_kv_bytes,
     num_kv_blocks,
+    pick_gpu_experts,
     report_memory,
 )
 from backend.engine.model_runner import ModelRunner
@@ -37,14 +33,7 @@ from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import RequestOutput
-from backend.quant.memory import (
-    file_recipe,
-    float_recipe,
-    hf_recipe,
-    host_expert_bytes,
-    module_bytes,
-    weight_bytes,
-)
+from backend.quant.memory import host_expert_bytes, loaded_recipe, module_bytes, weight_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
@@ -79,9 +68,7 @@ class LLMEngine:
 
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
-        self.num_kv_blocks = num_kv_blocks(config, CacheShape(self.device, self.dtype, self.max_model_len,
-                                                              self.max_num_batched_tokens, self._max_logit_rows()),
-                                           models)
+        self.num_kv_blocks = num_kv_blocks(config, self._cache_shape(), models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens)
@@ -126,29 +113,12 @@ class LLMEngine:
         if self.spec is not None and self.spec.method == "draft":
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
         if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
-            self.moe_gpu_experts = self._auto_gpu_experts(reader, draft)
+            recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
+            self.moe_gpu_experts = pick_gpu_experts(self.config, self._cache_shape(), self.model_config,
+                                                    weight_bytes(self.model_config, recipe), draft)
         model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
                            self.moe_gpu_experts, self.config.quantization)
         return model, draft
-
-    def _auto_gpu_experts(self, reader, draft) -> int | None:
-        cfg = self.model_config
-        if not cfg.is_moe:
-            return None
-        q = self.config.quantization
-        if q in ("int8", "int4"):
-            recipe = hf_recipe(q, self.dtype)
-        else:
-            recipe = file_recipe(reader, self.dtype) if reader is not None and q is None else float_recipe(self.dtype)
-        per_block = kv_bytes_per_block(cfg, self.config.block_size, self.dtype)
-        draft_bytes = 0
-        if draft is not None:
-            per_block += kv_bytes_per_block(draft.config, self.config.block_size, self.dtype)
-            draft_bytes = module_bytes(draft)
-        reserved = (activation_bytes(cfg, self.max_num_batched_tokens, self._max_logit_rows(), self.dtype)
-                    + min_kv_bytes(self.config, per_block, self.max_model_len) + draft_bytes)
-        budget = expert_budget(self.config, self.device)
-        return auto_gpu_experts(self.config, cfg, weight_bytes(cfg, recipe), budget, reserved)
 
     def _start_cache(self) -> None:
         """A fresh KV cache and prefix cache (the draft's too), and the CUDA graphs that read them."""
@@ -163,6 +133,10 @@ class LLMEngine:
             self.proposer.wake_up(None, self.num_kv_blocks)
             if graphs:
                 self.proposer.runner.capture_graphs(c.max_num_seqs, self.max_model_len)
+
+    def _cache_shape(self) -> CacheShape:
+        return CacheShape(self.device, self.dtype, self.max_model_len, self.max_num_batched_tokens,
+                          self._max_logit_rows())
 
     def _max_logit_rows(self) -> int:
         drafts = 0

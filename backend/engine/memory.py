@@ -13,7 +13,7 @@ from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.model_config import ModelConfig
-from backend.quant.memory import WeightBytes, fit_gpu_experts
+from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,20 @@ def auto_gpu_experts(config: EngineConfig, cfg: ModelConfig, weights: WeightByte
              chosen, cfg.num_experts, weights.resident(n) / GIB, (weights.total - weights.resident(n)) / GIB,
              budget / GIB, reserved / GIB)
     return n
+
+
+def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, weights: WeightBytes,
+                     draft=None) -> int | None:
+    """moe_gpu_experts="auto" for a model of these weights, before it is loaded (a draft already is)."""
+    if not cfg.is_moe:
+        return None
+    per_block = kv_bytes_per_block(cfg, config.block_size, shape.dtype)
+    reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype)
+    if draft is not None:
+        per_block += kv_bytes_per_block(draft.config, config.block_size, shape.dtype)
+        reserved += module_bytes(draft)
+    reserved += min_kv_bytes(config, per_block, shape.max_model_len)
+    return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)
 
 
 def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,

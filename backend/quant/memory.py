@@ -122,14 +122,30 @@ def float_recipe(dtype: torch.dtype) -> Recipe:
     return lambda kind, layer, cfg: name
 
 
-def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:
-    """A Hugging Face checkpoint quantized at load (hf_quantize.py): the decoder's linear layers and experts in
-    the mode's format; embeddings, output and routers in the compute dtype."""
-    from backend.quant.hf_quantize import MODES
-
-    fmt, name = MODES[mode], float_name(dtype)
+def linear_recipe(fmt: str, dtype: torch.dtype) -> Recipe:
+    """The decoder's linear layers and experts in `fmt`; embeddings, output and routers in the compute dtype
+    (what hf_quantize.py and random_blocks.py build)."""
+    name = float_name(dtype)
     kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp")
     return lambda kind, layer, cfg: name if kind in kept else fmt
+
+
+def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:
+    """A Hugging Face checkpoint quantized at load (quantization="int8" | "int4")."""
+    from backend.quant.hf_quantize import MODES
+
+    return linear_recipe(MODES[mode], dtype)
+
+
+def loaded_recipe(reader, quantization: str | None, random_format: str | None, dtype: torch.dtype) -> Recipe:
+    """The formats a model will hold once load_model has loaded it with these settings."""
+    if quantization in ("int8", "int4"):
+        return hf_recipe(quantization, dtype)
+    if random_format is not None:
+        return linear_recipe(random_format, dtype)
+    if reader is not None and quantization is None:
+        return file_recipe(reader, dtype)
+    return float_recipe(dtype)
 
 
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
