@@ -11,7 +11,8 @@ from backend.model_store import ModelStoreError, format_table, list_models, pull
 def _generate(args: argparse.Namespace) -> int:
     from backend import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+              quantization=args.quantization)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, stop=args.stop or None)
     if args.chat:
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gen.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"])
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true")
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 @dataclass
 class EngineConfig:
     model: str
+    tokenizer: str | None = None  # a Hugging Face directory with the tokenizer; None: the model's own
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
     max_num_seqs: int = 64
@@ -21,7 +22,10 @@ class EngineConfig:
     # CUDA: what this engine may use (weights, activations, KV cache): a fraction (0, 1] of the card, or bytes.
     gpu_memory_utilization: float | int = 0.9
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
-    moe_gpu_experts: int | None = None  # MoE experts per layer kept on the device; the rest in host memory
+    # MoE experts per layer kept on the device, the rest in host memory; "auto": the most that fit the budget
+    moe_gpu_experts: int | str | None = None
+    # None: the checkpoint's own format (a GGUF stays quantized); "dequantize": a GGUF expanded to dtype at load
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -34,8 +38,9 @@ class EngineConfig:
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not ((isinstance(u, float) and 0 < u <= 1) or (isinstance(u, int) and u > 1)):
             raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1] or a number of bytes, got {u!r}")
-        if self.moe_gpu_experts is not None and (not isinstance(self.moe_gpu_experts, int) or self.moe_gpu_experts < 1):
-            raise ValueError(f"moe_gpu_experts must be an integer >= 1, got {self.moe_gpu_experts!r}")
+        g = self.moe_gpu_experts
+        if g is not None and g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+            raise ValueError(f"moe_gpu_experts must be an integer >= 1 or 'auto', got {g!r}")
         m = self.kv_cache_memory
         if m is not None and not ((isinstance(m, float) and 0 < m <= 1) or (isinstance(m, int) and m > 0)):
             raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a number of bytes, got {m!r}")

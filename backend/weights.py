@@ -1,11 +1,10 @@
-"""Read checkpoint tensors (safetensors or GGUF) under Hugging Face names, and load them into a CausalLM."""
+"""Read safetensors tensors under Hugging Face names; load them (or a GGUF's floats) into a CausalLM."""
 
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -108,55 +107,3 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ModelLoadError(f"{source}: weights missing for {shown}")
-
-
-# GGUF ----------------------------------------------------------------------------------------------------
-
-_GGUF_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
-def _unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
-    # llama.cpp's converter reorders the rows of Llama q/k projections so each head's rotary pairs are
-    # interleaved; undo it to get back the "rotate half" layout of Hugging Face checkpoints.
-    rows = w.shape[0]
-    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def iter_gguf(reader, arch: str, num_heads: int, num_kv_heads: int, source: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from gguf.quants import dequantize
-
-    for tensor in reader.tensors:
-        parts = tensor.name.split(".")
-        if parts[0] == "blk":
-            layer, kind = parts[1], ".".join(parts[2:-1])
-        else:
-            layer, kind = None, ".".join(parts[:-1])
-        if kind == "rope_freqs":
-            raise ModelLoadError(f"{source}: GGUF files with a rope_freqs tensor (Llama 3.1 scaling) are not supported")
-        if kind not in _GGUF_NAMES:
-            raise ModelLoadError(f"{source}: GGUF tensor {tensor.name!r} is not supported (MoE GGUF files are not)")
-        name = _GGUF_NAMES[kind] + "." + parts[-1]
-        if layer is not None:
-            name = f"model.layers.{layer}.{name}"
-        try:
-            array = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as e:
-            raise ModelLoadError(f"{source}: cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {e}") from None
-        if arch == "llama" and kind in ("attn_q", "attn_k"):
-            array = _unpermute_rope(array, num_heads if kind == "attn_q" else num_kv_heads)
-        yield name, torch.from_numpy(np.array(array, dtype=np.float32))  # a writable copy

@@ -4,6 +4,8 @@ One JSON line per figure:
 - batch-1 decode tokens/s and the fraction of HBM bandwidth reached (weight bytes read per token over
   the time per token, against a measured device-to-device copy), for a Qwen3-0.6B-like dense model,
   a Mixtral-8x7B-like MoE (bf16) and a Qwen3-30B-A3B-like MoE;
+- the same for the Mixtral-8x7B-like MoE with Q4_K weights (random blocks; the bytes read per token are the
+  quantized ones), through the quantized Triton kernels;
 - throughput with 256 concurrent sequences, input and output lengths random in 100-1024;
 - the fused MoE kernel vs the torch reference and vs transformers' MoE block;
 - speculative decoding with the target as its own draft, at batch 1 and 64.
@@ -62,10 +64,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def model_dir(root: Path, name: str, shape: dict) -> str:
+# Q4_K rows hold whole blocks of 256 weights: the smoke shape of the quantized figure is a little larger.
+SMOKE_Q4_K = dict(SMOKE["mixtral-8x7b-like"], hidden_size=256, intermediate_size=256)
+
+
+def model_dir(root: Path, name: str, shape: dict, weights: bool | str = True) -> str:
+    """weights: True for random floats, or a GGUF format name for random blocks of it."""
     path = root / name
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**shape, "scriptorium_random_weights": True}))
+    (path / "config.json").write_text(json.dumps({**shape, "scriptorium_random_weights": weights}))
     return str(path)
 
 
@@ -84,15 +91,33 @@ def copy_bandwidth(device: str, smoke: bool) -> float:
 
 
 def bytes_per_token(llm: LLM) -> int:
-    """Weight bytes one decode token reads: everything, except the experts it is not routed to."""
+    """Weight bytes one decode token reads: what the model holds (quantized weights as their blocks), except the
+    experts it is not routed to and, when the output layer has its own matrix, the embedding table (one row)."""
     from backend.models.moe import SparseMoE
+    from backend.quant.memory import module_bytes
 
-    total = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
-    for m in llm.engine.model.modules():
+    model = llm.engine.model
+    total = module_bytes(model)
+    for m in model.modules():
         if isinstance(m, SparseMoE):
-            experts = m.w_gate_up.numel() * m.w_gate_up.element_size() + m.w_down.numel() * m.w_down.element_size()
-            total -= experts * (1 - m.top_k / m.w_gate_up.shape[0])
+            if m.experts is not None:
+                experts, count = m.experts.nbytes(), m.experts.num_experts
+            else:
+                experts = sum(p.numel() * p.element_size() for p in (m.w_gate_up, m.w_down))
+                count = m.w_gate_up.shape[0]
+            total -= experts * (1 - m.top_k / count)
+    if not model.config.tie_word_embeddings:
+        table = model.model.embed_tokens.weight.data  # a Parameter's tensor, or a QuantWeight's blocks
+        total -= table.numel() * table.element_size()
     return int(total)
+
+
+def decode_figure(llm: LLM, name: str, bandwidth: float, smoke: bool, **extra) -> dict:
+    tps = decode_speed(llm, 8 if smoke else 128)
+    per_token = bytes_per_token(llm)
+    return {"figure": "decode_batch1", "model": name, **extra, "tok_s": round(tps, 1),
+            "weight_bytes_per_token": per_token, "hbm_fraction": round(per_token * tps / bandwidth, 3),
+            "kv_blocks": llm.engine.num_kv_blocks}
 
 
 def decode_speed(llm: LLM, new_tokens: int) -> float:
@@ -252,16 +277,20 @@ def main() -> None:
             seqs = 256 if name == "qwen3-0.6b-like" and not smoke else 8
             llm = LLM(path, device=device, dtype=dtype, max_num_seqs=seqs,
                       max_model_len=4096 if not smoke else 256, max_num_batched_tokens=8192 if not smoke else 256)
-            tps = decode_speed(llm, 8 if smoke else 128)
-            moved = bytes_per_token(llm) * tps
-            emit(figure="decode_batch1", model=name, tok_s=round(tps, 1), weight_bytes_per_token=bytes_per_token(llm),
-                 hbm_fraction=round(moved / bandwidth, 3), kv_blocks=llm.engine.num_kv_blocks)
+            emit(**decode_figure(llm, name, bandwidth, smoke))
             if name == "qwen3-0.6b-like":
                 low, high = (4, 16) if smoke else (100, 1024)
                 emit(figure="throughput", model=name,
                      **throughput(llm, 8 if smoke else 256, low, high, shape["vocab_size"]))
             del llm
             free(device)
+        # Mixtral-8x7B at Q4_K: ~25 GB of blocks where bf16 needs 93 GB; the bytes a token reads are the blocks.
+        path = model_dir(root, "mixtral-8x7b-like-q4_k", SMOKE_Q4_K if smoke else SHAPES["mixtral-8x7b-like"], "Q4_K")
+        llm = LLM(path, device=device, dtype=dtype, max_num_seqs=8, max_model_len=4096 if not smoke else 256,
+                  max_num_batched_tokens=8192 if not smoke else 256)
+        emit(**decode_figure(llm, "mixtral-8x7b-like", bandwidth, smoke, weights="Q4_K"))
+        del llm
+        free(device)
         for row in moe_kernels(device, torch_dtype, smoke):
             emit(**row)
         free(device)

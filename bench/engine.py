@@ -2,6 +2,9 @@
 
 Prints one JSON line: single-request decode speed, 32-request aggregate throughput, and
 time to first token with a 1,000-token cached prefix vs cold. Run: python bench/engine.py
+
+--quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
+our quantized path vs our fp32 path vs transformers fp32 (vs llama.cpp when llama-cpp-python is installed).
 """
 
 import argparse
@@ -10,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -54,12 +58,107 @@ def time_to_first_token(llm: LLM, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
+# Quantized weights: SmolLM2's Q4_1 file and a Q8_0 conversion of it ---------------------------------------
+
+def q8_0_copy(path: Path) -> Path:
+    """The same model with every quantized tensor requantized to Q8_0 (metadata copied), cached."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    from backend.home import cache_dir
+
+    out = cache_dir() / "bench" / path.name.replace("Q4_1", "Q8_0")
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(path))
+    writer = gguf.GGUFWriter(str(out) + ".partial", reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for t in reader.tensors:
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(t.name, np.asarray(t.data))
+        else:
+            writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), q8), raw_dtype=q8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".partial").replace(out)
+    return out
+
+
+def llama_cpp_rates(path: Path, prompts: list[list[int]], new_tokens: int) -> tuple[float | None, float | None]:
+    """llama.cpp on the same file, when llama-cpp-python is installed (a benchmark peer, never a dependency)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None, None
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
+    rates = []
+    for batch in (prompts[:1], prompts):  # llama-cpp-python serves one sequence at a time
+        start = time.perf_counter()
+        for p in batch:
+            llm.reset()
+            for i, _ in enumerate(llm.generate(p, temp=0.0)):
+                if i + 1 == new_tokens:
+                    break
+        rates.append(new_tokens * len(batch) / (time.perf_counter() - start))
+    return rates[0], rates[1]
+
+
+def quantized_rows(args) -> dict:
+    """Our quantized path vs our fp32 path vs transformers fp32 (vs llama.cpp), batch 1 and concurrent."""
+    from transformers import AutoModelForCausalLM
+
+    q4 = pull("smollm2", quiet=True)
+    row: dict = {"bench": "engine-quantized", "model": "smollm2-135m", "device": "cpu",
+                 "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "batch": args.concurrency}
+    for label, path in (("q4_1", q4), ("q8_0", q8_0_copy(q4))):
+        ours = LLM(str(path), max_num_seqs=max(64, args.concurrency))
+        tokenizer = ours.tokenizer
+        single = [make_prompt(tokenizer, 32, 0)]
+        batch = [make_prompt(tokenizer, 32, salt) for salt in range(1, args.concurrency + 1)]
+        total = args.new_tokens * args.concurrency
+        rates = {}
+        for name in ("quantized", "fp32"):
+            llm = ours if name == "quantized" else LLM(str(path), quantization="dequantize",
+                                                        max_num_seqs=max(64, args.concurrency))
+            ours_generate(llm, single, 8)
+            rates[name] = (args.new_tokens / ours_generate(llm, single, args.new_tokens),
+                           total / ours_generate(llm, batch, args.new_tokens))
+            del llm
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        hf_generate(hf, single, 8, pad)
+        rates["transformers"] = (args.new_tokens / hf_generate(hf, single, args.new_tokens, pad),
+                                 total / hf_generate(hf, batch, args.new_tokens, pad))
+        rates["llama_cpp"] = llama_cpp_rates(path, [single[0]] + batch, args.new_tokens)
+        for name, (one, many) in rates.items():
+            row[f"{label}_{name}_single_tok_s"] = None if one is None else round(one, 2)
+            row[f"{label}_{name}_batch_tok_s"] = None if many is None else round(many, 2)
+        q, t = rates["quantized"], rates["transformers"]
+        row[f"{label}_single_vs_transformers"] = round(q[0] / t[0], 2)
+        row[f"{label}_batch_vs_transformers"] = round(q[1] / t[1], 2)
+        row[f"{label}_single_vs_fp32"] = round(q[0] / rates["fp32"][0], 2)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--prefix", type=int, default=1000)
+    parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
     args = parser.parse_args()
+    if args.quantized:
+        print(json.dumps(quantized_rows(args)))
+        return
 
     from transformers import AutoModelForCausalLM
 

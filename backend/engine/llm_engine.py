@@ -14,19 +14,27 @@ import torch
 
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
-from backend.engine.admission import Limits
+from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.guided import GuidedDecoding
-from backend.engine.memory import CacheShape, check_cuda_block_size, num_kv_blocks, report_memory
+from backend.engine.memory import (
+    CacheShape,
+    check_cuda_block_size,
+    num_kv_blocks,
+    pick_gpu_experts,
+    report_memory,
+)
 from backend.engine.model_runner import ModelRunner
 from backend.engine.output import OutputAssembler, RequestDelta, take_delta
 from backend.engine.sampler import Sampler
 from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine_args import EngineArgs
 from backend.loader import load_model, load_tokenizer, locate, pick_dtype, read_config
 from backend.outputs import RequestOutput
-from backend.sampling_params import SamplingParams
+from backend.quant.memory import host_expert_bytes, loaded_recipe, module_bytes, weight_bytes
+from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer, load_draft
 from backend.spec.ngram import NgramProposer
@@ -49,19 +57,18 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or min(self.model_config.max_position_embeddings, 8192)
         self.max_num_batched_tokens = config.max_num_batched_tokens or min(2048, self.max_model_len)
         self.model_name = config.model
-        self.tokenizer = load_tokenizer(self.source)
+        self.tokenizer = load_tokenizer(self.source, config.tokenizer)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.spec = SpeculativeConfig.parse(config.speculative)
+        self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs)
 
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
-        self.num_kv_blocks = num_kv_blocks(config, CacheShape(self.device, self.dtype, self.max_model_len,
-                                                              self.max_num_batched_tokens, self._max_logit_rows()),
-                                           models)
+        self.num_kv_blocks = num_kv_blocks(config, self._cache_shape(), models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens)
@@ -70,32 +77,47 @@ class LLMEngine:
         if self.spec is not None:
             if draft_model is not None:
                 self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size)
-                cost = self.proposer.num_parameters / sum(p.numel() for p in self.model.parameters())
+                # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
+                # (parameters would miss quantized weights, which are buffers of blocks).
+                cost = module_bytes(draft_model) / module_bytes(self.model)
             else:
                 self.proposer, cost = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max), 0.0
             self.speculator = Speculator(self.spec, self.proposer, cost, self.max_model_len)
             self.scheduler.on_release.append(self.speculator.release)
         self._start_cache()
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
-        if self.device.type == "cuda":
-            report_memory(config, self.device, self.num_kv_blocks)
+        report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
+                      sum(host_expert_bytes(m) for m in models))
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}  # each request's prompt text, for the outputs of step()
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas
         self._guided_lock = threading.Lock()
         self._seq_ids = itertools.count()
 
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        """The step-wise API of nano-vllm-style engines; the file's header is checked before weights load."""
+        config = args.create_engine_config()
+        model_config, _ = read_config(locate(config.model))
+        args.check_model(model_config)
+        return cls(config)
+
     # Construction, shared with wake-up ---------------------------------------------------------------
 
     def _load_models(self, reader=None):
-        """The target's weights and the draft's (loaded before the KV cache is sized, so both are counted)."""
+        """The draft's weights and the target's (loaded before the KV cache is sized, so both are counted; the
+        draft first, so that moe_gpu_experts="auto" counts what it holds)."""
         if reader is None:
             self.model_config, reader = read_config(self.source)
-        model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                           self.config.moe_gpu_experts)
         draft = None
         if self.spec is not None and self.spec.method == "draft":
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
+        if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
+            recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
+            self.moe_gpu_experts = pick_gpu_experts(self.config, self._cache_shape(), self.model_config,
+                                                    weight_bytes(self.model_config, recipe), draft)
+        model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
+                           self.moe_gpu_experts, self.config.quantization)
         return model, draft
 
     def _start_cache(self) -> None:
@@ -111,6 +133,10 @@ class LLMEngine:
             self.proposer.wake_up(None, self.num_kv_blocks)
             if graphs:
                 self.proposer.runner.capture_graphs(c.max_num_seqs, self.max_model_len)
+
+    def _cache_shape(self) -> CacheShape:
+        return CacheShape(self.device, self.dtype, self.max_model_len, self.max_num_batched_tokens,
+                          self._max_logit_rows())
 
     def _max_logit_rows(self) -> int:
         drafts = 0
@@ -158,11 +184,22 @@ class LLMEngine:
 
     # Requests ------------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued."""
+    def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
+                    params: SamplingParams | dict | None = None) -> None:
+        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued.
+        prompt: text, token ids, or chat messages (through the model's chat template); params: SamplingParams
+        or a dict of its fields (None: the defaults)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
+        params = as_sampling_params(params)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
+            ids = chat_prompt_ids(self.tokenizer, prompt, self.model_name)
+            token_ids, _ = self.limits.prompt_ids(ids, self.tokenizer, self.model_name)
+            text = self.tokenizer.decode(token_ids)
+        else:
+            token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
         self.limits.check(params)
         matchers = [self.guided_matcher(params) for _ in range(params.n)]
         seqs = []

@@ -1,5 +1,6 @@
 """How many KV-cache blocks an engine gets: from a setting, from free memory, or on CUDA from what its
-gpu_memory_utilization budget leaves once the weights and a measured warm-up are counted."""
+gpu_memory_utilization budget leaves once the weights and a measured warm-up are counted; and, for
+moe_gpu_experts="auto", how many experts per layer fit that budget before anything is loaded."""
 
 import logging
 import os
@@ -11,6 +12,8 @@ from backend.config import EngineConfig
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
+from backend.model_config import ModelConfig
+from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -157,12 +160,80 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
                            per_block, config.gpu_memory_utilization)
 
 
-def report_memory(config: EngineConfig, device: torch.device, num_blocks: int) -> None:
-    """What the engine holds once ready (weights, KV cache, CUDA graphs); the CUDA context comes on top."""
+def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torch.dtype) -> int:
+    """An upper estimate of one step's activations before the model exists to be measured: a few copies of
+    the hidden states, q|k|v, the widest MLP (all routed experts' rows of a token), fp32 logits and their
+    probabilities. Twice that, as the CUDA warm-up later measures the real peak and refuses if short."""
+    width = max(cfg.intermediate_size if not cfg.is_moe or cfg.mlp_only_layers else 0,
+                cfg.num_experts_per_tok * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size)
+    per_token = 8 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + 3 * width
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    return 2 * (tokens * per_token * itemsize + 2 * logit_rows * cfg.vocab_size * 4)
+
+
+def min_kv_bytes(config: EngineConfig, per_block: int, max_model_len: int) -> int:
+    """The smallest KV cache the engine accepts: the size asked for, else one sequence of max_model_len."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks * per_block
+    if isinstance(config.kv_cache_memory, int):
+        return config.kv_cache_memory
+    return (max_model_len + config.block_size - 1) // config.block_size * per_block
+
+
+def expert_budget(config: EngineConfig, device: torch.device) -> int | None:
+    """The bytes experts may compete for: the gpu_memory_utilization budget (and no more than the card has
+    free). On the CPU the device is host memory, where offloading saves nothing: None (all resident),
+    unless the budget is given in bytes (a dry run of what a card of that size would get)."""
+    u = config.gpu_memory_utilization
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return min(allowed_bytes(u, total), free)
+    return u if isinstance(u, int) else None
+
+
+def auto_gpu_experts(config: EngineConfig, cfg: ModelConfig, weights: WeightBytes, budget: int | None,
+                     reserved: int) -> int | None:
+    """moe_gpu_experts="auto": the largest count per layer that fits `budget` once `reserved` (activations, the
+    minimum KV cache, a draft) is counted; None when every expert fits. Logs the choice."""
+    if budget is None:
+        log.info("moe_gpu_experts=auto: all %d experts per layer resident (no device budget to fit)", cfg.num_experts)
+        return None
+    n = fit_gpu_experts(weights, budget, reserved, cfg.num_experts)
+    chosen = cfg.num_experts if n is None else n
+    log.info("moe_gpu_experts=auto: %d of %d experts per layer on the device (%.2f GiB of weights there, %.2f GiB "
+             "in host memory) within a budget of %.2f GiB after %.2f GiB for activations and a minimum KV cache",
+             chosen, cfg.num_experts, weights.resident(n) / GIB, (weights.total - weights.resident(n)) / GIB,
+             budget / GIB, reserved / GIB)
+    return n
+
+
+def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, weights: WeightBytes,
+                     draft=None) -> int | None:
+    """moe_gpu_experts="auto" for a model of these weights, before it is loaded (a draft already is)."""
+    if not cfg.is_moe:
+        return None
+    per_block = kv_bytes_per_block(cfg, config.block_size, shape.dtype)
+    reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype)
+    if draft is not None:
+        per_block += kv_bytes_per_block(draft.config, config.block_size, shape.dtype)
+        reserved += module_bytes(draft)
+    reserved += min_kv_bytes(config, per_block, shape.max_model_len)
+    return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)
+
+
+def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,
+                  host_experts: int = 0) -> None:
+    """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache;
+    CUDA graphs); the CUDA context comes on top. On the CPU, the weights and the cache only."""
+    held_weights = f"weights {weights / GIB:.2f} GiB" + (
+        f" (and {host_experts / GIB:.2f} GiB of experts in host memory)" if host_experts else "")
+    if device.type != "cuda":
+        log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, held_weights)
+        return
     held = torch.cuda.memory_reserved(device)
     u = config.gpu_memory_utilization
     allowed = allowed_bytes(u, torch.cuda.get_device_properties(device).total_memory)
-    line = (f"KV cache: {num_blocks} blocks of {config.block_size} tokens; the engine holds "
+    line = (f"KV cache: {num_blocks} blocks of {config.block_size} tokens; {held_weights}; the engine holds "
             f"{held / GIB:.2f} GiB of the card, gpu_memory_utilization={u} allows {allowed / GIB:.2f} GiB")
     if held > allowed and config.num_kv_blocks is None and config.kv_cache_memory is None:
         log.warning("%s: over by %.2f GiB (CUDA graphs)", line, (held - allowed) / GIB)

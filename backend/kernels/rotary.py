@@ -14,6 +14,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
     kind = scaling["rope_type"]
     if kind == "linear":
         return inv_freq / scaling["factor"]
+    if kind == "factors":  # a GGUF's rope_freqs tensor: each frequency's divisor, as llama.cpp applies it
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     if kind == "llama3":
         # Llama 3.1's frequency-dependent scaling: long wavelengths divided by `factor`, short ones kept,
         # a smooth interpolation in between.

@@ -18,17 +18,30 @@ class SparseMoE(nn.Module):
         # Experts stacked so a grouped kernel can address them by index: gate and up fused per expert.
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w_down = nn.Parameter(torch.empty(e, h, i))
+        self.experts = None  # a QuantExperts in place of w_gate_up/w_down when a GGUF keeps them quantized
         self.expert_cache = None  # set by offload(): experts in host memory, some resident
         self.shared_expert = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size, bias=False)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
 
+    def use_quantized(self, experts: nn.Module) -> None:
+        """Compute with these (backend.quant.experts.QuantExperts) instead of the float stacks."""
+        del self.w_gate_up, self.w_down
+        self.experts = experts
+
     def offload(self, slots: int, device: torch.device) -> None:
         """Keep the experts in host memory with `slots` of them on `device` (see ExpertCache)."""
         from backend.models.expert_cache import ExpertCache
 
-        self.expert_cache = ExpertCache(self.w_gate_up.data, self.w_down.data, slots, device)
+        if self.experts is not None:
+            experts = self.experts
+            self.expert_cache = ExpertCache(experts.tensors(), slots, device,
+                                            lambda x, stacks, w, ids: experts(x, w, ids, stacks))
+            experts.release()  # the module keeps the formats and shapes; module.to(device) moves nothing
+            return
+        self.expert_cache = ExpertCache([self.w_gate_up.data, self.w_down.data], slots, device,
+                                        lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
         del self.w_gate_up, self.w_down  # no longer parameters: module.to(device) must not move them
 
     def _apply(self, fn, recurse=True):
@@ -43,6 +56,8 @@ class SparseMoE(nn.Module):
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         if self.expert_cache is not None:
             out = self.expert_cache.compute(x, weights.to(x.dtype), ids)
+        elif self.experts is not None:
+            out = self.experts(x, weights.to(x.dtype), ids)
         else:
             out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
         if self.shared_expert is not None:

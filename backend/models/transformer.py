@@ -111,12 +111,13 @@ class CausalLM(nn.Module):
         )
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
+        # A GGUF's quantized table is shared by module instead (backend/quant/gguf_load.py).
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a flattened batch."""
-        cos_sin = self.cos_sin[positions].to(self.lm_head.weight.dtype)
+        cos_sin = self.cos_sin[positions].to(self.model.norm.weight.dtype)  # the compute dtype
         return self.model(input_ids, cos_sin[:, 0], cos_sin[:, 1], meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,15 @@ def _memory(text: str) -> float | int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _experts(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of experts; give an integer >= 1 or 'auto'") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
     parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
@@ -37,9 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CUDA: what this server may use, a fraction of the card (0.45) or a size (18GiB); the "
                              "KV cache gets what the weights and a measured warm-up leave of it")
     parser.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
-    parser.add_argument("--moe-gpu-experts", type=int, default=None,
+    parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
-                             "pinned host memory")
+                             "pinned host memory; 'auto': the most that fit --gpu-memory-utilization")
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"],
+                        help="int8/int4: quantize a Hugging Face checkpoint's linear layers at load (weight-only, "
+                             "groups of 32); dequantize: expand a GGUF's weights at load (default: the file's own)")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,
@@ -68,7 +80,7 @@ def serve(args: argparse.Namespace) -> int:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-        moe_gpu_experts=args.moe_gpu_experts,
+        moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
     )
     # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)

@@ -51,7 +51,6 @@ def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: tor
 class DraftProposer:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int):
         self.model = model
-        self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype)
         self.states: dict[int, DraftState] = {}

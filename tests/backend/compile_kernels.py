@@ -14,12 +14,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from backend.kernels import quant_moe_triton as qmt
+from backend.kernels import quant_triton as qt
 from backend.kernels import triton_kernels as tk
+from backend.quant.formats import BY_NAME, row_bytes
 
 # Shared memory one block may use (CUDA programming guide, "Technical specifications per compute capability").
 SHARED_LIMIT = {90: 227 * 1024, 89: 99 * 1024, 80: 163 * 1024}
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
-         torch.int32: "i32", torch.bool: "i1"}
+         torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
 # Real shapes: (q heads, kv heads, head dim, hidden, MoE intermediate, experts, top-k)
 MODELS = {"mixtral-8x7b": (32, 8, 128, 4096, 14336, 8, 2), "qwen3-30b-a3b": (32, 4, 128, 2048, 768, 128, 8),
           "smollm2-135m": (9, 3, 64, 576, 1536, 4, 2)}
@@ -96,22 +99,62 @@ def launches(dtype, model):
 CASES = [(90, torch.bfloat16, "mixtral-8x7b"), (90, torch.float16, "qwen3-30b-a3b"),
          (90, torch.float32, "smollm2-135m"), (89, torch.bfloat16, "qwen3-30b-a3b"),
          (89, torch.float16, "mixtral-8x7b"), (89, torch.float32, "smollm2-135m"), (80, torch.bfloat16, "mixtral-8x7b")]
+# GGUF formats per case (the quantized linear kernels) and (gate, up, down) of the quantized MoE: every format
+# on sm_90 and on sm_89, split across their cases to bound the compile time; K-quants only where the model's
+# rows hold whole 256-blocks (SmolLM2's 576 does not).
+QUANT = [(("Q4_K", "Q5_K", "Q6_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")),
+         (("Q2_K", "Q3_K", "Q4_0"), ("Q3_K", "Q2_K", "Q4_0")),
+         (("Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q5_0", "Q4_1")),
+         (("Q4_K", "Q5_K", "Q6_K", "Q2_K"), ("Q5_K", "Q4_K", "Q6_K")),
+         (("Q3_K", "Q8_0", "Q4_0"), ("Q8_0", "Q8_0", "Q4_0")),
+         (("Q4_1", "Q5_0", "Q5_1"), ("Q5_1", "Q4_0", "Q8_0")),
+         (("Q4_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"))]
+QUANT_KERNELS = ("_qgemv_kernel", "_qgemm_kernel", "_qmoe_up_kernel", "_qmoe_down_kernel")
+
+
+def quant_launches(dtype, model, formats, moe_formats):
+    """The quantized linear layer (decode- and prefill-shaped) and MoE wrappers, recorded."""
+    _, _, _, hidden, inter, experts, top_k = MODELS[model]
+    modules = {"_qgemv_kernel": qt, "_qgemm_kernel": qt, "_qmoe_up_kernel": qmt, "_qmoe_down_kernel": qmt}
+    recorders = {name: Recorder(getattr(mod, name)) for name, mod in modules.items()}
+    for name, mod in modules.items():
+        setattr(mod, name, recorders[name])
+
+    def blocks(name, rows, cols, lead=()):
+        return torch.zeros(*lead, rows, row_bytes(BY_NAME[name], cols), dtype=torch.uint8)
+
+    for name in formats:
+        fmt = BY_NAME[name]
+        for m in (1, 40):
+            qt.qlinear(torch.zeros(m, hidden, dtype=dtype), blocks(name, 1024, hidden), fmt.ggml_type, 1024, hidden,
+                       row_bytes(fmt, hidden))
+    g, u, d = (BY_NAME[n] for n in moe_formats)
+    stacks = [(blocks(g.name, inter, hidden, (experts,)), g.ggml_type, row_bytes(g, hidden)),
+              (blocks(u.name, inter, hidden, (experts,)), u.ggml_type, row_bytes(u, hidden)),
+              (blocks(d.name, hidden, inter, (experts,)), d.ggml_type, row_bytes(d, inter))]
+    for tokens in (1, 512):  # both tile configurations
+        ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
+        qmt.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), *stacks, torch.ones(tokens, top_k), ids)
+    for name, mod in modules.items():
+        setattr(mod, name, recorders[name].kernel)
+    return [(r.kernel, args, kwargs) for r in recorders.values() for args, kwargs in r.launches]
 
 
 
 
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
-    for capability, dtype, model in CASES:
+    for (capability, dtype, model), (formats, moe_formats) in zip(CASES, QUANT):
         case = f"sm_{capability}-{TYPES[dtype]}-{model}"
         seen = set()
-        for kernel, args, kwargs in launches(dtype, model):
+        for kernel, args, kwargs in launches(dtype, model) + quant_launches(dtype, model, formats, moe_formats):
             sig, consts, options = signature(kernel, args, kwargs)
             key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
             if key in seen:
                 continue
             seen.add(key)
-            row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()}}
+            row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()},
+                   "capability": capability}
             try:
                 binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
                                         target=GPUTarget("cuda", capability, 32), options=options or None)

@@ -21,6 +21,25 @@ def hf_model():
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """tiny_gguf(family, variant=None, **options) -> (GGUF file, reference directory), built once."""
+    from tests.backend.tiny_gguf import build_family, write_gguf
+
+    root = tmp_path_factory.mktemp("tiny-gguf")
+    built = {}
+
+    def get(family: str, variant: str | None = None, build: dict | None = None, **options):
+        key = (family, variant)
+        if key not in built:
+            name = family + (f"-{variant}" if variant else "")
+            hf = build_family(family, root / name, **(build or {}))
+            built[key] = write_gguf(family, hf, root / f"{name}.gguf", **options)
+        return built[key]
+
+    return get
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)

@@ -90,7 +90,9 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     figures = [r["figure"] for r in rows]
-    assert figures.count("decode_batch1") == 3 and "throughput" in figures and figures.count("fused_moe") == 2
+    assert figures.count("decode_batch1") == 4 and "throughput" in figures and figures.count("fused_moe") == 2
+    q4_k = [r for r in rows if r.get("weights") == "Q4_K"]  # the Mixtral-shaped model in random Q4_K blocks
+    assert len(q4_k) == 1 and q4_k[0]["tok_s"] > 0 and q4_k[0]["weight_bytes_per_token"] > 0
     # The fused kernel computes what transformers' Mixtral block computes, on the same weights.
     assert all(r["relative_error_vs_transformers"] < 1e-4 for r in rows if r["figure"] == "fused_moe")
     assert [r["identical"] for r in rows if r["figure"] == "speculative_self_draft"] == [True, True]

@@ -1,4 +1,8 @@
-"""The bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers loading the same file."""
+"""The bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers loading the same file.
+
+Exact: the file dequantized at load gives transformers' tokens. The default keeps the weights quantized
+(on the CPU, PyTorch's int4 kernel in bf16): it tracks transformers' logits closely, not bit for bit.
+"""
 
 import json
 import os
@@ -24,6 +28,11 @@ def llm(smollm2_path):
 
 
 @pytest.fixture(scope="module")
+def exact(smollm2_path):
+    return LLM("smollm2", block_size=16, quantization="dequantize")
+
+
+@pytest.fixture(scope="module")
 def reference(smollm2_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -33,8 +42,21 @@ def reference(smollm2_path):
     return tokenizer, model
 
 
-def test_64_greedy_tokens_match_transformers_in_one_batch(llm, reference):
+def hf_continuations(reference, n: int) -> list[list[int]]:
     tokenizer, model = reference
+    out = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            full = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                  pad_token_id=tokenizer.pad_token_id)[0]
+        out.append(full.tolist())
+    return out
+
+
+def test_64_greedy_tokens_match_transformers_in_one_batch(exact, reference):
+    tokenizer, model = reference
+    llm = exact
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
     for prompt, out in zip(PROMPTS, outputs):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -44,6 +66,26 @@ def test_64_greedy_tokens_match_transformers_in_one_batch(llm, reference):
                                       eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:]
         assert out.outputs[0].token_ids == expected.tolist(), prompt
         assert out.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_quantized_weights_track_transformers(llm, reference):
+    """Teacher-forced on transformers' greedy continuations: the quantized default picks the same next
+    token nearly everywhere, with logits within a few percent."""
+    from tests.backend.test_models_vs_transformers import prefill_logits
+
+    _, model = reference
+    agree = total = 0
+    for ids in hf_continuations(reference, 48):
+        ours = prefill_logits(llm, [ids])[0]
+        with torch.no_grad():
+            theirs = model(torch.tensor([ids])).logits[0]
+        rel = ((ours - theirs).norm(dim=-1) / theirs.norm(dim=-1)).max().item()
+        assert rel < 0.1, rel
+        agree += (ours.argmax(-1) == theirs.argmax(-1)).sum().item()
+        total += len(ids)
+    assert agree / total >= 0.95, f"{agree} of {total} next tokens agree"
+    layer = llm.engine.model.model.layers[0].mlp.gate_up_proj
+    assert layer.parts[0].name == "Q4_1" and layer.parts[0].packed is not None
 
 
 def test_chat_applies_the_gguf_chat_template_and_stops_at_eos(llm, reference):

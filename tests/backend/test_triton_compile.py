@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("triton")
 
-from tests.backend.compile_kernels import CASES, TYPES  # noqa: E402
+from tests.backend.compile_kernels import CASES, QUANT_KERNELS, TYPES  # noqa: E402
 from tests.backend.server_process import ROOT  # noqa: E402
 
 KERNELS = {"_store_kv_kernel", "_decode_kernel", "_prefill_kernel", "_rms_norm_kernel", "_rotary_kernel",
-           "_moe_up_kernel", "_moe_down_kernel"}
+           "_moe_up_kernel", "_moe_down_kernel", *QUANT_KERNELS}
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,16 @@ def test_every_kernel_compiles_for_the_card(capability, dtype, model, compiled):
         assert row["cubin_bytes"] > 0
         assert row["shared"] <= row["shared_limit"], (
             f"{row['kernel']} needs {row['shared']} bytes of shared memory, the card has {row['shared_limit']}")
+
+
+@pytest.mark.parametrize("capability", [90, 89])
+def test_every_gguf_format_compiles_for_the_card(capability, compiled):
+    from backend.quant.formats import FORMATS
+
+    rows = [r for case in compiled.values() for r in case if r["capability"] == capability]
+    for kernel in ("_qgemv_kernel", "_qgemm_kernel"):
+        done = {int(r["constants"]["FMT"]) for r in rows if r["kernel"] == kernel}
+        assert done == set(FORMATS), f"{kernel} on sm_{capability} lacks {set(FORMATS) - done}"
 
 
 def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():

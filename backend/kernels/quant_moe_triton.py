@@ -1,0 +1,96 @@
+"""The fused MoE of triton_kernels.py over experts kept in GGUF blocks.
+
+Same plan as the float kernels (pairs sorted by expert into blocks of BLOCK_M rows, one grouped GEMM
+for gate and up with SiLU, one for down with the routing weight), with each expert's weight tile
+decoded by quant_triton.dequant_tile as it is loaded. gate, up and down each have their own format
+(Q4_K_M files keep ffn_down in Q6_K), and a stack may also be plain floats (format 0).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from backend.kernels.quant_triton import dequant_tile
+from backend.kernels.triton_kernels import align_by_expert, moe_tiles
+
+
+@triton.jit
+def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, rb_gate, rb_up,
+                    TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    mb = tl.program_id(0)
+    if mb >= tl.load(used_ptr):
+        return
+    nb = tl.program_id(1)
+    expert = tl.load(experts_ptr + mb).to(tl.int64)
+    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    pairs = tl.load(pairs_ptr + rows)
+    valid = pairs >= 0
+    tokens = tl.where(valid, pairs // TOP_K, 0)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < INTER
+    w_rows = (expert * INTER + tl.minimum(n, INTER - 1))[None, :]
+    gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, tl.cdiv(H, BLOCK_K)):
+        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = k < H
+        x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        cols = tl.minimum(k, H - 1)[:, None]
+        wg = dequant_tile(wg_ptr, w_rows, cols, rb_gate, H, FMT_GATE).to(x.dtype)
+        wu = dequant_tile(wu_ptr, w_rows, cols, rb_up, H, FMT_UP).to(x.dtype)
+        gate += tl.dot(x, wg, input_precision="ieee")
+        up += tl.dot(x, wu, input_precision="ieee")
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + rows[:, None] * INTER + n[None, :], act.to(inter_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER, rb_down,
+                      FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    mb = tl.program_id(0)
+    if mb >= tl.load(used_ptr):
+        return
+    nb = tl.program_id(1)
+    expert = tl.load(experts_ptr + mb).to(tl.int64)
+    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    pairs = tl.load(pairs_ptr + rows)
+    valid = pairs >= 0
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < H
+    w_rows = (expert * H + tl.minimum(n, H - 1))[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, tl.cdiv(INTER, BLOCK_K)):
+        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = k < INTER
+        a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        w = dequant_tile(w_ptr, w_rows, tl.minimum(k, INTER - 1)[:, None], rb_down, INTER, FMT).to(a.dtype)
+        acc += tl.dot(a, w, input_precision="ieee")
+    weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
+    acc = acc * weight[:, None]
+    tl.store(out_ptr + tl.where(valid, pairs, 0)[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
+    """x [T, H] -> [T, H]. gate, up, down: (tensor, format, row_bytes), tensors [E, I, ..] / [E, H, ..]."""
+    (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_experts, inter_size = wg.shape[0], wg.shape[1]
+    if tokens == 0:
+        return torch.zeros_like(x)
+    block_m, block_n, block_k = tiles or moe_tiles(tokens * top_k, num_experts)
+    sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
+    blocks = block_expert.numel()
+    out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    _qmoe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
+        x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, TOP_K=top_k,
+        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    _qmoe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
+        inter, wd, sorted_pairs, block_expert, used, topk_weights.flatten().contiguous(), out_pairs, hidden,
+        inter_size, rb_d, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out_pairs.view(tokens, top_k, hidden).sum(1)

@@ -1,0 +1,71 @@
+"""A MoE layer's experts kept in GGUF blocks: gate [E, I, H], up [E, I, H], down [E, H, I].
+
+Computed as backend/kernels/moe.py computes float experts: on CUDA one fused pair of grouped GEMMs
+(quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.kernels import use_triton
+from backend.quant.modules import QuantWeight
+
+
+class QuantExperts(nn.Module):
+    def __init__(self, gate: QuantWeight, up: QuantWeight, down: QuantWeight):
+        super().__init__()
+        self.gate, self.up, self.down = gate, up, down
+        self.num_experts = gate.lead[0]
+
+    def weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
+        return self.gate, self.up, self.down
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-expert stack, in order (what ExpertCache keeps in host memory and copies to slots)."""
+        return [t for w in self.weights() for t in w.tensors()]
+
+    def release(self) -> None:
+        """Drop the stacks from the module once an ExpertCache holds them (module.to() must not move them)."""
+        for w in self.weights():
+            w.data = w.packed = w.scales_zeros = None
+
+    def _split(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        out, i = [], 0
+        for w in self.weights():
+            n = 2 if w.planes else 1
+            out.append(tensors[i:i + n])
+            i += n
+        return out
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                tensors: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """x [T, H]; topk_* [T, K] -> [T, H]. tensors: the stacks to use instead of the module's own."""
+        g, u, d = self._split(tensors if tensors is not None else self.tensors())
+        if use_triton(x) and len(g) == len(u) == len(d) == 1:
+            from backend.kernels import quant_moe_triton
+
+            return quant_moe_triton.fused_moe(
+                x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
+                (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
+        top_k = topk_ids.shape[1]
+        flat_ids = topk_ids.flatten()
+        order = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=g[0].shape[0]).tolist()
+        weights = topk_weights.flatten()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            pairs = order[start:start + count]
+            start += count
+            tokens = pairs // top_k
+            xe = x[tokens]
+            h = F.silu(self.gate.matmul(xe, expert, g)) * self.up.matmul(xe, expert, u)
+            y = self.down.matmul(h, expert, d) * weights[pairs, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out
+
+    def nbytes(self) -> int:
+        return sum(w.nbytes() for w in self.weights())

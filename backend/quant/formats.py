@@ -1,0 +1,123 @@
+"""GGUF block formats we compute on, decoded in torch into one affine form shared by every path.
+
+Every supported type reads as w = q * scale + offset per group of `group` weights, with q a small
+signed integer. The operations (and their order) are those of gguf-py's dequantize, so the torch
+reference is bit-exact to it; the CPU repacking (cpu_pack.py) starts from the same decomposition.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType value
+    block: int  # weights per block
+    block_bytes: int
+    group: int  # weights sharing one scale (and offset)
+
+
+FORMATS = {f.ggml_type: f for f in (
+    Format("Q4_0", 2, 32, 18, 32),
+    Format("Q4_1", 3, 32, 20, 32),
+    Format("Q5_0", 6, 32, 22, 32),
+    Format("Q5_1", 7, 32, 24, 32),
+    Format("Q8_0", 8, 32, 34, 32),
+    Format("Q2_K", 10, QK_K, 84, 16),
+    Format("Q3_K", 11, QK_K, 110, 16),
+    Format("Q4_K", 12, QK_K, 144, 32),
+    Format("Q5_K", 13, QK_K, 176, 32),
+    Format("Q6_K", 14, QK_K, 210, 16),
+)}
+BY_NAME = {f.name: f for f in FORMATS.values()}
+FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+
+
+def row_bytes(fmt: Format, cols: int) -> int:
+    if cols % fmt.block:
+        raise ValueError(f"{fmt.name} rows hold whole blocks of {fmt.block} weights; a row of {cols} does not")
+    return cols // fmt.block * fmt.block_bytes
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Two bytes (the last dim) as fp16, widened to fp32: [..., 2] uint8 -> [..., 1]."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _bits(qh: torch.Tensor, shifts: int, width: int, chunk: int) -> torch.Tensor:
+    """[n, bytes] -> [n, bytes * shifts]: for each run of `chunk` bytes, the fields at bit 0, width, 2*width..."""
+    n = qh.shape[0]
+    by = torch.arange(0, shifts * width, width, dtype=torch.uint8, device=qh.device).view(1, 1, shifts, 1)
+    return ((qh.reshape(n, -1, 1, chunk) >> by) & ((1 << width) - 1)).view(n, -1)
+
+
+def _nibbles(qs: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[n, bytes] -> [n, 2 * bytes]: each run of `chunk` bytes gives its low nibbles, then its high ones."""
+    return _bits(qs, 2, 4, chunk)
+
+
+def _k_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's 12 bytes of 6-bit scales and mins -> ([n, 8], [n, 8])."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scales = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mins = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return scales, mins
+
+
+def decode(raw: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Blocks [n, block_bytes] uint8 -> q [n, block] int8, scale [n, groups] fp32, offset (or None)."""
+    b = raw.reshape(-1, fmt.block_bytes)
+    name = fmt.name
+    if name == "Q8_0":
+        return b[:, 2:].contiguous().view(torch.int8), _f16(b[:, 0:2]), None
+    if name in ("Q4_0", "Q4_1"):
+        d, start = _f16(b[:, 0:2]), 2 if name == "Q4_0" else 4
+        q = _nibbles(b[:, start:], 16).to(torch.int8)
+        return (q - 8, d, None) if name == "Q4_0" else (q, d, _f16(b[:, 2:4]))
+    if name in ("Q5_0", "Q5_1"):
+        start = 2 if name == "Q5_0" else 4
+        qh = b[:, start:start + 4].contiguous().view(torch.int32)
+        high = (qh >> torch.arange(32, dtype=torch.int32, device=b.device)) & 1
+        q = (_nibbles(b[:, start + 4:], 16) | (high.to(torch.uint8) << 4)).to(torch.int8)
+        return (q - 16, _f16(b[:, 0:2]), None) if name == "Q5_0" else (q, _f16(b[:, 0:2]), _f16(b[:, 2:4]))
+    if name in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _k_scale_min(b[:, 4:16])
+        if name == "Q4_K":
+            q = _nibbles(b[:, 16:], 32)
+        else:
+            q = _nibbles(b[:, 48:], 32) | (_bits(b[:, 16:48], 8, 1, 32) << 4)
+        return q.to(torch.int8), d * sc.float(), -(dmin * mn.float())
+    if name == "Q6_K":
+        low = _nibbles(b[:, 0:128], 64)
+        high = _bits(b[:, 128:192], 4, 2, 32)
+        q = (low | (high << 4)).to(torch.int8) - 32
+        return q, _f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float(), None
+    if name == "Q2_K":
+        sc, d, dmin = b[:, 0:16], _f16(b[:, 80:82]), _f16(b[:, 82:84])
+        q = _bits(b[:, 16:80], 4, 2, 32).to(torch.int8)
+        return q, d * (sc & 0xF).float(), -(dmin * (sc >> 4).float())
+    if name == "Q3_K":
+        sc = b[:, 96:108]
+        low = torch.cat([sc[:, 0:8] & 0xF, sc[:, 0:8] >> 4], dim=1)
+        high = _bits(sc[:, 8:12], 4, 2, 4)
+        scales = ((low | (high << 4)).to(torch.int8) - 32).float()
+        hbit = _bits(b[:, 0:32], 8, 1, 32)
+        q = _bits(b[:, 32:96], 4, 2, 32).to(torch.int8) - ((hbit ^ 1) << 2).to(torch.int8)
+        return q, _f16(b[:, 108:110]) * scales, None
+    raise ValueError(f"no decoder for {name}")
+
+
+def dequantize(raw: torch.Tensor, fmt: Format, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows of blocks [..., rows, row_bytes] -> weights [..., rows, cols] (fp32 math, then dtype)."""
+    lead = raw.shape[:-1]
+    q, scale, offset = decode(raw, fmt)
+    g = fmt.group
+    w = q.view(-1, scale.shape[1], g).float() * scale[:, :, None]
+    if offset is not None:
+        w = w + offset[:, :, None]
+    return w.view(*lead, cols).to(dtype)

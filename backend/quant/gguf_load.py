@@ -1,0 +1,258 @@
+"""A GGUF file's tensors into a CausalLM: quantized ones stay in their blocks, the rest load as floats.
+
+A layer with any quantized tensor becomes a QuantLinear (q|k|v and gate|up keep one part per format);
+quantized experts become QuantExperts; a quantized embedding is looked up row by row (and, tied, is
+the output layer's weight too). Floats (norms, biases, F16/F32 weights, and the IQ*/TQ* types we have no
+kernel for, dequantized here) go through weights.load_weights under their Hugging Face names.
+"""
+
+import logging
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from backend.model_config import ModelLoadError
+from backend.quant.experts import QuantExperts
+from backend.quant.formats import FORMATS
+from backend.quant.modules import QuantEmbedding, QuantLinear, QuantWeight
+from backend.weights import load_weights
+
+log = logging.getLogger("backend.quant")
+
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+_EXPERT_ROLE = {"ffn_gate": 0, "ffn_up": 1, "ffn_down": 2}
+_LEGACY_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")  # older Mixtral files: one tensor per expert
+_FUSED = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
+          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
+
+
+@dataclass
+class Entry:
+    tensor: object  # gguf ReaderTensor
+    name: str  # Hugging Face name (".weight"/".bias"), or the expert stack's module + role
+    layer: int | None
+    kind: str
+    expert: int | None = None  # legacy per-expert tensors
+    role: int | None = None  # expert stacks: 0 gate, 1 up, 2 down
+
+    @property
+    def fmt(self):
+        return FORMATS.get(int(self.tensor.tensor_type))
+
+    @property
+    def rows_cols(self) -> tuple[int, int]:
+        shape = [int(s) for s in self.tensor.shape]  # ggml order: cols first
+        return (shape[1] if len(shape) > 1 else 1), shape[0]
+
+
+def entries(reader, source: str) -> list[Entry]:
+    out = []
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk":
+            layer, kind, suffix = int(parts[1]), ".".join(parts[2:-1]), parts[-1]
+        else:
+            layer, kind, suffix = None, ".".join(parts[:-1]), parts[-1]
+        if kind == "rope_freqs":
+            continue  # read into the config's rope scaling (backend/gguf_config.py)
+        prefix = f"model.layers.{layer}." if layer is not None else ""
+        if m := _LEGACY_EXPERT.match(kind):
+            out.append(Entry(t, f"{prefix}mlp", layer, kind, expert=int(m.group(2)), role=_EXPERT_ROLE[m.group(1)]))
+        elif kind.endswith("_exps") and kind[:-5] in _EXPERT_ROLE:
+            out.append(Entry(t, f"{prefix}mlp", layer, kind, role=_EXPERT_ROLE[kind[:-5]]))
+        elif (layer is None and kind in _GLOBAL) or (layer is not None and kind in _LAYER):
+            out.append(Entry(t, f"{prefix}{(_GLOBAL if layer is None else _LAYER)[kind]}.{suffix}", layer, kind))
+        else:
+            raise ModelLoadError(f"{source}: GGUF tensor {t.name!r} is not one this layout uses; expected the "
+                                 "tensors of llama.cpp's llama/qwen2/qwen3/qwen2moe/qwen3moe layouts")
+    return out
+
+
+def _module_of(name: str) -> tuple[str, int]:
+    """A linear layer's HF weight name -> (our module, its shard)."""
+    module = name.rsplit(".", 1)[0]
+    for theirs, (ours, shard) in _FUSED.items():
+        if module.endswith(theirs):
+            return module[: -len(theirs)] + ours, shard
+    return module, 0
+
+
+def _unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
+    # llama.cpp's converter reorders the rows of Llama q/k projections so each head's rotary pairs are
+    # interleaved; undo it to get back the "rotate half" layout of Hugging Face checkpoints. Rows of
+    # blocks move as rows of weights do.
+    rows = w.shape[0]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class GGUFLoad:
+    def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool):
+        self.model, self.reader, self.arch, self.dtype, self.source = model, reader, arch, dtype, source
+        self.cfg = model.config
+        self.entries = entries(reader, source)
+        self.keep = keep_quantized
+        self.dequantized: dict[str, tuple[int, int]] = {}  # types expanded at load -> (bytes in the file, weights)
+        self.targets: dict[int, tuple[QuantWeight, int, int | None]] = {}  # id(tensor) -> (weight, row, expert)
+
+    def quantized(self, e: Entry) -> bool:
+        return self.keep and e.fmt is not None and e.name.split(".")[-1] != "bias"
+
+    def array(self, e: Entry) -> np.ndarray:
+        """The tensor as the file holds it: blocks for kernel formats we keep, else float32 weights."""
+        t = e.tensor
+        if self.quantized(e):
+            data = np.asarray(t.data)
+        else:
+            from gguf.quants import dequantize
+
+            if int(t.tensor_type) not in (0, 1, 30):
+                file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
+                self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
+            data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if self.arch == "llama" and e.kind in ("attn_q", "attn_k"):
+            data = _unpermute_rope(data, self.cfg.num_heads if e.kind == "attn_q" else self.cfg.num_kv_heads)
+        return data
+
+    # planning, on the meta model -------------------------------------------------------------------
+
+    def plan(self) -> None:
+        linear: dict[str, dict[int, Entry]] = {}
+        experts: dict[str, dict[int, list[Entry]]] = {}
+        for e in self.entries:
+            if e.role is not None:
+                experts.setdefault(e.name, {}).setdefault(e.role, []).append(e)
+            elif e.name.endswith(".weight") and e.kind not in ("token_embd",) and not e.kind.endswith("norm"):
+                module, shard = _module_of(e.name)
+                linear.setdefault(module, {})[shard] = e
+        for module, shards in linear.items():
+            if any(self.quantized(e) for e in shards.values()):
+                self._quant_linear(module, [shards[i] for i in sorted(shards)])
+        for module, roles in experts.items():
+            if any(self.quantized(e) for es in roles.values() for e in es):
+                self._quant_experts(module, roles)
+        embed = next(e for e in self.entries if e.kind == "token_embd")
+        if self.quantized(embed):
+            rows, cols = embed.rows_cols
+            weight = QuantWeight(embed.fmt, rows, cols, dtype=self.dtype)
+            self.targets[id(embed)] = (weight, 0, None)
+            self.model.model.embed_tokens = QuantEmbedding(weight, self.dtype)
+            if self.cfg.tie_word_embeddings:
+                self.model.lm_head = QuantLinear(cols, [weight], bias=False, dtype=self.dtype)
+
+    def _weight(self, es: list[Entry], lead: tuple[int, ...] = ()) -> QuantWeight:
+        rows, cols = es[0].rows_cols
+        fmt = es[0].fmt if self.quantized(es[0]) else None
+        w = QuantWeight(fmt, sum(e.rows_cols[0] for e in es), cols, lead, dtype=self.dtype)
+        row = 0
+        for e in es:
+            self.targets[id(e)] = (w, row, e.expert)
+            row += e.rows_cols[0]
+        return w
+
+    def _quant_linear(self, module: str, shards: list[Entry]) -> None:
+        groups: list[list[Entry]] = []  # adjacent shards of one format share a part (one kernel call)
+        for e in shards:
+            key = e.fmt if self.quantized(e) else None
+            if groups and (groups[-1][0].fmt if self.quantized(groups[-1][0]) else None) == key:
+                groups[-1].append(e)
+            else:
+                groups.append([e])
+        parts = [self._weight(g) for g in groups]
+        old = self.model.get_submodule(module)
+        new = QuantLinear(shards[0].rows_cols[1], parts, bias=old.bias is not None, dtype=self.dtype)
+        parent, _, attr = module.rpartition(".")
+        setattr(self.model.get_submodule(parent) if parent else self.model, attr, new)
+
+    def _quant_experts(self, module: str, roles: dict[int, list[Entry]]) -> None:
+        weights = []
+        for role in (0, 1, 2):
+            es = roles.get(role)
+            if not es:
+                raise ModelLoadError(f"{self.source}: {module} has expert tensors but none for "
+                                     f"{['ffn_gate', 'ffn_up', 'ffn_down'][role]}")
+            if es[0].expert is None:  # one stacked tensor [E, rows, ..]
+                t = es[0].tensor
+                lead = (int(t.shape[2]),)
+                rows, cols = es[0].rows_cols
+                fmt = es[0].fmt if self.quantized(es[0]) else None
+                w = QuantWeight(fmt, rows, cols, lead, dtype=self.dtype)
+                self.targets[id(es[0])] = (w, 0, None)
+            else:
+                rows, cols = es[0].rows_cols
+                fmt = es[0].fmt if self.quantized(es[0]) else None
+                w = QuantWeight(fmt, rows, cols, (len(es),), dtype=self.dtype)
+                for e in es:
+                    self.targets[id(e)] = (w, 0, e.expert)
+            weights.append(w)
+        self.model.get_submodule(module).use_quantized(QuantExperts(*weights))
+
+    # filling, once the model has memory --------------------------------------------------------------
+
+    def fill(self) -> None:
+        with torch.no_grad():
+            load_weights(self.model, self._floats(), self.source)
+        if self.dequantized:
+            names = ", ".join(sorted(self.dequantized))
+            file_bytes = sum(b for b, _ in self.dequantized.values())
+            held = sum(n for _, n in self.dequantized.values()) * torch.empty(0, dtype=self.dtype).element_size()
+            log.warning("%s: no kernel for %s; those tensors are dequantized at load to %s: %.3f GiB in memory "
+                        "where the file holds %.3f GiB (%.3f GiB more)", self.source, names,
+                        str(self.dtype).removeprefix("torch."), held / 2**30, file_bytes / 2**30,
+                        (held - file_bytes) / 2**30)
+
+    def _floats(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for e in self.entries:
+            target = self.targets.get(id(e))
+            if target is not None:
+                self._copy(e, *target)
+                continue
+            data = torch.from_numpy(self.array(e).copy())
+            if e.role is not None:  # float experts: the per-expert names weights.load_weights knows
+                proj = ["gate_proj", "up_proj", "down_proj"][e.role]
+                stack = data if e.expert is None else data[None]
+                first = 0 if e.expert is None else e.expert
+                for i in range(stack.shape[0]):
+                    yield f"{e.name}.experts.{first + i}.{proj}.weight", stack[i]
+            elif e.kind == "ffn_gate_inp_shexp":
+                yield e.name, data.reshape(1, -1)
+            else:
+                yield e.name, data
+
+    def _copy(self, e: Entry, w: QuantWeight, row: int, expert: int | None) -> None:
+        data = self.array(e)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the file's memory map is read-only; copy_ only reads it
+            src = torch.from_numpy(data)
+        dest = w.data if expert is None else w.data[expert]
+        rows = src.shape[-2] if src.dim() > 1 else 1
+        dest = dest[..., row:row + rows, :]
+        if tuple(dest.shape) != tuple(src.shape):
+            raise ModelLoadError(f"{self.source}: tensor {e.tensor.name!r} has {tuple(src.shape)}, the model "
+                                 f"expects {tuple(dest.shape)} from the file's metadata")
+        dest.copy_(src)
+
+
+def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True):
+    """Replace the meta model's layers that the file keeps quantized, allocate, then load every tensor."""
+    arch = reader.fields["general.architecture"].contents()
+    loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
+    loading.plan()
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    loading.fill()
+    for m in model.modules():
+        if isinstance(m, QuantEmbedding):
+            m.dtype = dtype
+    return model

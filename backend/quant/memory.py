@@ -1,0 +1,182 @@
+"""Memory arithmetic with the real sizes of quantized weights: pure functions of a model's shapes.
+
+What a model holds on the device: its non-expert weights, the experts kept resident, and a KV cache.
+The expert part is what `moe_gpu_experts` trades: offloaded experts stay in host memory, in their
+quantized form too (backend/models/expert_cache.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backend.model_config import ModelConfig
+from backend.quant.formats import BY_NAME, row_bytes
+
+FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+# recipe(kind, layer or None, config) -> format name; kinds are GGUF tensor kinds (attn_q, ffn_down_exps, ...)
+Recipe = Callable[[str, int | None, ModelConfig], str]
+
+
+def tensor_bytes(fmt: str, rows: int, cols: int) -> int:
+    """Bytes of a [rows, cols] weight stored in a GGUF format."""
+    if fmt in FLOAT_BYTES:
+        return rows * cols * FLOAT_BYTES[fmt]
+    return rows * row_bytes(BY_NAME[fmt], cols)
+
+
+def _use_more_bits(layer: int, layers: int) -> bool:
+    # llama.cpp's quantizer (llama-quant.cpp): the first and last eighth, and every third layer between.
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m(kind: str, layer: int | None, cfg: ModelConfig) -> str:
+    """The tensor formats llama.cpp's Q4_K_M picks (llama_tensor_get_type), for the layouts we run."""
+    if kind == "output":
+        return "Q6_K"
+    if kind == "attn_v":
+        if cfg.num_experts == 8:
+            return "Q8_0"  # 8-expert models (Mixtral): ~128 MB more for attention quality
+        return "Q6_K" if _use_more_bits(layer, cfg.num_layers) else "Q4_K"
+    if kind in ("ffn_down", "ffn_down_exps"):
+        return "Q6_K" if _use_more_bits(layer, cfg.num_layers) else "Q4_K"
+    if kind == "attn_output" and cfg.num_experts == 8:
+        return "Q5_K"
+    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp"):
+        return "F32"  # routers are never quantized
+    return "Q4_K"
+
+
+@dataclass
+class WeightBytes:
+    dense: int  # everything but the routed experts: embeddings, attention, dense MLPs, shared experts, norms
+    experts: int  # all routed experts of all layers
+    per_expert: list[int]  # bytes of one expert (gate + up + down), per layer (0 for dense layers)
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+    def resident(self, gpu_experts: int | None) -> int:
+        """On the device with `gpu_experts` experts per layer resident (None: all)."""
+        if gpu_experts is None:
+            return self.total
+        return self.dense + sum(b * gpu_experts for b in self.per_expert)
+
+
+def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
+    h, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dense = tensor_bytes(recipe("token_embd", None, cfg), cfg.vocab_size, h) + 4 * h
+    if not cfg.tie_word_embeddings:
+        dense += tensor_bytes(recipe("output", None, cfg), cfg.vocab_size, h)
+    experts, per_expert = 0, []
+    for i in range(cfg.num_layers):
+        fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
+        dense += 2 * 4 * h + (2 * 4 * d if cfg.qk_norm else 0)
+        dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
+        dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
+        if cfg.qkv_bias:
+            dense += 4 * (heads + 2 * kv) * d
+        if cfg.o_bias:
+            dense += 4 * h
+        if not cfg.layer_is_moe(i):
+            inter = cfg.intermediate_size
+            dense += 2 * tensor_bytes(fmt("ffn_gate"), inter, h) + tensor_bytes(fmt("ffn_down"), h, inter)
+            per_expert.append(0)
+            continue
+        inter = cfg.moe_intermediate_size
+        one = (tensor_bytes(fmt("ffn_gate_exps"), inter, h) + tensor_bytes(fmt("ffn_up_exps"), inter, h)
+               + tensor_bytes(fmt("ffn_down_exps"), h, inter))
+        per_expert.append(one)
+        experts += one * cfg.num_experts
+        dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
+        if cfg.shared_expert_intermediate_size:
+            s = cfg.shared_expert_intermediate_size
+            dense += 2 * tensor_bytes(fmt("ffn_gate_shexp"), s, h) + tensor_bytes(fmt("ffn_down_shexp"), h, s)
+            dense += 4 * h  # its gate
+    return WeightBytes(dense, experts, per_expert)
+
+
+def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_experts: int) -> int | None:
+    """The moe_gpu_experts that fits `budget` once `reserved` (KV cache, activations) is counted: None when
+    every expert fits, else the largest count per layer. Raises when not even one expert per layer fits."""
+    room = budget - reserved
+    if weights.resident(None) <= room:
+        return None
+    for n in range(num_experts - 1, 0, -1):
+        if weights.resident(n) <= room:
+            return n
+    gib = 2**30
+    raise ValueError(f"the model needs {weights.resident(1) / gib:.1f} GiB with one expert per layer resident and "
+                     f"{reserved / gib:.1f} GiB reserved; the budget is {budget / gib:.1f} GiB")
+
+
+def float_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]
+
+
+def float_recipe(dtype: torch.dtype) -> Recipe:
+    """Every weight in the compute dtype (a Hugging Face checkpoint, a GGUF loaded with quantization='dequantize')."""
+    name = float_name(dtype)
+    return lambda kind, layer, cfg: name
+
+
+def linear_recipe(fmt: str, dtype: torch.dtype) -> Recipe:
+    """The decoder's linear layers and experts in `fmt`; embeddings, output and routers in the compute dtype
+    (what hf_quantize.py and random_blocks.py build)."""
+    name = float_name(dtype)
+    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp")
+    return lambda kind, layer, cfg: name if kind in kept else fmt
+
+
+def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:
+    """A Hugging Face checkpoint quantized at load (quantization="int8" | "int4")."""
+    from backend.quant.hf_quantize import MODES
+
+    return linear_recipe(MODES[mode], dtype)
+
+
+def loaded_recipe(reader, quantization: str | None, random_format: str | None, dtype: torch.dtype) -> Recipe:
+    """The formats a model will hold once load_model has loaded it with these settings."""
+    if quantization in ("int8", "int4"):
+        return hf_recipe(quantization, dtype)
+    if random_format is not None:
+        return linear_recipe(random_format, dtype)
+    if reader is not None and quantization is None:
+        return file_recipe(reader, dtype)
+    return float_recipe(dtype)
+
+
+def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
+    """What a GGUF file's tensors become once loaded, as a recipe: kernel formats stay as their blocks, everything
+    else (F16/BF16, and IQ*/TQ* dequantized at load) is held in the compute dtype."""
+    formats = {}
+    for t in reader.tensors:
+        parts = t.name.split(".")
+        layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
+        name = t.tensor_type.name
+        formats[(kind, layer)] = name if name in BY_NAME else float_name(dtype)
+    return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))
+
+
+def module_bytes(model: nn.Module) -> int:
+    """What a loaded model holds in its own memory: parameters and buffers (quantized blocks, CPU repacks,
+    expert slots), not the host copies of offloaded experts. Shared tensors count once."""
+    seen, total = set(), 0
+    buffers = [b for name, b in model.named_buffers() if not name.endswith("cos_sin")]  # a table, not weights
+    for t in [*model.parameters(), *buffers, *_expert_slots(model)]:
+        if t is None or t.data_ptr() in seen or t.device.type == "meta":
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def host_expert_bytes(model: nn.Module) -> int:
+    """The host copies of offloaded experts (in their stored form: quantized experts stay quantized)."""
+    return sum(m.expert_cache.host_bytes() for m in model.modules() if getattr(m, "expert_cache", None) is not None)
+
+
+def _expert_slots(model: nn.Module) -> list[torch.Tensor]:
+    return [t for m in model.modules() if getattr(m, "expert_cache", None) is not None for t in m.expert_cache.dev]

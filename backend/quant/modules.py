@@ -1,0 +1,119 @@
+"""Layers over weights kept in GGUF blocks: a linear layer, an embedding, and the weight they share.
+
+Paths, by device: CUDA (or SCRIPTORIUM_TRITON=1) decodes the blocks inside Triton matmuls
+(backend/kernels/quant_triton.py); the CPU uses PyTorch's int4 kernel on weights repacked once at
+load (cpu_pack.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.kernels import use_triton
+from backend.quant import cpu_pack
+from backend.quant.formats import Format, dequantize, row_bytes
+
+
+class QuantWeight(nn.Module):
+    """A [rows, cols] weight (or a stack [*lead, rows, cols] of experts' weights) in one GGUF format,
+    or in plain floats (fmt None) where a fused layer mixes the two."""
+
+    def __init__(self, fmt: Format | None, rows: int, cols: int, lead: tuple[int, ...] = (),
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "meta"):
+        super().__init__()
+        self.fmt, self.rows, self.cols, self.lead = fmt, rows, cols, tuple(lead)
+        self.row_bytes = row_bytes(fmt, cols) if fmt is not None else 0
+        shape = (*lead, rows, self.row_bytes) if fmt is not None else (*lead, rows, cols)
+        self.register_buffer("data", torch.empty(shape, dtype=torch.uint8 if fmt else dtype, device=device))
+        # CPU repacking (cpu_pack.py); scales kept as int16 bits so that module.to(dtype) leaves them alone.
+        self.register_buffer("packed", None)
+        self.register_buffer("scales_zeros", None)
+        self.planes = 0
+        self.keep_data = False  # an embedding reads the blocks too
+
+    @property
+    def code(self) -> int:
+        return self.fmt.ggml_type if self.fmt is not None else 0
+
+    @property
+    def name(self) -> str:
+        return self.fmt.name if self.fmt is not None else str(self.data.dtype).removeprefix("torch.")
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, rows={self.rows}, cols={self.cols}" + (f", lead={self.lead}" if self.lead else "")
+
+    def pack_for_cpu(self) -> None:
+        if self.fmt is None or self.packed is not None:
+            return
+        flat = self.data.reshape(-1, self.rows, self.row_bytes)
+        packs = [cpu_pack.pack(m, self.fmt, self.cols) for m in flat]
+        self.planes = packs[0][2]
+        self.packed = torch.stack([p[0] for p in packs]).reshape(*self.lead, *packs[0][0].shape)
+        sz = torch.stack([p[1] for p in packs]).view(torch.int16)
+        self.scales_zeros = sz.reshape(*self.lead, *packs[0][1].shape)
+        if not self.keep_data:
+            self.data = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What one expert of a stack is made of, as stacks to slice (ExpertCache copies them)."""
+        return [self.data] if self.packed is None else [self.packed, self.scales_zeros]
+
+    def dequantize(self, dtype: torch.dtype, expert: int | None = None) -> torch.Tensor:
+        data = self.data if expert is None else self.data[expert]
+        if self.fmt is None:
+            return data.to(dtype)
+        return dequantize(data, self.fmt, self.cols, dtype)
+
+    def matmul(self, x: torch.Tensor, expert: int | None = None, tensors: list[torch.Tensor] | None = None):
+        """x [..., cols] @ W.T -> [..., rows]: W itself, or expert `expert` of the stack (or of `tensors`,
+        stacks shaped as tensors() gives them)."""
+        tensors = tensors if tensors is not None else self.tensors()
+        if self.packed is not None or len(tensors) == 2:
+            if x.is_cuda:
+                raise RuntimeError("this weight was repacked for the CPU at load; load the model again for CUDA")
+            packed, sz = (t if expert is None else t[expert] for t in tensors)
+            return cpu_pack.matmul(x, packed, sz.view(torch.bfloat16), self.planes, self.rows)
+        data = tensors[0] if expert is None else tensors[0][expert]
+        if self.fmt is None:
+            return F.linear(x, data)
+        if use_triton(x):
+            from backend.kernels.quant_triton import qlinear
+
+            lead = x.shape[:-1]
+            y = qlinear(x.reshape(-1, self.cols), data, self.code, self.rows, self.cols, self.row_bytes)
+            return y.reshape(*lead, self.rows)
+        return F.linear(x, dequantize(data, self.fmt, self.cols, x.dtype))
+
+    def nbytes(self) -> int:
+        tensors = (self.data, self.packed, self.scales_zeros)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b, W's rows in parts stacked in order (q|k|v, gate|up), each part in its own format."""
+
+    def __init__(self, in_features: int, parts: list[QuantWeight], bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = sum(p.rows for p in parts)
+        self.parts = nn.ModuleList(parts)
+        self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype, device="meta")) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ys = [p.matmul(x) for p in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        return y if self.bias is None else y + self.bias
+
+
+class QuantEmbedding(nn.Module):
+    """Rows of a quantized embedding table, dequantized as they are looked up (only those rows are read)."""
+
+    def __init__(self, weight: QuantWeight, dtype: torch.dtype):
+        super().__init__()
+        self.weight = weight
+        self.weight.keep_data = True
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return dequantize(w.data[ids.reshape(-1)], w.fmt, w.cols, self.dtype).reshape(*ids.shape, w.cols)

@@ -1,0 +1,59 @@
+"""MoE over quantized experts: the fused Triton kernels (interpreter), the CPU paths and offloading, against
+the float experts' fused_moe on the same weights dequantized."""
+
+import pytest
+import torch
+
+from backend.kernels.moe import fused_moe, route
+from backend.quant.experts import QuantExperts
+from backend.quant.formats import BY_NAME
+from backend.quant.modules import QuantWeight
+from tests.backend.quant_blocks import gguf_dequant, random_raw
+
+E, H, INTER, TOP_K = 4, 256, 256, 2
+
+
+def experts(formats: tuple[str, str, str]):
+    weights, dense = [], []
+    for i, (name, rows, cols) in enumerate(zip(formats, (INTER, INTER, H), (H, H, INTER))):
+        raw = random_raw(name, rows, cols, seed=10 + i, lead=(E,))
+        w = QuantWeight(BY_NAME[name], rows, cols, lead=(E,), device="cpu")
+        w.data.copy_(torch.from_numpy(raw))
+        weights.append(w)
+        dense.append(gguf_dequant(raw, name))
+    return QuantExperts(*weights), torch.cat([dense[0], dense[1]], dim=1), dense[2]
+
+
+def routed(tokens: int):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, H, generator=g)
+    weights, ids = route(torch.randn(tokens, E, generator=g), TOP_K, True)
+    return x, weights, ids
+
+
+@pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_quantized_experts_match_float_experts(formats, tokens, monkeypatch):
+    module, w_gate_up, w_down = experts(formats)
+    x, weights, ids = routed(tokens)
+    ref = fused_moe(x, w_gate_up, w_down, weights, ids)
+    tol = dict(atol=1e-5 * ref.abs().max().item(), rtol=1e-4)
+    torch.testing.assert_close(module(x, weights, ids), ref, **tol)  # reference: dequantize each expert
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    torch.testing.assert_close(module(x, weights, ids), ref, **tol)  # the fused kernels
+    monkeypatch.delenv("SCRIPTORIUM_TRITON")
+    for w in module.weights():
+        w.pack_for_cpu()
+    out = module(x, weights, ids)
+    assert ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 2e-2  # bf16 int4 kernel
+
+
+def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatch):
+    module, w_gate_up, w_down = experts(("Q4_K", "Q4_K", "Q6_K"))
+    dense = QuantWeight(None, H, INTER, lead=(E,), device="cpu")
+    dense.data.copy_(w_down)
+    module.down = dense
+    x, weights, ids = routed(5)
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    torch.testing.assert_close(module(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids),
+                               atol=1e-4, rtol=1e-4)
