@@ -4,11 +4,13 @@ Prints one JSON line: single-request decode speed, 32-request aggregate throughp
 time to first token with a 1,000-token cached prefix vs cold. Run: python bench/engine.py
 
 --quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
-our quantized path vs our fp32 path vs transformers fp32 (vs llama.cpp when llama-cpp-python is installed).
+our quantized path vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv).
 """
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,23 +95,19 @@ def q8_0_copy(path: Path) -> Path:
     return out
 
 
-def llama_cpp_rates(path: Path, prompts: list[list[int]], new_tokens: int) -> tuple[float | None, float | None]:
-    """llama.cpp on the same file, when llama-cpp-python is installed (a benchmark peer, never a dependency)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+def llama_cpp_rates(path: Path, prompts: list[list[int]], new_tokens: int,
+                    python: str | None) -> tuple[float | None, float | None]:
+    """llama.cpp on the same file, run by llama-cpp-python in its own venv (bench/llama_cpp_peer.py); None
+    without one."""
+    if not python:
         return None, None
-    llm = Llama(model_path=str(path), n_ctx=512, n_threads=torch.get_num_threads(), verbose=False)
-    rates = []
-    for batch in (prompts[:1], prompts):  # llama-cpp-python serves one sequence at a time
-        start = time.perf_counter()
-        for p in batch:
-            llm.reset()
-            for i, _ in enumerate(llm.generate(p, temp=0.0)):
-                if i + 1 == new_tokens:
-                    break
-        rates.append(new_tokens * len(batch) / (time.perf_counter() - start))
-    return rates[0], rates[1]
+    job = {"model": str(path), "prompts": prompts, "new_tokens": new_tokens, "threads": torch.get_num_threads()}
+    peer = Path(__file__).resolve().parent / "llama_cpp_peer.py"
+    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
+    rates = json.loads(done.stdout)
+    return rates["single_tok_s"], rates["batch_tok_s"]
 
 
 def quantized_rows(args) -> dict:
@@ -138,7 +136,7 @@ def quantized_rows(args) -> dict:
         hf_generate(hf, single, 8, pad)
         rates["transformers"] = (args.new_tokens / hf_generate(hf, single, args.new_tokens, pad),
                                  total / hf_generate(hf, batch, args.new_tokens, pad))
-        rates["llama_cpp"] = llama_cpp_rates(path, [single[0]] + batch, args.new_tokens)
+        rates["llama_cpp"] = llama_cpp_rates(path, [single[0]] + batch, args.new_tokens, args.llama_cpp_python)
         for name, (one, many) in rates.items():
             row[f"{label}_{name}_single_tok_s"] = None if one is None else round(one, 2)
             row[f"{label}_{name}_batch_tok_s"] = None if many is None else round(many, 2)
@@ -154,6 +152,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--prefix", type=int, default=1000)
+    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"),
+                        help="the python of a venv with llama-cpp-python: adds llama.cpp's rows (--quantized)")
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
     args = parser.parse_args()
     if args.quantized:
