@@ -54,6 +54,20 @@ def ours_generate(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
     return elapsed
 
 
+def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -> dict:
+    """One batch-1 decode step split into matmul time (the profiler's self time of every *mm* op: fp32,
+    int8 and int4 kernels alike, per step) and everything else (the unprofiled step time minus that)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate([prompt], params, use_tqdm=False)
+    matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages()
+                    if e.key.startswith("aten::") and "mm" in e.key.split("::", 1)[1])
+    matmul_ms = matmul_us / 1000 / steps
+    return {"step_ms": round(step_ms, 2), "matmul_ms": round(matmul_ms, 2), "other_ms": round(step_ms - matmul_ms, 2)}
+
+
 def time_to_first_token(llm: LLM, prompt: list[int]) -> float:
     start = time.perf_counter()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
@@ -144,6 +158,7 @@ def quantized_rows(args) -> dict:
         row[f"{label}_single_vs_transformers"] = round(q[0] / t[0], 2)
         row[f"{label}_batch_vs_transformers"] = round(q[1] / t[1], 2)
         row[f"{label}_single_vs_fp32"] = round(q[0] / rates["fp32"][0], 2)
+        row[f"{label}_decode_step_split"] = decode_split(ours, single[0], 1000 / q[0])
     return row
 
 
@@ -195,6 +210,7 @@ def main() -> None:
         "batch_tok_s_transformers": round(hf_batch, 2), "batch_ratio": round(ours_batch / hf_batch, 2),
         "prefix_tokens": args.prefix, "ttft_cold_s": round(cold, 4), "ttft_cached_s": round(cached, 4),
         "ttft_speedup": round(cold / cached, 2),
+        "decode_step_split": decode_split(llm, single[0], 1000 / ours_single),
     }))
 
 
