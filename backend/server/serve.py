@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or '
                              '\'{"method": "draft", "model": "PATH", "num_tokens": "auto"}\'')
+    parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                        help="how tool calls are read from the model's output (default: from its chat template, "
+                             "then its family)")
     parser.add_argument("--no-sleep", action="store_true",
                         help="refuse /sleep: never lend this server's GPU memory to another service")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -84,7 +87,7 @@ def serve(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = build_app(config, args.served_model_name, on_load_error, allow_sleep=not args.no_sleep,
-                    max_body_bytes=args.max_body_bytes)
+                    max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a
