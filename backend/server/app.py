@@ -18,6 +18,7 @@ from backend.server.completions import create_completion
 from backend.server.errors import APIError
 from backend.server.limits import BodyLimit
 from backend.server.protocol import ChatRequest, CompletionRequest, now
+from backend.server.responses import ResponsesRequest, create_response
 from backend.server.state import RETRY_AFTER, ServerState
 
 log = logging.getLogger("backend.server")
@@ -137,5 +138,9 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         return await create_chat_completion(state, req, request)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request):
+        return await create_response(state, req, request)
 
     return app
