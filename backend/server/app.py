@@ -11,10 +11,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from backend.config import EngineConfig
+from backend.engine.embedding import POOLING
 from backend.engine.llm_engine import LLMEngine
 from backend.server.async_engine import AsyncEngine
 from backend.server.chat import create_chat_completion
 from backend.server.completions import create_completion
+from backend.server.embeddings import (
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+    create_embeddings,
+    detokenize,
+    tokenize,
+)
 from backend.server.errors import APIError
 from backend.server.limits import BodyLimit
 from backend.server.protocol import ChatRequest, CompletionRequest, now
@@ -99,6 +108,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         return {"object": "list", "data": [{
             "id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
             "root": config.model, "max_model_len": engine.engine.max_model_len,
+            "embedding": {**POOLING, "dimensions": engine.engine.model_config.hidden_size},
         }]}
 
     @app.post("/sleep")
@@ -142,5 +152,17 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
         return await create_response(state, req, request)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest):
+        return await create_embeddings(state, req)
+
+    @app.post("/tokenize")
+    async def tokenize_route(req: TokenizeRequest):
+        return await tokenize(state, req)
+
+    @app.post("/detokenize")
+    async def detokenize_route(req: DetokenizeRequest):
+        return await detokenize(state, req)
 
     return app
