@@ -1,19 +1,16 @@
 """The FastAPI application: a thin router over the APIs (each in its own module), health, metrics, sleep."""
 
 import logging
-import threading
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from backend.config import EngineConfig
 from backend.engine.embedding import POOLING
-from backend.engine.llm_engine import LLMEngine
-from backend.server.async_engine import AsyncEngine
 from backend.server.chat import create_chat_completion
 from backend.server.completions import create_completion
 from backend.server.embeddings import (
@@ -26,7 +23,9 @@ from backend.server.embeddings import (
 )
 from backend.server.errors import APIError
 from backend.server.limits import BodyLimit
+from backend.server.metrics import ServerMetrics
 from backend.server.protocol import ChatRequest, CompletionRequest, now
+from backend.server.registry import Budget, ModelRegistry
 from backend.server.responses import ResponsesRequest, create_response
 from backend.server.state import RETRY_AFTER, ServerState
 
@@ -38,28 +37,26 @@ MAX_BODY_BYTES = 4 << 20  # a 128k-token prompt is ~0.5 MB of text; more is a mi
 
 def build_app(config: EngineConfig, served_model_name: str | None = None,
               on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True,
-              max_body_bytes: int = MAX_BODY_BYTES, tool_call_parser: str | None = None) -> FastAPI:
-    state = ServerState(config, served_model_name or config.model, tool_call_parser)
-
-    def load() -> None:
-        try:
-            state.engine = AsyncEngine(LLMEngine(config), state.metrics)
-            log.info("model %s loaded; serving as %s", config.model, state.served_model_name)
-        except Exception as e:  # reported by /health and by the CLI, which exits
-            state.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)
-            log.error("could not load model %s: %s", config.model, state.load_error)
-            if on_load_error:
-                on_load_error(state.load_error)
+              max_body_bytes: int = MAX_BODY_BYTES, tool_call_parser: str | None = None,
+              more_models: Sequence[tuple[str, EngineConfig]] = (), budget: Budget | None = None) -> FastAPI:
+    """config is the default model's (loaded at start-up); more_models are (name, config) loaded on first use."""
+    registry: ModelRegistry | None = None
+    metrics = ServerMetrics(lambda: registry.stats())
+    states = [ServerState(c, name, tool_call_parser, metrics)
+              for name, c in [(served_model_name or config.model, config), *more_models]]
+    registry = ModelRegistry(states, budget or Budget(), metrics, on_load_error)
+    state = registry.default
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        threading.Thread(target=load, name="model-load", daemon=True).start()
+        registry.start()
         yield
-        if state.engine is not None:
-            state.engine.stop()
+        for s in registry.loaded():
+            s.engine.stop()
 
     app = FastAPI(title="Scriptorium backend", lifespan=lifespan)
-    app.state.server = state
+    app.state.server = state  # the default model's
+    app.state.registry = registry
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
@@ -89,14 +86,15 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.get("/health")
     async def health():
-        if state.load_error:
+        if state.load_error and not registry.ever_loaded:
             return JSONResponse({"status": "error", "error": state.load_error}, status_code=500)
-        if state.engine is None:
+        if not registry.ever_loaded:
             return JSONResponse({"status": "loading"}, status_code=503, headers=RETRY_AFTER)
-        problem = state.engine.problem()
-        if problem:
-            return JSONResponse({"status": "error", "error": problem}, status_code=503)
-        return {"status": "sleeping" if state.sleep_level else "ok"}
+        for s in registry.loaded():
+            problem = s.engine.problem()
+            if problem:
+                return JSONResponse({"status": "error", "error": problem}, status_code=503)
+        return {"status": "sleeping" if registry.sleep_level else "ok"}
 
     @app.get("/metrics")
     async def metrics():
@@ -104,12 +102,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.get("/v1/models")
     async def models():
-        engine = state.loaded_engine()
-        return {"object": "list", "data": [{
-            "id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
-            "root": config.model, "max_model_len": engine.engine.max_model_len,
-            "embedding": {**POOLING, "dimensions": engine.engine.model_config.hidden_size},
-        }]}
+        return {"object": "list", "data": [model_card(s) for s in registry.states]}
 
     @app.post("/sleep")
     async def sleep(level: int = 1, timeout: float = 30.0):
@@ -118,51 +111,103 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         if level not in (1, 2):
             raise APIError(400, f"level must be 1 (weights kept in CPU memory) or 2 (weights dropped), got {level}",
                            param="level")
-        engine = state.loaded_engine()
-        if not state.sleep_level:
-            state.draining = True
-            try:
-                await engine.drain(timeout)
-                await engine.call(lambda e: e.sleep(level))
-                state.sleep_level = level
-            finally:
-                state.draining = False
-        return {"is_sleeping": True, "level": state.sleep_level}
+        if not registry.ever_loaded:
+            state.loaded_engine()  # 503 + Retry-After while the first model loads
+        if not registry.sleep_level:
+            registry.sleep_level = level  # no model loads from now on; /wake_up undoes a sleep that failed
+            for s in registry.loaded():
+                await sleep_model(s, level, timeout)
+        return {"is_sleeping": True, "level": registry.sleep_level}
 
     @app.post("/wake_up")
     async def wake_up():
-        engine = state.loaded_engine()
-        if state.sleep_level:
-            await engine.call(lambda e: e.wake_up())
-            state.sleep_level = 0
+        if not registry.ever_loaded:
+            state.loaded_engine()
+        for s in registry.loaded():
+            if s.sleep_level:
+                await s.engine.call(lambda e: e.wake_up())
+                s.sleep_level = 0
+        registry.sleep_level = 0
         return {"is_sleeping": False}
 
     @app.get("/is_sleeping")
     async def is_sleeping():
-        return {"is_sleeping": bool(state.sleep_level)}
+        return {"is_sleeping": bool(registry.sleep_level)}
+
+    async def use(name: str | None, handler):
+        """handler(state) on the named model, which is held until its answer (a stream too) is sent."""
+        held = await registry.acquire(name)
+        try:
+            result = await handler(held)
+        except BaseException:
+            registry.release(held)
+            raise
+        if isinstance(result, StreamingResponse):
+            result.body_iterator = released(result.body_iterator, lambda: registry.release(held))
+        else:
+            registry.release(held)
+        return result
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        return await create_completion(state, req, request)
+        return await use(req.model, lambda s: create_completion(s, req, request))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
-        return await create_chat_completion(state, req, request)
+        return await use(req.model, lambda s: create_chat_completion(s, req, request))
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
-        return await create_response(state, req, request)
+        return await use(req.model, lambda s: create_response(s, req, request))
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest):
-        return await create_embeddings(state, req)
+        return await use(req.model, lambda s: create_embeddings(s, req))
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
-        return await tokenize(state, req)
+        return await use(req.model, lambda s: tokenize(s, req))
 
     @app.post("/detokenize")
     async def detokenize_route(req: DetokenizeRequest):
-        return await detokenize(state, req)
+        return await use(req.model, lambda s: detokenize(s, req))
 
     return app
+
+
+def model_card(state: ServerState) -> dict:
+    """One /v1/models entry: what a loaded model is, and whether it is loaded."""
+    card = {"id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
+            "root": state.config.model,
+            "status": "error" if state.load_error else "loading" if state.loading else
+            "loaded" if state.engine is not None else "unloaded"}
+    if state.load_error:
+        card["error"] = state.load_error
+    if state.engine is not None:
+        engine = state.engine.engine
+        card["max_model_len"] = engine.max_model_len
+        card["memory_bytes"] = state.need  # weights and KV cache, as --models-memory counts them
+        card["embedding"] = {**POOLING, "dimensions": engine.model_config.hidden_size}
+    return card
+
+
+async def sleep_model(state: ServerState, level: int, timeout: float) -> None:
+    state.draining = True
+    try:
+        await state.engine.drain(timeout)
+        await state.engine.call(lambda e: e.sleep(level))
+        state.sleep_level = level
+    finally:
+        state.draining = False
+
+
+async def released(body: AsyncGenerator, release: Callable[[], None]) -> AsyncIterator:
+    """body, then release(); closed at once when the client goes away, so the request is aborted now."""
+    try:
+        async for item in body:
+            yield item
+    finally:
+        try:
+            await body.aclose()
+        finally:
+            release()

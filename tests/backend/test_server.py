@@ -234,7 +234,8 @@ def test_sleep_and_wake_round_trip(server, client):
 
 
 def test_loading_is_503_with_retry_after(smollm2_path):
-    proc = ServerProcess("smollm2", wait=False)
+    # Requests wait up to --load-timeout for their model (test_multi_model); with none they are told to retry.
+    proc = ServerProcess("smollm2", "--load-timeout", "0", wait=False)
     try:
         deadline = time.monotonic() + 60
         first = None
