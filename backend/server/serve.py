@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def on_cuda(config: EngineConfig) -> bool:
+    if config.device is not None:
+        return config.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def named_models(models: list[str] | None, served_model_name: str | None) -> list[tuple[str, str]]:
     """--model values as (name, model): NAME=MODEL, or the model itself (its alias or path) as the name."""
     pairs = []
@@ -120,6 +128,11 @@ def serve(args: argparse.Namespace) -> int:
         locate(model)
     if spec is not None and spec.model:
         locate(spec.model)
+    if len(models) > 1 and on_cuda(config) and config.kv_cache_memory is None and config.num_kv_blocks is None:
+        # Sized from what the card has left, the first model's KV cache would leave none for the next.
+        print("error: several models on a GPU need a KV cache of a fixed size each: pass --kv-cache-memory "
+              "(e.g. 4GiB) or --num-kv-blocks", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failure: list[str] = []
     server: uvicorn.Server | None = None
