@@ -3,6 +3,12 @@
 SmolLM2-135M on the CPU, greedy, fixed length (ignore_eos). Prints one JSON line with the
 server's aggregate tokens/s, p50/p99 time to first token and inter-token latency, and the
 ratio to the offline engine's aggregate on the same prompts. Run: python bench/server.py
+
+With --tools, the tool-calling row instead: the same requests with `tools` and
+tool_choice="required" (grammar-constrained) against the same requests without tools, both
+non-streamed: tokens/s of each, and the share of calls whose arguments validate (target 1.0). A
+call cut off by max_tokens cannot validate: keep --max-tokens at 64 or more (a call is ~40 tokens);
+truncated_calls counts them. Run: python bench/server.py --tools
 """
 
 import argparse
@@ -66,12 +72,70 @@ async def run_server(url: str, convs: list[list[dict]], max_tokens: int) -> tupl
     return elapsed, sum(counts), ttfts, gaps
 
 
+WEATHER_SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 32}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                            "parameters": WEATHER_SCHEMA}}
+
+
+async def run_tools(url: str, convs: list[list[dict]], max_tokens: int, tools: bool
+                    ) -> tuple[float, int, int, int]:
+    """(seconds, completion tokens, calls whose arguments validate, answers cut off by max_tokens) of the
+    requests, sent all at once."""
+    import jsonschema
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=900)
+    extra = dict(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False) if tools else {}
+
+    async def one(messages) -> tuple[int, int, int]:
+        out = await client.chat.completions.create(model="smollm2", messages=messages, max_tokens=max_tokens,
+                                                   temperature=0, **extra)
+        valid = 0
+        for call in out.choices[0].message.tool_calls or []:  # one at most: parallel_tool_calls=False
+            try:
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+                valid += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+        return out.usage.completion_tokens, valid, int(out.choices[0].finish_reason == "length")
+
+    async with client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(m) for m in convs))
+        elapsed = time.perf_counter() - start
+    return elapsed, sum(r[0] for r in results), sum(r[1] for r in results), sum(r[2] for r in results)
+
+
+def tools_row(args) -> dict:
+    cities = ["Paris", "Lyon", "Bruges", "Kraków", "Toledo", "York", "Bologna", "Uppsala"]
+    asks = [[{"role": "user", "content": f"What is the weather in {cities[i % len(cities)]} today, reader {i}?"}]
+            for i in range(args.concurrency)]
+    server = ServerProcess("smollm2", "--max-num-seqs", str(args.concurrency))
+    try:
+        asyncio.run(run_tools(server.url, asks[:2], 8, True))  # warm-up, the grammar compiled
+        plain_s, plain_tokens, _, _ = asyncio.run(run_tools(server.url, asks, args.max_tokens, False))
+        tools_s, tools_tokens, valid, cut = asyncio.run(run_tools(server.url, asks, args.max_tokens, True))
+    finally:
+        server.stop()
+    tools_tok_s, plain_tok_s = tools_tokens / tools_s, plain_tokens / plain_s
+    return {"bench": "server_tools", "model": "smollm2-135m", "device": "cpu", "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens, "tools_tok_s": round(tools_tok_s, 2),
+            "plain_tok_s": round(plain_tok_s, 2), "ratio": round(tools_tok_s / plain_tok_s, 3),
+            "valid_calls": round(valid / len(asks), 3), "truncated_calls": cut}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--tools", action="store_true", help="the tool-calling row (see the docstring)")
     args = parser.parse_args()
     pull("smollm2", quiet=True)
+    if args.tools:
+        print(json.dumps(tools_row(args)))
+        return
     convs = conversations(args.concurrency)
 
     server = ServerProcess("smollm2", "--max-num-seqs", str(args.concurrency))

@@ -55,15 +55,16 @@ class Limits:
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_template: str | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
-    """A conversation through the model's chat template (or the one given), as token ids. The template
-    writes any special tokens itself, so tokenizing must not add a second BOS. The template's own checks
-    (role order, ...) raise ValueError."""
+                    add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    """A conversation through the model's chat template (or the one given), as token ids; tools (OpenAI's
+    function definitions) are handed to the template as transformers' apply_chat_template takes them. The
+    template writes any special tokens itself, so tokenizing must not add a second BOS. The template's own
+    checks (role order, ...) raise ValueError."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"model {model_name!r} has no chat template; pass chat_template=..., or use completions")
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=chat_template,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, tools=tools)
     except Exception as e:  # jinja's TemplateError and the template's raise_exception
         raise ValueError(f"the chat template refused these messages: {e}") from None
     return tokenizer(text, add_special_tokens=False).input_ids

@@ -152,6 +152,19 @@ class BlockManager:
                 self.free.move_to_end(block_id, last=False)
         del seq.block_table[keep:]
 
+    def take_blocks(self, n: int) -> list[int] | None:
+        """n free blocks for a pass outside the scheduler (embeddings); None when fewer are free. They never
+        enter the prefix cache."""
+        if n > len(self.free):
+            return None
+        return [self._take_free_block() for _ in range(n)]
+
+    def release_blocks(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            self.blocks[block_id].ref_count = 0
+            self.free[block_id] = None
+            self.free.move_to_end(block_id, last=False)  # nothing to reuse in them: taken first
+
     def free_sequence(self, seq: Sequence) -> None:
         # Tail blocks are released first, so a prefix's leading blocks are the last to be evicted.
         for block_id in reversed(seq.block_table):

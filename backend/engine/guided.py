@@ -48,7 +48,8 @@ class GuidedDecoding:
 
     def matcher(self, guided_json: dict | bool):
         """A fresh matcher for one sequence; compiled grammars are shared between requests. Thread-safe."""
-        key = "object" if guided_json is True else json.dumps(guided_json, sort_keys=True)
+        # Not sorted: properties come out in the schema's order (a tool call's name before its arguments).
+        key = "object" if guided_json is True else json.dumps(guided_json)
         with self._lock:
             grammar = self._grammars.get(key)
             if grammar is not None:

@@ -57,10 +57,10 @@ def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
     return out
 
 
-def _chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
+def _chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None) -> list[int]:
     check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
     try:
-        ids = chat_prompt_ids(engine.tokenizer, messages, engine.model_name)
+        ids = chat_prompt_ids(engine.tokenizer, messages, engine.model_name, tools=tools)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
     return _validate_ids(ids, engine.model_config.vocab_size, "messages")
@@ -70,11 +70,11 @@ async def completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
     return await off_loop(_completion_prompts, prompt, engine)
 
 
-async def chat_prompt(engine: LLMEngine, messages: list[dict]) -> list[int]:
-    return await off_loop(_chat_prompt, engine, messages)
+async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    return await off_loop(_chat_prompt, engine, messages, tools)
 
 
-async def check_guided(engine: LLMEngine, params: SamplingParams) -> None:
+async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "response_format") -> None:
     """Compile a structured-output schema up front (off the loop and off the engine thread, cached for the
     request itself), so a bad one is a 400 and not an error mid-stream."""
     if params.guided_json is None:
@@ -82,7 +82,8 @@ async def check_guided(engine: LLMEngine, params: SamplingParams) -> None:
     try:
         await off_loop(engine.guided_matcher, params)
     except InvalidParameter as e:
-        raise APIError(400, str(e), param="response_format") from None
+        message = str(e).replace("guided_json: ", f"{param}: ", 1) if param == "tools" else str(e)
+        raise APIError(400, message, param=param) from None
 
 
 def check_limits(engine: LLMEngine, params: SamplingParams) -> None:

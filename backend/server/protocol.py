@@ -8,19 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.outputs import Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
-
-
-class APIError(Exception):
-    """An error returned to the client in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+from backend.server.errors import APIError  # noqa: F401 re-exported: the routes raise it from here
+from backend.server.tools.spec import ToolDef
 
 
 def _lone_surrogate(value, path: str) -> str | None:
@@ -95,10 +84,25 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
+    name: str | None = None
 
 
 class ChatRequest(CommonRequest):
@@ -106,6 +110,9 @@ class ChatRequest(CommonRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -132,7 +139,9 @@ def guided_json(req: CommonRequest) -> dict | str | bool | None:
                    param="response_format")
 
 
-def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, guided: dict | None = None,
+                    skip_special_tokens: bool = True) -> SamplingParams:
+    """The request's sampling settings; guided (a tool call's schema) replaces response_format's."""
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise APIError(400, f"temperature must be in [0, 2], got {req.temperature}", param="temperature")
     if req.stream_options is not None and not req.stream:
@@ -153,7 +162,8 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None) -
             stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
-            guided_json=guided_json(req),
+            guided_json=guided if guided is not None else guided_json(req),
+            skip_special_tokens=skip_special_tokens,
         )
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param) from None
@@ -171,7 +181,14 @@ def chat_messages(req: ChatRequest) -> list[dict]:
                                    param=f"messages[{i}].content")
                 texts.append(part.text)
             content = "".join(texts)
-        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+        message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        if m.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.role == "tool":
+            message["tool_call_id"] = m.tool_call_id
+            if m.name:
+                message["name"] = m.name
+        messages.append(message)
     return messages
 
 

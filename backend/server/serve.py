@@ -4,6 +4,7 @@ import argparse
 import logging
 import signal
 import sys
+from dataclasses import replace
 
 from backend.config import EngineConfig
 from common.sizes import parse_memory
@@ -26,8 +27,20 @@ def _experts(text: str) -> int | str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
-    parser.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
+    parser.add_argument("--model", action="append", default=None,
+                        help="an alias (smollm2), a Hugging Face directory or a .gguf, optionally as NAME=MODEL (the "
+                             "name clients use); repeat for several models behind one server: the first loads at "
+                             "start-up, the others on first use (default: smollm2)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients use for a single --model (default: --model)")
+    parser.add_argument("--max-loaded-models", type=int, default=None,
+                        help="several models: how many may be loaded at once; the least recently used idle one is "
+                             "unloaded to make room (default: no limit)")
+    parser.add_argument("--models-memory", type=_memory, default=None,
+                        help="several models: the bytes (e.g. 40GiB) their weights and KV caches may hold together; "
+                             "the least recently used idle ones are unloaded to make room (default: no limit)")
+    parser.add_argument("--load-timeout", type=float, default=60.0,
+                        help="seconds a request waits for its model to load before a 503 with Retry-After")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -57,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or '
                              '\'{"method": "draft", "model": "PATH", "num_tokens": "auto"}\'')
+    parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                        help="how tool calls are read from the model's output (default: from its chat template, "
+                             "then its family)")
     parser.add_argument("--no-sleep", action="store_true",
                         help="refuse /sleep: never lend this server's GPU memory to another service")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -64,18 +80,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def on_cuda(config: EngineConfig) -> bool:
+    if config.device is not None:
+        return config.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def named_models(models: list[str] | None, served_model_name: str | None) -> list[tuple[str, str]]:
+    """--model values as (name, model): NAME=MODEL, or the model itself (its alias or path) as the name."""
+    pairs = []
+    for value in models or ["smollm2"]:
+        name, sep, model = value.partition("=")
+        pairs.append((name, model) if sep and name and "/" not in name else (value, value))
+    if served_model_name is not None:
+        if len(pairs) > 1:
+            raise ValueError("--served-model-name names a single --model; with several, write --model NAME=MODEL")
+        pairs = [(served_model_name, pairs[0][1])]
+    names = [name for name, _ in pairs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"two --model options are served as {name!r}; name them apart with --model NAME=MODEL")
+    return pairs
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.loader import locate
     from backend.server.app import build_app
+    from backend.server.registry import Budget
     from backend.spec.config import SpeculativeConfig
 
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
         memory = int(memory)
+    try:
+        models = named_models(args.model, args.served_model_name)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.max_loaded_models is not None and args.max_loaded_models < 1:
+        print("error: --max-loaded-models must be at least 1", file=sys.stderr)
+        return 2
+    if isinstance(args.models_memory, float):
+        print("error: --models-memory is a size, such as 40GiB or 512MiB", file=sys.stderr)
+        return 2
     config = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        model=models[0][1], device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
@@ -84,9 +137,15 @@ def serve(args: argparse.Namespace) -> int:
     )
     # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)
-    locate(config.model)
+    for _, model in models:
+        locate(model)
     if spec is not None and spec.model:
         locate(spec.model)
+    if len(models) > 1 and on_cuda(config) and config.kv_cache_memory is None and config.num_kv_blocks is None:
+        # Sized from what the card has left, the first model's KV cache would leave none for the next.
+        print("error: several models on a GPU need a KV cache of a fixed size each: pass --kv-cache-memory "
+              "(e.g. 4GiB) or --num-kv-blocks", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failure: list[str] = []
     server: uvicorn.Server | None = None
@@ -96,8 +155,11 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = build_app(config, args.served_model_name, on_load_error, allow_sleep=not args.no_sleep,
-                    max_body_bytes=args.max_body_bytes)
+    more = [(name, replace(config, model=model)) for name, model in models[1:]]
+    budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout)
+    app = build_app(config, models[0][0], on_load_error, allow_sleep=not args.no_sleep,
+                    max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser, more_models=more,
+                    budget=budget)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a

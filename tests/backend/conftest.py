@@ -54,3 +54,26 @@ def hf_next_logits(model, ids: list[int]) -> torch.Tensor:
 def prompts_of_lengths(*lengths: int, vocab: int = 400) -> list[list[int]]:
     """Deterministic token-id prompts; lengths chosen by tests to cross block boundaries."""
     return [[(i * 37 + n * 11) % (vocab - 3) + 3 for i in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def smol_server(smollm2_path):
+    """SmolLM2 behind the real server, shared by the tool-calling and Responses tests."""
+    from tests.backend.server_process import ServerProcess
+
+    proc = ServerProcess("smollm2", "--served-model-name", "smol", "--max-model-len", "1024", "--max-num-seqs", "8")
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def qwen_server(tmp_path_factory):
+    """A tiny random model with Qwen 2.5's chat template (which knows tools) behind the real server."""
+    from tests.backend.server_process import ServerProcess
+    from tests.backend.tiny_models import TOOLS_CHAT_TEMPLATE, build_model
+
+    model = build_model("qwen2", tmp_path_factory.mktemp("tools") / "tiny-qwen", chat_template=TOOLS_CHAT_TEMPLATE,
+                        max_position_embeddings=2048)  # its tokenizer spells JSON out nearly a character a token
+    proc = ServerProcess(str(model), "--served-model-name", "tiny", "--max-model-len", "2048")
+    yield proc
+    assert proc.stop() == 0

@@ -234,7 +234,8 @@ def test_sleep_and_wake_round_trip(server, client):
 
 
 def test_loading_is_503_with_retry_after(smollm2_path):
-    proc = ServerProcess("smollm2", wait=False)
+    # Requests wait up to --load-timeout for their model (test_multi_model); with none they are told to retry.
+    proc = ServerProcess("smollm2", "--load-timeout", "0", wait=False)
     try:
         deadline = time.monotonic() + 60
         first = None
@@ -249,7 +250,7 @@ def test_loading_is_503_with_retry_after(smollm2_path):
         assert r.status_code == 503 and error_of(r)["type"] == "service_unavailable" and r.headers["retry-after"]
         proc.wait_ready()
         r = httpx.post(f"{proc.url}/v1/completions", json={"model": "smollm2", "prompt": "The capital of France is",
-                                                            "max_tokens": 3, "temperature": 0})
+                                                            "max_tokens": 3, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(" Paris.")
     finally:
         assert proc.stop() == 0

@@ -75,4 +75,13 @@ def test_compiled_grammars_are_an_lru_with_a_cap(tiny_dir):
     guided.matcher(schemas[0])  # used again: the most recent now
     guided.matcher(schemas[2])  # evicts b, the least recently used
     assert guided.num_grammars == 2
-    assert list(guided._grammars) == [json.dumps(schemas[0], sort_keys=True), json.dumps(schemas[2], sort_keys=True)]
+    assert list(guided._grammars) == [json.dumps(schemas[0]), json.dumps(schemas[2])]
+
+
+def test_properties_come_out_in_the_schemas_order(llm):
+    """As OpenAI's structured outputs do (and a tool call's name before its arguments)."""
+    schema = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"enum": ["x", "y"]}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    out = llm.generate(prompts_of_lengths(5), SamplingParams(temperature=0, max_tokens=60, guided_json=schema),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.text.startswith('{"zeta": ') and list(json.loads(out.text)) == ["zeta", "alpha"]

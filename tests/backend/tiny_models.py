@@ -9,6 +9,26 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# Qwen 2.5's template, which knows tools: functions in the system message, calls in <tool_call> tags.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% else %}You are a helpful assistant.{% endif %}\n\n# Tools\n\nYou may call one or more functions to assist "
+    "with the user query.\n\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\nFor each "
+    "function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:"
+    "\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' "
+    "and not message.tool_calls) %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant{% if message.content %}\n{{ message.content }}"
+    "{% endif %}{%- for tool_call in message.tool_calls %}{% set tool_call = tool_call.function %}\n<tool_call>\n"
+    "{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}\n</tool_call>"
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}{% if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}"
+    "<|im_start|>user{% endif %}\n<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
 CORPUS = [
     "The scribe copied the manuscript by candlelight, line after line, while the apprentice mixed the ink.",
     "A quick apprentice drafts, a slow master verifies; together they write the same text faster.",
@@ -39,7 +59,7 @@ FAMILIES = {
 }
 
 
-def build_tokenizer(directory: Path):
+def build_tokenizer(directory: Path, chat_template: str = CHAT_TEMPLATE):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -50,12 +70,13 @@ def build_tokenizer(directory: Path):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(directory))
     return fast
 
 
-def build_model(name: str, directory: Path, seed: int | None = None, **extra) -> Path:
+def build_model(name: str, directory: Path, seed: int | None = None, chat_template: str = CHAT_TEMPLATE,
+                **extra) -> Path:
     import transformers
 
     config_cls, model_cls, overrides = FAMILIES[name]
@@ -64,5 +85,5 @@ def build_model(name: str, directory: Path, seed: int | None = None, **extra) ->
     model = getattr(transformers, model_cls)(config).eval()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
-    build_tokenizer(directory)
+    build_tokenizer(directory, chat_template)
     return directory

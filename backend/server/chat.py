@@ -1,0 +1,163 @@
+"""POST /v1/chat/completions: the chat template, sampling, and the answer as content and tool calls."""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from backend.server.errors import APIError
+from backend.server.prompts import budget, chat_prompt, check_guided, check_limits
+from backend.server.protocol import (
+    ChatRequest,
+    chat_logprobs,
+    chat_messages,
+    new_id,
+    now,
+    sampling_params,
+    usage,
+)
+from backend.server.state import ServerState
+from backend.server.streams import collect, event, sse, until_disconnect
+from backend.server.tools.history import check_history, template_input
+from backend.server.tools.output import ToolCallStream, parse_message
+from backend.server.tools.select import keeps_special_tokens, make_parser, parser_name
+from backend.server.tools.spec import ToolSpec, check_tools
+
+
+@dataclass
+class ChatTools:
+    """How one request's output is read for tool calls."""
+
+    spec: ToolSpec | None
+    parser: str
+    keep_special: bool
+    tokenizer: object
+
+    def new_parser(self):
+        return make_parser(self.spec, self.parser, self.tokenizer, self.keep_special)
+
+    @property
+    def parallel(self) -> bool:
+        return self.spec is None or self.spec.parallel
+
+
+def finish_reason(reason: str | None, calls: bool) -> str | None:
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str | None]:
+    """One choice's whole text as an assistant message, and its finish_reason."""
+    parser = tools.new_parser()
+    if parser is None:
+        return {"role": "assistant", "content": text}, reason
+    content, calls = parse_message(parser, text, tools.parallel)
+    if not calls:
+        return {"role": "assistant", "content": content}, reason
+    return ({"role": "assistant", "content": content or None, "tool_calls": [c.as_dict() for c in calls]},
+            finish_reason(reason, True))
+
+
+async def prepare(state: ServerState, req: ChatRequest):
+    """The engine, the prompt's token ids, the sampling settings and the tool reading of a chat request."""
+    state.check_model(req.model)
+    engine = state.ready_engine()
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+        raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    spec = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
+    messages = chat_messages(req)
+    check_history(messages)
+    tokenizer = engine.engine.tokenizer
+    messages, template_tools = template_input(messages, spec, getattr(tokenizer, "chat_template", None))
+    prompt = await chat_prompt(engine.engine, messages, template_tools)
+    name = parser_name(state.tool_call_parser, getattr(tokenizer, "chat_template", None),
+                       engine.engine.model_config.architecture)
+    tools = ChatTools(spec, name, keeps_special_tokens(spec, name, tokenizer), tokenizer)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    allowed = budget(engine.engine, len(prompt), requested, which, "messages")
+    guided = spec.guided_json() if spec is not None else None
+    params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
+                             skip_special_tokens=not tools.keep_special)
+    check_limits(engine.engine, params)
+    await check_guided(engine.engine, params, "tools" if guided is not None else "response_format")
+    return engine, prompt, params, tools
+
+
+async def create_chat_completion(state: ServerState, req: ChatRequest, request: Request):
+    engine, prompt, params, tools = await prepare(state, req)
+    rid = new_id("chatcmpl")
+    gen = engine.generate(rid, prompt, params)
+    if req.stream:
+        return sse(_stream(state, rid, req, gen, len(prompt), tools))
+    (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))
+    choices = []
+    for c in out.outputs:
+        msg, reason = message(tools, c.text, c.finish_reason)
+        choices.append({"index": c.index, "message": msg, "finish_reason": reason,
+                        "logprobs": chat_logprobs(c.logprobs, c.token_ids, req.top_logprobs or 0)
+                        if req.logprobs else None})
+    return {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
+            "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs))}
+
+
+def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt_len: int, tools: ChatTools
+            ) -> AsyncIterator[str]:
+    created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
+
+    def chunk(choices: list[dict], usage_value=None) -> str:
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": state.served_model_name, "choices": choices}
+        if include_usage:
+            body["usage"] = usage_value
+        return event(body)
+
+    def piece(index: int, delta: dict, logprobs=None, reason=None) -> str:
+        return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
+
+    async def events():
+        readers: list[ToolCallStream | None] = []
+        for i in range(req.n):
+            parser = tools.new_parser()
+            readers.append(ToolCallStream(parser, tools.parallel) if parser is not None else None)
+            yield piece(i, {"role": "assistant", "content": ""})
+        completion_tokens = 0
+        async for delta in gen:
+            for d in delta.outputs:
+                completion_tokens += len(d.token_ids)
+                lp = None
+                if req.logprobs and d.logprobs and d.token_ids:
+                    lp = chat_logprobs(d.logprobs, d.token_ids, req.top_logprobs or 0)
+                reader = readers[d.index]
+                if reader is None:
+                    if d.text or lp:
+                        yield piece(d.index, {"content": d.text}, lp)
+                else:
+                    for part in _parts(reader.feed(d.text), lp):
+                        yield piece(d.index, part[0], part[1])
+                    if d.finished:
+                        for part in _parts(reader.finish(), None):
+                            yield piece(d.index, part[0])
+                if d.finished:
+                    calls = reader is not None and reader.has_calls
+                    yield piece(d.index, {}, reason=finish_reason(d.finish_reason, calls))
+        if include_usage:
+            yield chunk([], usage(prompt_len, completion_tokens))
+
+    return events()
+
+
+def _parts(delta, logprobs) -> list[tuple[dict, dict | None]]:
+    """A reader's delta as chunk deltas: content first, then each tool-call piece (logprobs on the first)."""
+    parts: list[tuple[dict, dict | None]] = []
+    if delta.content:
+        parts.append(({"content": delta.content}, None))
+    for call in delta.tool_calls:
+        parts.append(({"tool_calls": [call]}, None))
+    if logprobs is not None:
+        if parts:
+            parts[0] = (parts[0][0], logprobs)
+        else:
+            parts.append(({}, logprobs))
+    return parts

@@ -1,0 +1,124 @@
+"""POST /v1/embeddings, and vLLM's /tokenize and /detokenize."""
+
+import base64
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from backend.engine.embedding import NoRoom, embed
+from backend.server.errors import APIError
+from backend.server.prompts import check_length, off_loop
+from backend.server.protocol import ChatMessage, chat_messages
+from backend.server.state import RETRY_AFTER, ServerState
+
+MAX_INPUTS = 2048  # as OpenAI's API
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # user
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None  # tokenized through the chat template
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+def _token_ids(engine, value, vocab: int) -> list[list[int]]:
+    if isinstance(value, str):
+        value = [value]
+    if not value:
+        raise APIError(400, "input is empty", param="input")
+    if isinstance(value[0], int):
+        value = [value]
+    if len(value) > MAX_INPUTS:
+        raise APIError(400, f"input holds at most {MAX_INPUTS} items, got {len(value)}", param="input")
+    out = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]" if len(value) > 1 else "input"
+        if isinstance(item, str):
+            check_length(engine, len(item), where)
+            item = engine.tokenizer(item).input_ids
+        if not item:
+            raise APIError(400, f"{where} is empty", param=where)
+        if any(t < 0 or t >= vocab for t in item):
+            raise APIError(400, f"{where}: token ids must be in [0, {vocab})", param=where)
+        if len(item) > engine.max_model_len:
+            raise APIError(400, f"{where} has {len(item)} tokens; this model embeds at most {engine.max_model_len}",
+                           param=where, code="context_length_exceeded")
+        out.append(list(item))
+    return out
+
+
+def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
+    if encoding == "base64":  # little-endian float32, as OpenAI's API (and its client's decoder)
+        return base64.b64encode(vector.to(torch.float32).numpy().astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+async def create_embeddings(state: ServerState, req: EmbeddingRequest):
+    state.check_model(req.model)
+    engine = state.ready_engine()
+    if req.encoding_format not in ("float", "base64"):
+        raise APIError(400, f"encoding_format must be float or base64, got {req.encoding_format!r}",
+                       param="encoding_format")
+    size = engine.engine.model_config.hidden_size
+    if req.dimensions is not None and req.dimensions != size:
+        raise APIError(400, f"dimensions: this model's embeddings have {size} dimensions and cannot be shortened",
+                       param="dimensions")
+    inputs = await off_loop(_token_ids, engine.engine, req.input, engine.engine.model_config.vocab_size)
+    try:
+        vectors = await engine.call(lambda e: embed(e, inputs))
+    except NoRoom as e:
+        raise APIError(503, f"no room in the KV cache for these inputs now ({e}); retry shortly",
+                       type="service_unavailable", headers=RETRY_AFTER) from None
+    tokens = sum(len(i) for i in inputs)
+    return {"object": "list", "model": state.served_model_name,
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _tokenize(engine, req: TokenizeRequest) -> list[int]:
+    from backend.engine.admission import chat_prompt_ids
+
+    if (req.prompt is None) == (req.messages is None):
+        raise APIError(400, "give prompt or messages (one of them)", param="prompt")
+    if req.prompt is not None:
+        check_length(engine, len(req.prompt), "prompt")
+        return engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
+    messages = chat_messages(req)
+    check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
+    try:
+        return chat_prompt_ids(engine.tokenizer, messages, engine.model_name,
+                               add_generation_prompt=req.add_generation_prompt)
+    except ValueError as e:
+        raise APIError(400, str(e), param="messages") from None
+
+
+async def tokenize(state: ServerState, req: TokenizeRequest):
+    state.check_model(req.model)
+    engine = state.loaded_engine().engine
+    ids = await off_loop(_tokenize, engine, req)
+    return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
+
+
+async def detokenize(state: ServerState, req: DetokenizeRequest):
+    state.check_model(req.model)
+    engine = state.loaded_engine().engine
+    vocab = engine.model_config.vocab_size
+    if any(t < 0 or t >= vocab for t in req.tokens):
+        raise APIError(400, f"tokens must be in [0, {vocab})", param="tokens")
+    return {"prompt": await off_loop(engine.tokenizer.decode, req.tokens)}

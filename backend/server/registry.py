@@ -1,0 +1,253 @@
+"""Several models behind one server: each loads on first use, and the least recently used idle one is
+unloaded when the next does not fit the budget (a count of loaded models, and bytes of weights and KV
+cache together). All engines live in this one process; an unloaded model's memory is freed outright."""
+
+import asyncio
+import gc
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.memory import kv_bytes_per_block
+from backend.loader import locate
+from backend.server.async_engine import AsyncEngine
+from backend.server.errors import APIError
+from backend.server.metrics import ServerMetrics
+from backend.server.state import IDLE_STATS, RETRY_AFTER, ServerState
+
+log = logging.getLogger("backend.server")
+
+LOAD_TIMEOUT = 60.0
+_MAX_STATS = ("kv_cache_usage", "sleeping")  # ratios and flags: the busiest model speaks for the server
+
+
+@dataclass
+class Budget:
+    max_loaded: int | None = None  # models loaded at once
+    memory: int | None = None  # bytes all loaded models may hold together
+    load_timeout: float = LOAD_TIMEOUT  # how long a request waits for its model to load before a 503
+
+
+def engine_bytes(engine: LLMEngine) -> int:
+    """What a loaded engine holds: its weights (and a draft's) and its KV cache."""
+    models = [engine.model] + ([engine.proposer.model] if hasattr(engine.proposer, "model") else [])
+    weights = sum(
+        t.numel() * t.element_size() for m in models if m is not None for t in (*m.parameters(), *m.buffers())
+    )
+    per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.dtype) for m in models if m)
+    return weights + engine.num_kv_blocks * per_block
+
+
+def disk_bytes(model: str) -> int:
+    """A model's weights on disk: what it needs before it has ever been loaded and measured."""
+    source = locate(model)
+    if source.gguf_file is not None:
+        return source.gguf_file.stat().st_size
+    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+
+
+def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:
+    """fn() on a thread of its own that does not hold up the process's exit (a load can take minutes)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run() -> None:
+        result = error = None
+        try:
+            result = fn()
+        except BaseException as e:  # noqa: BLE001 handed to the awaiting coroutine
+            error = e
+        loop.call_soon_threadsafe(_settle, done, result, error)
+
+    threading.Thread(target=run, name="model-load", daemon=True).start()
+    return done
+
+
+def _settle(done: asyncio.Future, result, error) -> None:
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        states: list[ServerState],
+        budget: Budget,
+        metrics: ServerMetrics,
+        on_default_error: Callable[[str], None] | None = None,
+    ):
+        self.states = (
+            states  # the first is the default: loaded at start-up, and used when a request names none
+        )
+        self.budget = budget
+        self.metrics = metrics
+        self.on_default_error = on_default_error
+        self.sleep_level = 0  # the whole server's: /sleep puts every loaded model to sleep
+        self.ever_loaded = False
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def default(self) -> ServerState:
+        return self.states[0]
+
+    def loaded(self) -> list[ServerState]:
+        return [s for s in self.states if s.engine is not None]
+
+    def stats(self) -> dict:
+        total = dict(IDLE_STATS)
+        for state in self.loaded():
+            for key, value in state.stats().items():
+                before = total.get(key, 0)
+                total[key] = max(before, value) if key in _MAX_STATS else before + value
+        return total
+
+    def find(self, name: str | None) -> ServerState:
+        if name is None:
+            return self.default
+        for state in self.states:
+            if state.answers_to(name):
+                return state
+        served = ", ".join(f"`{s.served_model_name}`" for s in self.states)
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist; this server serves {served}.",
+            param="model",
+            code="model_not_found",
+        )
+
+    async def acquire(self, name: str | None) -> ServerState:
+        """The named model, loaded (waiting up to the load timeout for that), held until release()."""
+        state = self.find(name)
+        deadline = time.monotonic() + self.budget.load_timeout
+        while state.engine is None or state.unloading:  # again if it was picked to make room as it came up
+            await self._wait_loaded(state, deadline)
+        state.users += 1
+        state.last_used = time.monotonic()
+        return state
+
+    def release(self, state: ServerState) -> None:
+        state.users -= 1
+        state.last_used = time.monotonic()
+
+    def start(self) -> None:
+        """Begin loading the default model (from the event loop, at start-up)."""
+        self._begin_load(self.default)
+
+    # Loading and unloading ------------------------------------------------------------------------------
+
+    def _begin_load(self, state: ServerState) -> asyncio.Future:
+        if state.loading is None:
+            state.loading = asyncio.ensure_future(self._load(state))
+        return state.loading
+
+    async def _wait_loaded(self, state: ServerState, deadline: float) -> None:
+        name = state.served_model_name
+        if state.load_error:
+            raise APIError(
+                503, f"the model `{name}` could not be loaded: {state.load_error}", type="service_unavailable"
+            )
+        if self.sleep_level:
+            raise APIError(
+                503,
+                "the server is asleep while its memory is lent to another service; retry shortly",
+                type="service_unavailable",
+                headers=RETRY_AFTER,
+            )
+        task = self._begin_load(state)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise APIError(
+                503,
+                f"the model `{name}` is loading; retry shortly",
+                type="service_unavailable",
+                headers=RETRY_AFTER,
+            ) from None
+
+    async def _load(self, state: ServerState) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        try:
+            async with self._lock:  # one load at a time, so two cannot both count on the same free room
+                if state.engine is not None and not state.unloading:
+                    return
+                await self._make_room(state)
+                state.engine = await in_daemon_thread(
+                    lambda: AsyncEngine(LLMEngine(state.config), self.metrics)
+                )
+                state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
+                self.ever_loaded = True
+                log.info(
+                    "model %s loaded as %s (%.1f MiB)",
+                    state.config.model,
+                    state.served_model_name,
+                    state.need / 2**20,
+                )
+                await self._make_room(state)  # measured: it may hold more than its estimate said
+                if self.sleep_level:  # /sleep came while it loaded
+                    level = self.sleep_level
+                    await state.engine.call(lambda e: e.sleep(level))
+                    state.sleep_level = level
+        except Exception as e:  # reported to the requests that wait for it, by /health and /v1/models
+            state.load_error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            log.error("could not load model %s: %s", state.config.model, state.load_error)
+            if state is self.default and not self.ever_loaded and self.on_default_error:
+                self.on_default_error(state.load_error)
+        finally:
+            state.loading = None
+
+    def _need(self, state: ServerState) -> int:
+        return state.need if state.need is not None else disk_bytes(state.config.model)
+
+    def _over(self, state: ServerState) -> bool:
+        others = [s for s in self.loaded() if s is not state]
+        if self.budget.max_loaded is not None and len(others) + 1 > self.budget.max_loaded:
+            return True
+        return (
+            self.budget.memory is not None
+            and sum(self._need(s) for s in others) + self._need(state) > self.budget.memory
+        )
+
+    async def _make_room(self, state: ServerState) -> None:
+        """Unload least recently used models until `state` fits beside the rest (before its load, by its
+        estimate; after it, by what it measured)."""
+        budget = self.budget.memory
+        if budget is not None and self._need(state) > budget:
+            message = (
+                f"the model `{state.served_model_name}` needs {self._need(state) / 2**20:.1f} MiB, more "
+                f"than the server's whole --models-memory budget of {budget / 2**20:.1f} MiB"
+            )
+            if state.engine is None:
+                raise ValueError(message)
+            log.warning("%s; it stays loaded, alone", message)  # measured past an estimate that fitted
+        while self._over(state):
+            others = sorted((s for s in self.loaded() if s is not state), key=lambda s: s.last_used)
+            if not others:
+                return
+            await self._unload(others[0])
+
+    async def _unload(self, state: ServerState) -> None:
+        """Let the requests in flight on it finish (new ones wait for its reload), then free it."""
+        state.unloading = True
+        try:
+            while state.users or state.engine.num_in_flight:
+                await asyncio.sleep(0.05)
+            engine, state.engine = state.engine, None
+            await in_daemon_thread(engine.stop)
+            device = engine.engine.device
+            del engine
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            log.info("model %s unloaded to make room", state.served_model_name)
+        finally:
+            state.unloading = False

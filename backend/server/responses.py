@@ -1,0 +1,191 @@
+"""POST /v1/responses: OpenAI's Responses API (what Codex and the OpenAI Agents SDK speak), on the chat path.
+
+A request becomes a chat request (instructions as the system message, input items as messages: a
+function_call item as an assistant tool call, a function_call_output item as a tool message), runs
+through the same template, grammar and parsers, and comes back as output items: a message with
+output_text, and function_call items. Nothing is stored: `store` is accepted and nothing is kept, so
+previous_response_id is a 400.
+"""
+
+import re
+import time
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from backend.server.chat import ChatTools, message, prepare
+from backend.server.errors import APIError
+from backend.server.protocol import ChatRequest
+from backend.server.responses_shapes import (
+    ResponsesRequest,
+    message_item,
+    new_item_id,
+    response_body,
+    response_usage,
+)
+from backend.server.responses_stream import stream_response
+from backend.server.state import ServerState
+from backend.server.streams import collect, until_disconnect
+
+
+def _text(content, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where} must be a string or a list of text parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise APIError(400, f"{where}[{j}]: only text parts are supported, got {kind!r}", param=f"{where}[{j}]")
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
+    """The chat messages of a request, and for each the input fields it came from (for errors' param): one,
+    or for an assistant turn of calls, one per call."""
+    messages: list[dict] = []
+    origin: list[list[str]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+        origin.append(["instructions"])
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
+    calls_open = False  # the last message is an assistant turn of calls that the next call joins
+    for i, item in enumerate(items):
+        where = "input" if isinstance(req.input, str) else f"input[{i}]"
+        if not isinstance(item, dict):
+            raise APIError(400, f"{where} must be an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise APIError(400, f"{where}.{key} is required (a string)", param=f"{where}.{key}")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if calls_open:
+                messages[-1]["tool_calls"].append(call)
+                origin[-1].append(where)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origin.append([where])
+            calls_open = True
+            continue
+        calls_open = False
+        if kind == "message":
+            if item.get("role") not in ("user", "system", "developer", "assistant"):
+                raise APIError(400, f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
+            messages.append({"role": item["role"], "content": _text(item.get("content", ""), f"{where}.content")})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
+        elif kind == "reasoning":
+            continue  # a local model's reasoning is in its text; nothing to hand back
+        else:
+            raise APIError(400, f"{where}.type {kind!r} is not supported; use message, function_call or "
+                           "function_call_output", param=f"{where}.type")
+        origin.append([where])
+    if not messages:
+        raise APIError(400, "input is empty", param="input")
+    return messages, origin
+
+
+def _tools(req: ResponsesRequest) -> list[dict] | None:
+    if req.tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(req.tools):
+        if tool.get("type") != "function":
+            raise APIError(400, f"tools[{i}].type: only function tools are supported, got {tool.get('type')!r}",
+                           param=f"tools[{i}].type")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: dict | None) -> dict | None:
+    fmt = (text or {}).get("format")
+    if not fmt or fmt.get("type") in (None, "text", "json_object"):
+        return fmt
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
+    return fmt
+
+
+def _param(param: str | None, origin: list[list[str]]) -> str | None:
+    """A chat request's field as the responses request names it."""
+    if not param:
+        return param
+    match = re.match(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?(.*)", param)
+    if match:
+        index, call, rest = int(match.group(1)), match.group(2), match.group(3)
+        wheres = origin[index] if index < len(origin) else ["input"]
+        where = wheres[min(int(call), len(wheres) - 1)] if call is not None else wheres[0]
+        return where + rest.replace(".tool_call_id", ".call_id")
+    if param.startswith("tools[") and ".function" in param:
+        return param.replace(".function", "", 1)
+    renamed = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+    return renamed.get(param, param)
+
+
+def _validation_param(e: ValidationError) -> str:
+    loc = e.errors()[0].get("loc", ()) if e.errors() else ()
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+
+
+async def prepare_response(state: ServerState, req: ResponsesRequest):
+    if req.previous_response_id is not None:
+        raise APIError(400, "previous_response_id is not supported: this server keeps no responses (store is "
+                       "ignored); send the whole conversation as input", param="previous_response_id")
+    messages, origin = to_messages(req)
+    chat = {"model": req.model, "messages": messages, "tools": _tools(req), "tool_choice": _tool_choice(req.tool_choice),
+            "parallel_tool_calls": req.parallel_tool_calls, "max_completion_tokens": req.max_output_tokens,
+            "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
+            "response_format": _response_format(req.text)}
+    try:
+        try:
+            chat_req = ChatRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+        except ValidationError as e:
+            param = _validation_param(e)
+            raise APIError(400, f"{param}: {e.errors()[0]['msg']}", param=param) from None
+        engine, prompt, params, tools = await prepare(state, chat_req)
+    except APIError as e:
+        param = _param(e.param, origin)
+        if param != e.param:  # the message names the chat request's field
+            e.message, e.param = f"{e.message} (in this request: {param})", param
+        raise
+    return engine, prompt, params, tools
+
+
+def output_items(tools: ChatTools, text: str, reason: str | None) -> list[dict]:
+    msg, _ = message(tools, text, reason)
+    status = "incomplete" if reason == "length" else "completed"
+    items = []
+    if msg.get("content"):
+        items.append(message_item(new_item_id("msg"), msg["content"], status))
+    for call in msg.get("tool_calls") or []:
+        items.append({"type": "function_call", "id": new_item_id("fc"), "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                      "status": "completed"})
+    return items
+
+
+async def create_response(state: ServerState, req: ResponsesRequest, request: Request):
+    engine, prompt, params, tools = await prepare_response(state, req)
+    rid, created = new_item_id("resp"), time.time()
+    gen = engine.generate(rid, prompt, params)
+    if req.stream:
+        return stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools)
+    (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
+    c = out.outputs[0]
+    status = "incomplete" if c.finish_reason == "length" else "completed"
+    return response_body(req, rid, state.served_model_name, created, status,
+                         output_items(tools, c.text, c.finish_reason),
+                         response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens))

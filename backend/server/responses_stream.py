@@ -1,0 +1,136 @@
+"""The Responses API's typed server-sent events for one generation.
+
+response.created, response.in_progress; per output item: response.output_item.added, then for a message
+response.content_part.added, response.output_text.delta..., response.output_text.done,
+response.content_part.done, or for a function call response.function_call_arguments.delta...,
+response.function_call_arguments.done; response.output_item.done; then response.completed (or
+response.incomplete when max_output_tokens cut it short). An error after the stream began is an `error`
+event. Each event carries its sequence_number.
+"""
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from backend.server.errors import APIError
+from backend.server.responses_shapes import message_item, new_item_id, response_body, response_usage
+from backend.server.tools.output import ToolCallStream
+from backend.server.tools.parsers import ToolParser
+
+log = logging.getLogger("backend.server")
+
+
+class _Events:
+    def __init__(self):
+        self.sequence = 0
+
+    def __call__(self, kind: str, **fields) -> str:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+class _Output:
+    """The output items as they are built: at most one open at a time (a message, or a function call)."""
+
+    def __init__(self, emit: _Events):
+        self.emit, self.message_item, self.new_id = emit, message_item, new_item_id
+        self.items: list[dict] = []
+        self.open: dict | None = None
+        self.calls: dict[int, dict] = {}  # the parser's call index -> its item
+
+    def text(self, delta: str) -> list[str]:
+        out = []
+        if self.open is None or self.open["type"] != "message":
+            out += self.close()
+            self.open = self.message_item(self.new_id("msg"), "", "in_progress")
+            self.open["content"] = []
+            out.append(self.emit("response.output_item.added", output_index=len(self.items), item=self.open))
+            out.append(self.emit("response.content_part.added", item_id=self.open["id"], output_index=len(self.items),
+                                 content_index=0, part={"type": "output_text", "text": "", "annotations": [],
+                                                        "logprobs": []}))
+            self.open["_text"] = ""
+        self.open["_text"] += delta
+        out.append(self.emit("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
+                             content_index=0, delta=delta, logprobs=[]))
+        return out
+
+    def call_piece(self, piece: dict) -> list[str]:
+        out = []
+        if "id" in piece:  # a new call
+            out += self.close()
+            self.open = {"type": "function_call", "id": self.new_id("fc"), "call_id": piece["id"],
+                         "name": piece["function"]["name"], "arguments": "", "status": "in_progress"}
+            self.calls[piece["index"]] = self.open
+            out.append(self.emit("response.output_item.added", output_index=len(self.items), item=dict(self.open)))
+        item = self.calls.get(piece["index"])
+        delta = piece["function"].get("arguments", "")
+        if item is self.open and delta:
+            item["arguments"] += delta
+            out.append(self.emit("response.function_call_arguments.delta", item_id=item["id"],
+                                 output_index=len(self.items), delta=delta))
+        return out
+
+    def close(self, status: str = "completed") -> list[str]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index, out = len(self.items), []
+        if item["type"] == "message":
+            text = item.pop("_text")
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            out.append(self.emit("response.output_text.done", item_id=item["id"], output_index=index,
+                                 content_index=0, text=text, logprobs=[]))
+            out.append(self.emit("response.content_part.done", item_id=item["id"], output_index=index,
+                                 content_index=0, part=part))
+            item["content"] = [part]
+        else:
+            out.append(self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                 name=item["name"], arguments=item["arguments"]))
+        item["status"] = status
+        self.items.append(item)
+        out.append(self.emit("response.output_item.done", output_index=index, item=item))
+        return out
+
+
+def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: int, tools) -> StreamingResponse:
+    emit = _Events()
+
+    async def events() -> AsyncIterator[str]:
+        yield emit("response.created", response=response_body(req, rid, model, created, "in_progress", [], None))
+        yield emit("response.in_progress", response=response_body(req, rid, model, created, "in_progress", [], None))
+        output = _Output(emit)
+        reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
+        tokens, reason, cached = 0, None, 0
+        try:
+            async for delta in gen:
+                cached = delta.num_cached_tokens
+                for d in delta.outputs:
+                    tokens += len(d.token_ids)
+                    pieces = [reader.feed(d.text)]
+                    if d.finished:
+                        pieces.append(reader.finish())
+                        reason = d.finish_reason
+                    for piece in pieces:
+                        if piece.content:
+                            for e in output.text(piece.content):
+                                yield e
+                        for call in piece.tool_calls:
+                            for e in output.call_piece(call):
+                                yield e
+        except APIError as e:
+            yield emit("error", code=e.code or e.type, message=e.message, param=e.param)
+            return
+        except Exception as e:  # noqa: BLE001 the stream has started: report in-band, not as a 500
+            log.exception("response stream failed")
+            yield emit("error", code="internal_error", message=f"internal error: {e}", param=None)
+            return
+        status = "incomplete" if reason == "length" else "completed"
+        for e in output.close(status):
+            yield e
+        body = response_body(req, rid, model, created, status, output.items, response_usage(prompt_len, tokens, cached))
+        yield emit("response.incomplete" if status == "incomplete" else "response.completed", response=body)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

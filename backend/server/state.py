@@ -1,0 +1,62 @@
+"""What the routes share about one served model: its engine once loaded, whether it sleeps, who uses it."""
+
+import asyncio
+import time
+
+from backend.config import EngineConfig
+from backend.server.async_engine import AsyncEngine
+from backend.server.errors import APIError
+from backend.server.metrics import ServerMetrics
+
+RETRY_AFTER = {"Retry-After": "5"}
+
+IDLE_STATS = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "num_free_blocks": 0, "prefix_cache_queries": 0,
+              "prefix_cache_hits": 0, "num_preemptions": 0, "sleeping": 0, "spec_draft_tokens": 0,
+              "spec_accepted_tokens": 0, "spec_verifications": 0}
+
+
+class ServerState:
+    def __init__(self, config: EngineConfig, served_model_name: str, tool_call_parser: str | None = None,
+                 metrics: ServerMetrics | None = None):
+        self.config = config
+        self.served_model_name = served_model_name
+        self.tool_call_parser = tool_call_parser  # None: chosen from the chat template and the model's family
+        self.engine: AsyncEngine | None = None
+        self.load_error: str | None = None
+        self.sleep_level = 0
+        self.draining = False
+        self.metrics = metrics or ServerMetrics(self.stats)
+        # Kept by the model registry (backend/server/registry.py):
+        self.loading: asyncio.Future | None = None  # the load in progress
+        self.unloading = False  # chosen to make room: no new requests until it has been unloaded (and reloaded)
+        self.users = 0  # requests holding this model, streams included
+        self.last_used = time.monotonic()
+        self.need: int | None = None  # bytes its engine held when last loaded (weights and KV cache)
+
+    def stats(self) -> dict:
+        if self.engine is None:
+            return dict(IDLE_STATS)
+        return self.engine.engine.stats()
+
+    def loaded_engine(self) -> AsyncEngine:
+        """The engine once loaded, asleep or not; 503 + Retry-After while loading."""
+        if self.engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", type="service_unavailable",
+                           headers=RETRY_AFTER)
+        return self.engine
+
+    def ready_engine(self) -> AsyncEngine:
+        """The engine when it can take requests: loaded and awake."""
+        self.loaded_engine()
+        if self.sleep_level or self.draining:
+            raise APIError(503, "the model is asleep while its memory is lent to another service; retry shortly",
+                           type="service_unavailable", headers=RETRY_AFTER)
+        return self.engine
+
+    def answers_to(self, name: str) -> bool:
+        return name in (self.served_model_name, self.config.model)
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and not self.answers_to(name):
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
+                           param="model", code="model_not_found")
