@@ -102,6 +102,8 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.get("/v1/models")
     async def models():
+        if not registry.ever_loaded:  # starting up: as /health, so routers and ops wait rather than send
+            state.loaded_engine()  # 503 + Retry-After while the first model loads
         return {"object": "list", "data": [model_card(s) for s in registry.states]}
 
     @app.post("/sleep")

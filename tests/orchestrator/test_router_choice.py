@@ -158,7 +158,10 @@ def test_a_non_streamed_request_is_retried_once_and_a_stream_before_its_first_te
 def test_an_upstream_still_loading_is_waited_for_and_probed_again_not_failed(backends):
     a, b = backends(2)
     engines = [a.state.engine, b.state.engine]
-    a.state.engine = b.state.engine = None  # what the server is while its model loads
+    registries = [a.app.state.registry, b.app.state.registry]
+    a.state.engine = b.state.engine = None  # what the server is while its first model loads
+    for r in registries:
+        r.ever_loaded = False
     loading = httpx.get(f"{a.url}/v1/models", timeout=5)
     assert loading.status_code == 503 and loading.headers["retry-after"] == "5"
     a.calls.clear()
@@ -170,6 +173,8 @@ def test_an_upstream_still_loading_is_waited_for_and_probed_again_not_failed(bac
             assert not request.done() and [u.failures for u in router.pool] == [0, 0]
             assert a.calls == [MODELS] and b.calls == [MODELS]  # asked once, then left alone as it said
             a.state.engine, b.state.engine = engines
+            for r in registries:
+                r.ever_loaded = True
             result = await asyncio.wait_for(request, 30)
             assert result["usage"]["completion_tokens"] > 0
             assert a.calls == [MODELS, MODELS, CHAT] and b.calls == [
@@ -181,7 +186,7 @@ def test_an_upstream_still_loading_is_waited_for_and_probed_again_not_failed(bac
             up = router.pool[0]
             await router.chat(PROMPT, max_tokens=2)  # a knows its model now
             a.close()
-            a.state.engine = None
+            a.state.engine, registries[0].ever_loaded = None, False  # restarted: loading its model
             await router.chat(PROMPT, max_tokens=2)  # to b (fewer picks)
             await router.chat(PROMPT, max_tokens=2)  # to a: refused, then b
             assert up.failures == 1
@@ -198,3 +203,5 @@ def test_an_upstream_still_loading_is_waited_for_and_probed_again_not_failed(bac
         asyncio.run(scenario())
     finally:
         a.state.engine, b.state.engine = engines
+        for r in registries:
+            r.ever_loaded = True
