@@ -182,7 +182,7 @@ def model_card(state: ServerState) -> dict:
     card = {"id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
             "root": state.config.model,
             "status": "error" if state.load_error else "loading" if state.loading else
-            "loaded" if state.engine is not None else "unloaded"}
+            "loaded" if state.engine is not None else "unloaded", "loads": state.loads}
     if state.load_error:
         card["error"] = state.load_error
     if state.engine is not None:

@@ -127,10 +127,10 @@ class ModelRegistry:
     async def acquire(self, name: str | None) -> ServerState:
         """The named model, loaded (waiting up to the load timeout for that), held until release()."""
         state = self.find(name)
-        deadline = time.monotonic() + self.budget.load_timeout
-        while state.engine is None or state.unloading:  # again if it was picked to make room as it came up
-            await self._wait_loaded(state, deadline)
-        state.users += 1
+        if state.engine is None or state.unloading:
+            await self._wait_handed(state, time.monotonic() + self.budget.load_timeout)
+        else:
+            state.users += 1
         state.last_used = time.monotonic()
         return state
 
@@ -148,6 +148,27 @@ class ModelRegistry:
         if state.loading is None:
             state.loading = asyncio.ensure_future(self._load(state))
         return state.loading
+
+    async def _wait_handed(self, state: ServerState, deadline: float) -> None:
+        """Wait until a load of `state` has counted this request among its users. Handed over by the load
+        itself, so that a load of another model queued behind it cannot unload it before the requests that
+        waited for it have run (two models taking turns would otherwise swap back and forth unserved)."""
+        state.waiting += 1
+        handed = state.handovers
+        try:
+            while state.handovers == handed:
+                await self._wait_loaded(state, deadline)
+        except BaseException:
+            if state.handovers == handed:
+                state.waiting -= 1
+            else:  # handed over as the wait gave up
+                self.release(state)
+            raise
+
+    def _hand_over(self, state: ServerState) -> None:
+        state.users += state.waiting
+        state.waiting = 0
+        state.handovers += 1
 
     async def _wait_loaded(self, state: ServerState, deadline: float) -> None:
         name = state.served_model_name
@@ -179,12 +200,15 @@ class ModelRegistry:
         try:
             async with self._lock:  # one load at a time, so two cannot both count on the same free room
                 if state.engine is not None and not state.unloading:
+                    self._hand_over(state)
                     return
                 await self._make_room(state)
                 state.engine = await in_daemon_thread(
                     lambda: AsyncEngine(LLMEngine(state.config), self.metrics)
                 )
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
+                self._hand_over(state)
+                state.loads += 1
                 self.ever_loaded = True
                 log.info(
                     "model %s loaded as %s (%.1f MiB)",

@@ -30,6 +30,9 @@ class ServerState:
         self.loading: asyncio.Future | None = None  # the load in progress
         self.unloading = False  # chosen to make room: no new requests until it has been unloaded (and reloaded)
         self.users = 0  # requests holding this model, streams included
+        self.waiting = 0  # requests waiting for it to load: the load hands it to them before anything can unload it
+        self.handovers = 0  # how many times a load has done so
+        self.loads = 0  # how many times it has been loaded since the server started (a high count is thrash)
         self.last_used = time.monotonic()
         self.need: int | None = None  # bytes its engine held when last loaded (weights and KV cache)
 

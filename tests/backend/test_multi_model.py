@@ -39,6 +39,10 @@ def statuses(server: ServerProcess) -> dict[str, str]:
     return {m["id"]: m["status"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
 
 
+def loads(server: ServerProcess) -> int:
+    return sum(m["loads"] for m in httpx.get(f"{server.url}/v1/models").json()["data"])
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("multi")
@@ -125,9 +129,12 @@ def test_concurrent_requests_to_both_models_are_all_answered_right(budgeted, ora
                 *(one(c, n, p) for n in ("alpha", "beta", "alpha", "beta") for p in PROMPTS)
             )
 
+    before = loads(budgeted)
     for name, prompt, text in asyncio.run(main()):
         assert text == oracle[name][PROMPTS.index(prompt)]
     assert sorted(statuses(budgeted).values()) == ["loaded", "unloaded"]
+    # Each load serves every request that waited for it, so the two models do not swap per request.
+    assert loads(budgeted) - before <= 3
 
 
 def test_streams_hold_their_model_until_they_end(budgeted, oracle):
