@@ -101,10 +101,17 @@ async def free_memory(comfyui_url: str | None) -> int | None:
     return min(figures) if figures else None
 
 
+FREE_MARGIN = 512 << 20  # what ComfyUI may keep after /free (allocator cache) and still count as given back
+
+
 async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | None, memory_timeout: float,
-                          reason: str, api: str = "scriptorium") -> None:
+                          reason: str, api: str = "scriptorium", lent_free: int | None = None) -> None:
     """ComfyUI frees its models (polled until the memory is back), then the LLM wakes through the sleep API it
-    was put to sleep with (backend_client); the lease ends."""
+    was put to sleep with (backend_client); the lease ends.
+
+    The memory is back once the card is as free as when it was lent (`lent_free`, the lease's record):
+    a holder killed before ComfyUI loaded anything gives back at once rather than after the timeout. Leases
+    written before that record wait for any rise in free memory."""
     async with httpx.AsyncClient(timeout=30) as http:
         if comfyui:
             before = await free_memory(comfyui)
@@ -114,7 +121,9 @@ async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | N
                 deadline = time.monotonic() + memory_timeout
                 while time.monotonic() < deadline:  # /free only sets a flag: wait until it took effect
                     now_free = await free_memory(comfyui)
-                    if before is None or now_free is None or now_free > before:
+                    if before is None or now_free is None:
+                        break
+                    if now_free >= lent_free - FREE_MARGIN if lent_free is not None else now_free > before:
                         break
                     await asyncio.sleep(0.5)
             except httpx.HTTPError as e:

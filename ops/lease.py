@@ -28,7 +28,7 @@ def repair(home: Path, llm_url: str | None) -> list[str]:
             if expired or abandoned or stale:
                 why = "expired" if expired else "held by processes that are gone"
                 asyncio.run(give_back_async(file, lease.get("backend"), lease.get("comfyui"), 30, f"repair: {why}",
-                                            lease.get("sleep_api", "scriptorium")))
+                                            lease.get("sleep_api", "scriptorium"), lease.get("lent_free")))
                 repaired.append(f"the GPU lease was {why}: ComfyUI freed and the LLM woken")
                 return repaired
         if lease is None and llm_url:

@@ -85,6 +85,8 @@ class Coordinator:
                 free = await free_memory(self.comfyui)
                 if free is None or free >= needed:
                     self.file.event("memory-free", job=job, free=free)
+                    lease["lent_free"] = free  # what giving back waits to see free again
+                    self.file.write(lease)
                     return True
                 if time.monotonic() > deadline:
                     await self._give_back(reason="memory never came free")
@@ -137,7 +139,7 @@ class Coordinator:
     async def _give_back(self, reason: str) -> None:
         lease = self.file.read() or {}
         await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason,
-                              lease.get("sleep_api", "scriptorium"))
+                              lease.get("sleep_api", "scriptorium"), lease.get("lent_free"))
 
     async def finish(self) -> None:
         """Wait for pending give-backs (a worker about to exit calls this)."""

@@ -25,7 +25,9 @@ class SimulatedCard:
         # whether the LLM's memory is off the card: our backend's and vLLM's /is_sleeping by default
         self.asleep = asleep or (lambda: httpx.get(f"{self.backend}/is_sleeping", timeout=2).json()["is_sleeping"])
         self.total, self.llm, self.image = total, llm, image
+        self.peak_used = 0.0  # above total: the LLM woke while ComfyUI still held its model
         self.stop = threading.Event()
+        self.lock = threading.Lock()  # a test may write() while the thread does: one temp file at a time
         self.write()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -37,10 +39,12 @@ class SimulatedCard:
         except (httpx.HTTPError, ValueError, KeyError):
             return
         used = (0 if asleep else self.llm) + (self.image if loaded else 0)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"index": 0, "name": "RTX 4090", "total": int(self.total * GIB),
-                                    "free": int((self.total - used) * GIB), "processes": []}]))
-        tmp.replace(self.path)
+        self.peak_used = max(self.peak_used, used)
+        with self.lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps([{"index": 0, "name": "RTX 4090", "total": int(self.total * GIB),
+                                        "free": int((self.total - used) * GIB), "processes": []}]))
+            tmp.replace(self.path)
 
     def run(self):
         while not self.stop.is_set():

@@ -58,7 +58,7 @@ def test_a_job_that_fits_runs_without_a_sleep(world, backend):
 
 
 def test_a_job_that_does_not_fit_borrows_the_card_and_llm_calls_wait(world, backend, comfyui):
-    settings, _ = world
+    settings, card = world
     comfyui.behave(hang=True)
 
     async def scenario():
@@ -80,6 +80,7 @@ def test_a_job_that_does_not_fit_borrows_the_card_and_llm_calls_wait(world, back
     assert result["images"] and answer["usage"]["completion_tokens"] > 0
     assert events(settings) == ["sleep", "memory-free", "job-done", "idle", "free", "wake"]
     assert any(c["path"] == "/free" for c in comfyui.calls())
+    assert card.peak_used <= card.total  # the LLM woke only once ComfyUI's model was off the card
     assert httpx.get(f"{backend.url}/is_sleeping").json() == {"is_sleeping": False}
     assert not (settings.home / "state" / "lease.json").exists()
 
