@@ -1,5 +1,6 @@
 """Load a model (Hugging Face directory or GGUF file) and its tokenizer."""
 
+import contextlib
 import hashlib
 import json
 import zlib
@@ -14,7 +15,7 @@ from backend.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelLoad
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
 from backend.quant.formats import BY_NAME
-from backend.weights import iter_safetensors, load_weights
+from backend.weights import iter_safetensors, load_weights, materialise
 
 # quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
 # expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower); "int8" and
@@ -106,6 +107,25 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
     return chosen
 
 
+@contextlib.contextmanager
+def _no_init(dtype: torch.dtype):
+    """Modules made with `dtype` as the default, and without their random initialisation: the weights are
+    loaded (or drawn) afterwards, and initialising meta tensors goes through torch._refs, whose import of
+    torch._dynamo costs 1.5 s of every start-up."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    default = torch.get_default_dtype()
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
                max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None) -> CausalLM:
     if quantization not in QUANTIZATION_MODES:
@@ -118,9 +138,10 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
     if quantization == "dequantize" and reader is None:
         raise ValueError(f"quantization='dequantize' expands a GGUF file's weights; {source.name} is a Hugging Face "
                          "checkpoint, already in floats: leave quantization unset")
-    with torch.device("meta"):
+    # Made in the compute dtype on meta: materialising in fp32 first would need twice the memory (Mixtral:
+    # 187 GB), and casting meta tensors goes through torch._refs (1 s of imports at every start-up).
+    with torch.device("meta"), _no_init(dtype):
         model = CausalLM(config, max_positions)
-    # Cast while still on meta: materialising in fp32 first would need twice the memory (Mixtral: 187 GB).
     model = model.to(dtype)
     if source.random_weights:
         if quantization is not None:
@@ -132,7 +153,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         # Drawn where they will live; with experts offloaded, in host memory first (the model may not fit).
         # Seeded from config.json, so every load of one model (a target and itself as draft) is the same model.
         home = torch.device("cpu") if moe_gpu_experts else device
-        model = model.to_empty(device=home)
+        model = materialise(model, home)
         model.tie_weights()
         model.cos_sin = _cos_sin(config, max_positions).to(device)
         seed = zlib.crc32((source.path / "config.json").read_bytes())
@@ -150,7 +171,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         _offload(model, moe_gpu_experts, device)
         return model.to(device).eval()
     if reader is None:
-        model = model.to_empty(device="cpu")
+        model = materialise(model, "cpu")
         model.tie_weights()  # materialising meta tensors may have split the shared embedding
         with torch.no_grad():
             load_weights(model, iter_safetensors(source.path), source.name)
@@ -197,6 +218,22 @@ def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
     return cos_sin_table(config.head_dim, config.rope_theta, config.rope_scaling, max_positions)
 
 
+def _auto_tokenizer(path: Path, **kwargs):
+    """AutoTokenizer.from_pretrained, handed config.json as a plain config: what it reads of it (model_type,
+    tokenizer_class, the name) is there, and the family's own config class is not imported, which would import
+    transformers' model-loading stack (2.8 s of every start-up)."""
+    from transformers import AutoTokenizer, PreTrainedConfig
+
+    try:
+        fields = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        fields = {}
+    config = PreTrainedConfig(**({"tokenizer_class": fields["tokenizer_class"]} if fields.get("tokenizer_class") else {}))
+    config.model_type = fields.get("model_type", "")
+    config._name_or_path = str(path)
+    return AutoTokenizer.from_pretrained(str(path), config=config, **kwargs)
+
+
 def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     """The model's tokenizer (a GGUF's from its metadata), or the one in the directory `tokenizer` names."""
     from transformers import AutoTokenizer
@@ -204,7 +241,7 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     if tokenizer is not None and resolve(tokenizer) not in (source.path, source.gguf_file):
         path = resolve(tokenizer)
         try:
-            return AutoTokenizer.from_pretrained(str(path))
+            return _auto_tokenizer(path)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"tokenizer {tokenizer}: cannot load it ({e}); give a Hugging Face directory "
                                  "with tokenizer files, or leave tokenizer unset to use the model's own") from None
@@ -212,7 +249,7 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
         return None  # a random-weight model for benchmarks takes token ids
     if source.gguf_file is None:
         try:
-            return AutoTokenizer.from_pretrained(str(source.path))
+            return _auto_tokenizer(source.path)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"{source.path}: cannot load its tokenizer ({e})") from None
     # Converting a GGUF vocabulary takes seconds; keep the converted tokenizer under the cache directory.
@@ -220,7 +257,7 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     key = hashlib.sha256(f"{source.gguf_file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / key
     if (cached / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(cached))
+        return _auto_tokenizer(cached)
     tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
     tmp = cached.with_name(cached.name + ".partial")
     tokenizer.save_pretrained(str(tmp))

@@ -107,3 +107,10 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise ModelLoadError(f"{source}: weights missing for {shown}")
+
+
+def materialise(model: torch.nn.Module, device: torch.device | str) -> torch.nn.Module:
+    """model.to_empty(device): uninitialised storage for every meta parameter and buffer, made by torch.empty
+    rather than empty_like of a meta tensor, whose python kernel (torch._refs) imports sympy: 1 s of start-up."""
+    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t)
+

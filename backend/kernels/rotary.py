@@ -8,14 +8,16 @@ from backend.kernels import use_triton
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    # On the CPU whatever the default device: under the loader's meta device the table would be a
+    # placeholder computed through torch._refs (whose import costs 1.5 s); the loader replaces it anyway.
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if scaling is None:
         return inv_freq
     kind = scaling["rope_type"]
     if kind == "linear":
         return inv_freq / scaling["factor"]
     if kind == "factors":  # a GGUF's rope_freqs tensor: each frequency's divisor, as llama.cpp applies it
-        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32, device="cpu")
     if kind == "llama3":
         # Llama 3.1's frequency-dependent scaling: long wavelengths divided by `factor`, short ones kept,
         # a smooth interpolation in between.
@@ -35,7 +37,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
 def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> torch.Tensor:
     """[max_positions, 2, head_dim] in fp32: cos then sin of every position."""
     inv_freq = inverse_frequencies(head_dim, theta, scaling)
-    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.arange(max_positions, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return torch.stack([emb.cos(), emb.sin()], dim=1)
 

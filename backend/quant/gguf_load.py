@@ -19,7 +19,7 @@ from backend.model_config import ModelLoadError
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import FORMATS
 from backend.quant.modules import QuantEmbedding, QuantLinear, QuantWeight
-from backend.weights import load_weights
+from backend.weights import load_weights, materialise
 
 log = logging.getLogger("backend.quant")
 
@@ -249,7 +249,7 @@ def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bo
     arch = reader.fields["general.architecture"].contents()
     loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
     loading.plan()
-    model.to_empty(device="cpu")
+    materialise(model, "cpu")
     model.tie_weights()
     loading.fill()
     for m in model.modules():

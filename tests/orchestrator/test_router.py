@@ -51,7 +51,9 @@ def ops_status(home, urls) -> dict:
 
 
 def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path, model):
-    servers = [ServerProcess(str(model), "--served-model-name", "tiny") for _ in range(3)]
+    servers = [ServerProcess(str(model), "--served-model-name", "tiny", wait=False) for _ in range(3)]
+    for server in servers:  # started together: their start-ups overlap
+        server.wait_ready()
     urls = [f"{s.url}/v1" for s in servers]
     victim = servers[1]
     home = tmp_path / "home"
@@ -67,16 +69,16 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
                     try:
                         if i % 4 == 3:
                             try:
-                                return "stream", "".join([d async for d in router.stream_chat(PROMPT, max_tokens=48)])
+                                return "stream", "".join([d async for d in router.stream_chat(PROMPT, max_tokens=32)])
                             except LLMError as e:
                                 return "stream-error", str(e)
-                        return "chat", await router.chat(PROMPT, max_tokens=48, temperature=0)
+                        return "chat", await router.chat(PROMPT, max_tokens=32, temperature=0)
                     finally:
                         done += 1
 
-                tasks = [asyncio.create_task(one(i)) for i in range(64)]
-                while done < 16 or pool[urls[1]].served < 1 or pool[urls[1]].in_flight < 2:
-                    assert done < 64, "the run ended before the kill"
+                tasks = [asyncio.create_task(one(i)) for i in range(40)]
+                while done < 8 or pool[urls[1]].served < 1 or pool[urls[1]].in_flight < 2:
+                    assert done < 40, "the run ended before the kill"
                     await asyncio.sleep(0.01)
                 sent = {url: up.picks for url, up in pool.items()}  # the victim has requests in flight now
                 os.killpg(victim.proc.pid, signal.SIGKILL)
@@ -85,7 +87,7 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
 
                 # every non-streamed request completed; every stream completed or said it is incomplete
                 chats = [r for kind, r in results if kind == "chat"]
-                assert len(chats) == 48 and all(r["usage"]["completion_tokens"] > 0 for r in chats)
+                assert len(chats) == 30 and all(r["usage"]["completion_tokens"] > 0 for r in chats)
                 for kind, r in results:
                     if kind == "stream-error":
                         assert "broke off before the answer was complete" in r and urls[1] in r
