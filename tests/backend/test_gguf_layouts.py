@@ -14,6 +14,7 @@ from backend.loader import ModelLoadError, load_model, locate, read_config
 from backend.models.moe import SparseMoE
 from backend.quant.modules import QuantEmbedding, QuantLinear
 from tests.backend.conftest import hf_greedy, prompts_of_lengths
+from tests.backend.hf_gguf import transformers_model
 from tests.backend.test_models_vs_transformers import prefill_logits
 from tests.backend.tiny_gguf import POLICY
 
@@ -66,10 +67,8 @@ QWEN2_MOE_DEFAULTS = {"mlp_only_layers": [], "moe_intermediate_size": 1408, "sha
 ])
 def test_transformers_reads_our_files_as_we_do(family, variant, build, tiny_gguf, hf_model):
     """The writer follows llama.cpp's conventions: transformers' own GGUF loader gets the same model."""
-    from transformers import AutoModelForCausalLM
-
     path, ref_dir = tiny_gguf(family, variant, build)
-    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    theirs = transformers_model(path)
     ids = torch.tensor([PROMPTS[2]])
     with torch.no_grad():
         torch.testing.assert_close(theirs(ids).logits, hf_model(ref_dir)(ids).logits, atol=1e-4, rtol=1e-4)

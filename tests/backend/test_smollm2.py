@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
+from tests.backend.hf_gguf import transformers_tokenizer_and_model
 
 PROMPTS = [
     "The capital of France is",
@@ -34,12 +35,7 @@ def exact(smollm2_path):
 
 @pytest.fixture(scope="module")
 def reference(smollm2_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = dict(gguf_file=smollm2_path.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path.parent), dtype=torch.float32, **kwargs).eval()
-    return tokenizer, model
+    return transformers_tokenizer_and_model(smollm2_path)
 
 
 def hf_continuations(reference, n: int) -> list[list[int]]:
