@@ -26,11 +26,19 @@ def model(tmp_path_factory):
     return build_model("llama", tmp_path_factory.mktemp("lease-model") / "tiny")
 
 
-@pytest.fixture
-def backend(model):
+@pytest.fixture(scope="module")
+def server(model):
     server = ServerProcess(str(model), "--served-model-name", "tiny")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def backend(server):
+    """The module's backend, awake for each test (a failed one may have left it asleep)."""
+    httpx.post(f"{server.url}/wake_up", timeout=30)
+    yield server
+    httpx.post(f"{server.url}/wake_up", timeout=30)
 
 
 @pytest.fixture
