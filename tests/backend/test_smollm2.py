@@ -38,6 +38,12 @@ def reference(smollm2_path):
     return transformers_tokenizer_and_model(smollm2_path)
 
 
+@pytest.fixture(scope="module")
+def hf_runs(reference) -> list[list[int]]:
+    """Each prompt and transformers' 64 greedy tokens after it (a prefix of them is its shorter greedy run)."""
+    return hf_continuations(reference, 64)
+
+
 def hf_continuations(reference, n: int) -> list[list[int]]:
     tokenizer, model = reference
     out = []
@@ -50,28 +56,26 @@ def hf_continuations(reference, n: int) -> list[list[int]]:
     return out
 
 
-def test_64_greedy_tokens_match_transformers_in_one_batch(exact, reference):
-    tokenizer, model = reference
-    llm = exact
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
-    for prompt, out in zip(PROMPTS, outputs):
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        assert out.prompt_token_ids == ids[0].tolist()
-        with torch.no_grad():
-            expected = model.generate(ids, max_new_tokens=64, min_new_tokens=64, do_sample=False,
-                                      eos_token_id=None, pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:]
-        assert out.outputs[0].token_ids == expected.tolist(), prompt
+def test_64_greedy_tokens_match_transformers_in_one_batch(exact, reference, hf_runs):
+    tokenizer, _ = reference
+    outputs = exact.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    for prompt, out, full in zip(PROMPTS, outputs, hf_runs):
+        ids = tokenizer(prompt).input_ids
+        assert out.prompt_token_ids == ids
+        expected = full[len(ids):]
+        assert out.outputs[0].token_ids == expected, prompt
         assert out.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_quantized_weights_track_transformers(llm, reference):
+def test_quantized_weights_track_transformers(llm, reference, hf_runs):
     """Teacher-forced on transformers' greedy continuations: the quantized default picks the same next
     token nearly everywhere, with logits within a few percent."""
     from tests.backend.test_models_vs_transformers import prefill_logits
 
-    _, model = reference
+    tokenizer, model = reference
     agree = total = 0
-    for ids in hf_continuations(reference, 48):
+    for prompt, full in zip(PROMPTS, hf_runs):
+        ids = full[:len(tokenizer(prompt).input_ids) + 48]
         ours = prefill_logits(llm, [ids])[0]
         with torch.no_grad():
             theirs = model(torch.tensor([ids])).logits[0]
