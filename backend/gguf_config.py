@@ -4,8 +4,10 @@ Layouts (general.architecture) and the keys they use are llama.cpp's (gguf-py's 
 llama covers Llama 1-3.x, Mistral, TinyLlama, SmolLM and, with expert tensors, Mixtral.
 """
 
+import struct
 from pathlib import Path
 
+from backend.gguf_file import GGUFFile
 from backend.model_config import ModelConfig, ModelLoadError
 from backend.quant.formats import FLOAT_TYPES, FORMATS
 
@@ -44,16 +46,13 @@ def _check_types(path: Path, reader) -> None:
 
 
 def gguf_config(path: Path) -> tuple[ModelConfig, object]:
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises assorted errors on a truncated or foreign file
+        reader = GGUFFile(path)
+    except (OSError, ValueError, struct.error) as e:  # truncated, foreign, or of an unknown version
         raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
 
     def field(key, default=None):
-        f = reader.fields.get(key)
-        return default if f is None else f.contents()
+        return reader.fields.get(key, default)
 
     arch = field("general.architecture")
     if arch not in LAYOUTS:

@@ -246,7 +246,7 @@ class GGUFLoad:
 
 def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True):
     """Replace the meta model's layers that the file keeps quantized, allocate, then load every tensor."""
-    arch = reader.fields["general.architecture"].contents()
+    arch = reader.fields["general.architecture"]
     loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
     loading.plan()
     materialise(model, "cpu")
