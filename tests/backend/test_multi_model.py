@@ -57,13 +57,15 @@ def models(tmp_path_factory) -> dict[str, str]:
 def single(models) -> dict[str, tuple[list[str], int]]:
     """Each model alone behind a server: its answers, and the memory it says it holds."""
     out = {}
-    for name, path in models.items():
-        server = ServerProcess(path, "--served-model-name", name, *SETTINGS)
-        try:
+    servers = {name: ServerProcess(path, "--served-model-name", name, *SETTINGS, wait=False)
+               for name, path in models.items()}  # started together: their start-ups overlap
+    try:
+        for name, server in servers.items():
+            server.wait_ready()
             (card,) = httpx.get(f"{server.url}/v1/models").json()["data"]
             out[name] = answers(server, name), card["memory_bytes"]
-        finally:
-            assert server.stop() == 0
+    finally:
+        assert [server.stop() for server in servers.values()] == [0] * len(servers)
     return out
 
 
