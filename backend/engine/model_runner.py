@@ -139,6 +139,8 @@ class ModelRunner:
             meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
                                                     device=self.device)
             meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=self.device)
+            if len(set(positions)) == 1:
+                meta.decode_uniform_len = positions[0] + 1
         for i in prefill:
             item = plan[i]
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens

@@ -74,6 +74,27 @@ def test_decode_attention_with_padded_block_tables(window):
     torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("length", [1, 6, 8, 13])
+def test_decode_attention_of_equal_lengths_slices_instead_of_masking(length):
+    """Rows of one context length (a single sequence always) take the unmasked path: same attention."""
+    g = torch.Generator().manual_seed(2)
+    hq, hkv, d, bs, nb, rows = 6, 2, 8, 4, 16, 2
+    k_cache = torch.randn(nb, bs, hkv, d, generator=g) * 100  # stale slots past the end must not be read
+    v_cache = torch.randn(nb, bs, hkv, d, generator=g) * 100
+    free = torch.randperm(nb, generator=g).tolist()
+    tables, expected, qs = [], [], []
+    for _ in range(rows):
+        k, v = torch.randn(length, hkv, d, generator=g), torch.randn(length, hkv, d, generator=g)
+        table = [free.pop() for _ in range((length + bs - 1) // bs)]
+        store_kv(k, v, k_cache, v_cache, torch.tensor([table[p // bs] * bs + p % bs for p in range(length)]))
+        qs.append(torch.randn(1, hq, d, generator=g))
+        expected.append(dense_attention(qs[-1], k, v, [length - 1]))
+        tables.append(table)
+    ours = decode_attention(torch.cat(qs), k_cache, v_cache, torch.tensor(tables), torch.tensor([length] * rows),
+                            1 / math.sqrt(d), uniform_len=length)
+    torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
+
+
 def test_fused_moe_matches_a_per_token_loop():
     g = torch.Generator().manual_seed(2)
     t, h, i, e, k = 13, 16, 24, 6, 2
