@@ -77,10 +77,14 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, planes: int, rows: int) -> torch.Tensor:
     """x [..., K] -> [..., rows] in x's dtype."""
-    lead, cols = x.shape[:-1], x.shape[-1]
-    xb = x.reshape(-1, cols).to(torch.bfloat16)
+    flat = x.dim() == 2  # the engine's rows: no reshapes (each op costs microseconds at batch 1)
+    cols = x.shape[-1]
+    xb = (x if flat else x.reshape(-1, cols)).to(torch.bfloat16)
     if planes == 2:
         m = xb.shape[0]
         xb = xb.view(m, cols // GROUP, 1, GROUP).expand(m, cols // GROUP, 2, GROUP).reshape(m, 2 * cols)
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), packed, GROUP, scales_zeros)
-    return y[:, :rows].to(x.dtype).reshape(*lead, rows)
+    if y.shape[1] != rows:
+        y = y[:, :rows]
+    y = y.to(x.dtype)
+    return y if flat else y.reshape(*x.shape[:-1], rows)
