@@ -105,13 +105,15 @@ FREE_MARGIN = 512 << 20  # what ComfyUI may keep after /free (allocator cache) a
 
 
 async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | None, memory_timeout: float,
-                          reason: str, api: str = "scriptorium", lent_free: int | None = None) -> None:
-    """ComfyUI frees its models (polled until the memory is back), then the LLM wakes through the sleep API it
-    was put to sleep with (backend_client); the lease ends.
+                          reason: str) -> None:
+    """ComfyUI frees its models (polled until the memory is back), then the LLM wakes through the sleep API the
+    lease says it was put to sleep with (backend_client); the lease ends.
 
-    The memory is back once the card is as free as when it was lent (`lent_free`, the lease's record):
-    a holder killed before ComfyUI loaded anything gives back at once rather than after the timeout. Leases
-    written before that record wait for any rise in free memory."""
+    The memory is back once the card is as free as when it was lent (the lease's `lent_free`): a holder
+    killed before ComfyUI loaded anything gives back at once rather than after the timeout. Leases written
+    before that record wait for any rise in free memory."""
+    lease = file.read() or {}
+    api, lent_free = lease.get("sleep_api", "scriptorium"), lease.get("lent_free")
     async with httpx.AsyncClient(timeout=30) as http:
         if comfyui:
             before = await free_memory(comfyui)

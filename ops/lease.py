@@ -27,8 +27,7 @@ def repair(home: Path, llm_url: str | None) -> list[str]:
                 time.time() - lease["last_job_end"] > 300  # its giver-back died during the idle wait
             if expired or abandoned or stale:
                 why = "expired" if expired else "held by processes that are gone"
-                asyncio.run(give_back_async(file, lease.get("backend"), lease.get("comfyui"), 30, f"repair: {why}",
-                                            lease.get("sleep_api", "scriptorium"), lease.get("lent_free")))
+                asyncio.run(give_back_async(file, lease.get("backend"), lease.get("comfyui"), 30, f"repair: {why}"))
                 repaired.append(f"the GPU lease was {why}: ComfyUI freed and the LLM woken")
                 return repaired
         if lease is None and llm_url:

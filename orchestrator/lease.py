@@ -137,9 +137,7 @@ class Coordinator:
             await self._give_back(reason="idle")
 
     async def _give_back(self, reason: str) -> None:
-        lease = self.file.read() or {}
-        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason,
-                              lease.get("sleep_api", "scriptorium"), lease.get("lent_free"))
+        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason)
 
     async def finish(self) -> None:
         """Wait for pending give-backs (a worker about to exit calls this)."""
