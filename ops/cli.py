@@ -14,6 +14,7 @@ from common.gpu import fmt
 from common.settings import SettingsError
 from ops import alerts, engines, lifecycle
 from ops.backup import BackupError
+from ops.need import with_needs
 from ops.plan import make_plan
 from ops.stack import StackError, load
 from ops.state import State
@@ -42,7 +43,8 @@ def _plan(args) -> int:
     running = {s.name for s in services if lifecycle.service_status(s, state, stack).state == "healthy"}
     devices, source = gpu.probe()
     runner = args.runner or os.environ.get("SCRIPTORIUM_RUNNER", "process")
-    plan = make_plan(services, devices, running, leases=_leases_on(), runner=runner)
+    services, needs = with_needs(services, devices, runner)
+    plan = make_plan(services, devices, running, leases=_leases_on(), runner=runner, needs=needs)
     if args.json:
         print(json.dumps({**plan.to_dict(), "probe": source}, indent=2))
     else:
@@ -53,6 +55,8 @@ def _plan(args) -> int:
             memory = f"{fmt(step.budget):>9} {step.memory:<7} (free then {fmt(step.free_before)})" \
                 if plan.device else "cpu"
             engine = f"  engine {step.engine}, sleep_api {step.sleep_api}" if step.engine else ""
+            if step.need is not None:
+                engine += f", its largest model needs {fmt(step.need)}"
             print(f"{i}. {step.service:<10} {memory}{engine}{'  already running' if step.running else ''}"
                   f"{'  ' + step.note if step.note else ''}")
             if step.command:

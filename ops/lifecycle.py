@@ -12,6 +12,7 @@ from common.files import atomic_write_text
 from common.paths import data_home
 from ops import engines
 from ops.health import check
+from ops.need import with_needs
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner
 from ops.stack import Service, Stack, StackError
@@ -99,7 +100,15 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
     running = {n for n, st in statuses.items() if st.state == "healthy"}
     devices, _ = gpu.probe()
     leases = os.environ.get("SCRIPTORIUM_LEASES", "1").lower() not in ("0", "false", "no", "off")
-    plan = make_plan(services, devices, running, leases=leases, runner=runner_kind)
+    # A budget measured from the models (gpu_memory: auto) needs them fetched first.
+    early = [s for s in services if s.gpu_memory == "auto" and devices and s.name not in running]
+    for s in early:
+        try:
+            _prepare(s, reporter)
+        except StackError as e:
+            return UpResult(failed=s.name, message=str(e))
+    services, needs = with_needs(services, devices, runner_kind)
+    plan = make_plan(services, devices, running, leases=leases, runner=runner_kind, needs=needs)
     result = UpResult(plan=plan)
     if plan.problems:
         result.failed = "plan"
@@ -120,12 +129,8 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
         try:
             if runner_kind == "process" and step.missing:
                 raise StackError(step.missing)
-            for command in service.prepare:
-                reporter.step(service.name, "preparing: " + " ".join(command))
-                done = subprocess.run(command, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise StackError(f"{service.name}: preparing ({' '.join(command)}) failed: "
-                                     f"{(done.stderr or done.stdout).strip()[-400:]}")
+            if service.name not in {s.name for s in early}:
+                _prepare(service, reporter)
             runner = runner_for(runner_kind, state, stack)
             free_before = _free(devices)
             record = runner.start(service)
@@ -149,6 +154,15 @@ def up(stack: Stack, names: list[str] | None, profiles: list[str], runner_kind: 
         result.started.append(service.name)
         reporter.step(service.name, "healthy")
     return result
+
+
+def _prepare(service: Service, reporter: Reporter) -> None:
+    for command in service.prepare:
+        reporter.step(service.name, "preparing: " + " ".join(command))
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise StackError(f"{service.name}: preparing ({' '.join(command)}) failed: "
+                             f"{(done.stderr or done.stdout).strip()[-400:]}")
 
 
 def _wait_healthy(service: Service, record: Record, runner, reporter: Reporter) -> str | None:

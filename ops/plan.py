@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from common.gpu import Device, fmt
 from ops.engines import launch
+from ops.need import Need
 from ops.stack import Service, StackError
 
 
@@ -27,6 +28,7 @@ class Step:
     image: str | None = None
     env: dict[str, str] | None = None  # what the command gets added to its environment (secrets as ***)
     missing: str | None = None  # process runner: what must be installed first
+    need: int | None = None  # bytes its largest model needs, as its engine measured them (ops/need.py)
 
 
 @dataclass
@@ -59,8 +61,9 @@ def order(services: list[Service]) -> list[Service]:
 
 
 def make_plan(services: list[Service], devices: list[Device], running: set[str] | None = None,
-              leases: bool = True, runner: str = "process") -> Plan:
+              leases: bool = True, runner: str = "process", needs: dict[str, Need] | None = None) -> Plan:
     running = running or set()
+    needs = needs or {}
     ordered = order(services)
     device = devices[0] if devices else None  # one card: the stack's services share it
     free = device.free if device else 0
@@ -68,9 +71,14 @@ def make_plan(services: list[Service], devices: list[Device], running: set[str] 
     llms = [s for s in ordered if s.engine]  # LLM services: those that run one of ops/engines.py's engines
     steps, problems = [], []
     for s in ordered:
+        if device is not None and s.gpu_memory == "auto" and s.need is None:
+            why = needs[s.name].why if s.name in needs else "it was not measured"
+            problems.append(f"{s.name}: x-ops.gpu_memory is auto, but its need could not be measured ({why}); give "
+                            f"it a size (18GiB) or a fraction of the card (0.45)")
+            continue
         how = launch(s, runner, device.total if device else None)
         extra = dict(engine=s.engine, sleep_api=s.sleep_api, runner=runner, command=how.command, image=how.image,
-                     env=how.env, missing=how.missing)
+                     env=how.env, missing=how.missing, need=s.need)
         if device is None:  # the embedded default: everything on the CPU
             steps.append(Step(s.name, s.memory, 0, None, None, s.name in running, **extra))
             continue

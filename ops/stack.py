@@ -40,7 +40,7 @@ class Service:
     healthcheck: dict | None
     gpu: bool  # reserves GPU devices in compose (deploy.resources.reservations.devices)
     build: str | dict | None = None
-    gpu_memory: int | float = 0  # bytes, or a fraction (0, 1] of the card
+    gpu_memory: int | float | str = 0  # bytes, a fraction (0, 1] of the card, or "auto" (its measured need)
     memory: str = "fixed"  # fixed (reserves its memory up front) | elastic (loads and frees models)
     health: str | None = None  # URL answering 2xx when the service is ready
     native: list[str] = field(default_factory=list)  # the command for the process runner
@@ -54,6 +54,7 @@ class Service:
     engine: str | None = None  # the LLM engine it runs (ops/engines.py): scriptorium | vllm | sglang
     entrypoint: list[str] | str | None = None
     ipc: str | None = None  # compose's ipc (vLLM and SGLang want the host's shared memory: ipc: host)
+    need: int | None = None  # bytes its models need on the card, as its engine reports them (ops/need.py)
 
     @property
     def can_sleep(self) -> bool:
@@ -61,6 +62,10 @@ class Service:
 
     def budget(self, total: int) -> int:
         """The GPU memory this service needs on a card of `total` bytes."""
+        if self.gpu_memory == "auto":
+            if self.need is None:
+                raise StackError(f"{self.name}: x-ops.gpu_memory is auto, but its need was not measured")
+            return self.need
         return in_bytes(self.gpu_memory, total)
 
 
@@ -93,6 +98,10 @@ def parse_size(value, where: str) -> int | float:
         return parse_memory(value)
     except SizeError as e:
         raise StackError(f"{where}: {e}") from None
+
+
+def _gpu_memory(value, where: str) -> int | float | str:
+    return "auto" if value == "auto" else parse_size(value, where)
 
 
 def _list(value) -> list:
@@ -242,7 +251,7 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
             environment=_environment(spec.get("environment")), volumes=[str(v) for v in _list(spec.get("volumes"))],
             command=spec.get("command"), healthcheck=spec.get("healthcheck"),
             gpu=any("gpu" in str(d.get("capabilities", "")) for d in devices if isinstance(d, dict)),
-            build=spec.get("build"), gpu_memory=parse_size(ops.get("gpu_memory", 0), f"{where}.gpu_memory"),
+            build=spec.get("build"), gpu_memory=_gpu_memory(ops.get("gpu_memory", 0), f"{where}.gpu_memory"),
             memory=memory, health=ops.get("health"), native=_expand(_list(ops.get("native")), context),
             native_env=_environment(ops.get("env")), prepare=[_expand(c, context) for c in _list(ops.get("prepare"))],
             stop_timeout=float(ops.get("stop_timeout", spec.get("stop_grace_period_s", 30))),

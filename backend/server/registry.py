@@ -14,10 +14,10 @@ import torch
 
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.memory import kv_bytes_per_block
-from backend.loader import locate
 from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.metrics import ServerMetrics
+from backend.server.need import disk_bytes
 from backend.server.state import IDLE_STATS, RETRY_AFTER, ServerState
 
 log = logging.getLogger("backend.server")
@@ -41,14 +41,6 @@ def engine_bytes(engine: LLMEngine) -> int:
     )
     per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.dtype) for m in models if m)
     return weights + engine.num_kv_blocks * per_block
-
-
-def disk_bytes(model: str) -> int:
-    """A model's weights on disk: what it needs before it has ever been loaded and measured."""
-    source = locate(model)
-    if source.gguf_file is not None:
-        return source.gguf_file.stat().st_size
-    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
 
 
 def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:

@@ -1,12 +1,14 @@
 """python -m backend serve: run the OpenAI-compatible server under uvicorn."""
 
 import argparse
+import json
 import logging
 import signal
 import sys
 from dataclasses import replace
 
 from backend.config import EngineConfig
+from backend.model_config import ModelLoadError
 from common.sizes import parse_memory
 
 
@@ -15,6 +17,10 @@ def _memory(text: str) -> float | int:
         return parse_memory(text)  # the forms compose.yaml's x-ops gpu_memory takes, so ops passes it as written
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _budget(text: str) -> float | int | str:
+    return text if text == "auto" else _memory(text)
 
 
 def _experts(text: str) -> int | str:
@@ -55,9 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
                         help="KV-cache size: a fraction (0, 1] of free memory, or bytes when > 1")
-    parser.add_argument("--gpu-memory-utilization", type=_memory, default=0.9,
+    parser.add_argument("--gpu-memory-utilization", type=_budget, default=0.9,
                         help="CUDA: what this server may use, a fraction of the card (0.45) or a size (18GiB); the "
-                             "KV cache gets what the weights and a measured warm-up leave of it")
+                             "KV cache gets what the weights and a measured warm-up leave of it; 'auto': what its "
+                             "largest model needs (--print-memory-need)")
+    parser.add_argument("--print-memory-need", action="store_true",
+                        help="print as JSON the GPU memory this server needs (its largest model's weights, smallest "
+                             "KV cache and activations) and exit; ops' plan budgets the backend with it")
     parser.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
@@ -105,17 +115,21 @@ def named_models(models: list[str] | None, served_model_name: str | None) -> lis
     return pairs
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from backend.loader import locate
-    from backend.server.app import build_app
-    from backend.server.registry import Budget
-    from backend.spec.config import SpeculativeConfig
-
+def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int) -> EngineConfig:
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
         memory = int(memory)
+    return EngineConfig(
+        model=model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
+        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
+        gpu_memory_utilization=gpu_memory, enforce_eager=args.enforce_eager,
+        moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
     try:
         models = named_models(args.model, args.served_model_name)
     except ValueError as e:
@@ -127,14 +141,26 @@ def serve(args: argparse.Namespace) -> int:
     if isinstance(args.models_memory, float):
         print("error: --models-memory is a size, such as 40GiB or 512MiB", file=sys.stderr)
         return 2
-    config = EngineConfig(
-        model=models[0][1], device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
-        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-        moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
-    )
+    if args.print_memory_need or args.gpu_memory_utilization == "auto":
+        from backend.server.need import server_need
+
+        try:
+            need = server_need(_engine_config(args, models[0][1], 0.9), models, args.models_memory)
+        except (ModelLoadError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.print_memory_need:
+            print(json.dumps(need))
+            return 0
+        args.gpu_memory_utilization = need["need_bytes"]
+    config = _engine_config(args, models[0][1], args.gpu_memory_utilization)
+    import uvicorn
+
+    from backend.loader import locate
+    from backend.server.app import build_app
+    from backend.server.registry import Budget
+    from backend.spec.config import SpeculativeConfig
+
     # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)
     for _, model in models:

@@ -107,3 +107,33 @@ def test_compose_yaml_passes_docker_compose_config():
         result = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), *args, "config", "-q"],
                                 capture_output=True, text=True, cwd=ROOT)
         assert result.returncode == 0, result.stderr
+
+
+def test_auto_budgets_the_backend_with_what_its_largest_model_needs(tmp_path, gpu_file, capsys, smollm2_path):
+    """x-ops.gpu_memory auto: ops asks the backend's own command (--print-memory-need) and budgets that."""
+    from backend.__main__ import main
+
+    env = {**gpu_file(24, 23.5), "SCRIPTORIUM_BACKEND_GPU_MEMORY": "auto"}
+    unfetched = run_ops(tmp_path, "plan", env=env)  # a fresh home has not pulled the model yet
+    assert unfetched.returncode == 2
+    assert "gpu_memory is auto" in unfetched.stderr and "models pull smollm2" in unfetched.stderr
+
+    assert main(["serve", "--model", str(smollm2_path), "--print-memory-need"]) == 0
+    need = json.loads(capsys.readouterr().out)["need_bytes"]
+    env["SCRIPTORIUM_MODEL"] = str(smollm2_path)
+    result = run_ops(tmp_path, "plan", "--profile", "image", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    backend, mcp, comfy = json.loads(result.stdout)["steps"]
+    assert backend["budget"] == backend["need"] == need and 0 < need < 2**30
+    flag = backend["command"].index("--gpu-memory-utilization")
+    assert backend["command"][flag + 1] == str(need)  # the engine is started with exactly that budget
+    assert comfy["free_before"] == int(23.5 * GIB) - need
+
+    vllm = run_ops(tmp_path, "plan", env={**env, "SCRIPTORIUM_ENGINE": "vllm"})
+    assert vllm.returncode == 2
+    assert "gpu_memory is auto" in vllm.stderr and "only Scriptorium's engine" in vllm.stderr
+
+    # ops up fetches the models before it measures them; a model it cannot fetch stops it before anything starts
+    up = run_ops(tmp_path, "up", env={**env, "SCRIPTORIUM_MODEL": str(tmp_path / "missing.gguf")})
+    assert up.returncode != 0 and "preparing" in up.stderr and "missing.gguf" in up.stderr
+    assert not (tmp_path / "state").exists()

@@ -1,0 +1,76 @@
+"""The GPU memory a server needs before it has loaded anything: its largest model's weights, the smallest KV
+cache the engine accepts, and the activation estimate, the same functions the engine sizes itself with.
+`serve --print-memory-need` prints it for ops' plan, and `--gpu-memory-utilization auto` takes it as budget."""
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from backend.config import EngineConfig
+from backend.engine.memory import activation_bytes, kv_bytes_per_block, min_kv_bytes
+from backend.loader import DTYPES, locate, read_config
+from backend.spec.config import SpeculativeConfig
+
+
+@dataclass
+class ModelNeed:
+    name: str
+    model: str
+    weights: int  # on disk: what a load puts on the card (quantized blocks stay as they are)
+    kv_cache: int  # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for)
+    activations: int
+    max_model_len: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+
+def disk_bytes(model: str) -> int:
+    """A model's weights on disk: what it needs before it has ever been loaded and measured."""
+    source = locate(model)
+    if source.gguf_file is not None:
+        return source.gguf_file.stat().st_size
+    return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
+
+
+def _cuda_dtype(setting: str, config_dtype: str | None) -> torch.dtype:
+    """The dtype the engine picks on a GPU (loader.pick_dtype without asking a card)."""
+    if setting == "auto":
+        return DTYPES.get(str(config_dtype), torch.bfloat16)
+    if setting not in DTYPES:
+        raise ValueError(f"dtype {setting!r} is not supported; use auto, {', '.join(sorted(set(DTYPES)))}")
+    return DTYPES[setting]
+
+
+def model_need(name: str, config: EngineConfig) -> ModelNeed:
+    cfg, _ = read_config(locate(config.model))
+    dtype = _cuda_dtype(config.dtype, cfg.torch_dtype)
+    max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
+    tokens = config.max_num_batched_tokens or min(2048, max_model_len)
+    per_block = kv_bytes_per_block(cfg, config.block_size, dtype)
+    weights = disk_bytes(config.model)
+    spec = SpeculativeConfig.parse(config.speculative)
+    if spec is not None and spec.model:
+        # The draft keeps a cache of the target's length beside its own weights.
+        draft_cfg, _ = read_config(locate(spec.model))
+        weights += disk_bytes(spec.model)
+        per_block += kv_bytes_per_block(draft_cfg, config.block_size, dtype)
+    drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
+    logit_rows = min(config.max_num_seqs * (1 + drafts), tokens)  # as LLMEngine._max_logit_rows
+    return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, max_model_len),
+                     activation_bytes(cfg, tokens, logit_rows, dtype), max_model_len)
+
+
+def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memory: int | None) -> dict:
+    """What a server of `models` (name, model) needs on the card: enough for its largest model alone (the
+    others are unloaded to make room), or the --models-memory they may hold together when that is more."""
+    needs = [model_need(name, replace(config, model=model)) for name, model in models]
+    largest = max(needs, key=lambda n: n.total)
+    need = largest.total
+    if models_memory is not None:
+        need = max(need, models_memory + largest.activations)
+    return {"need_bytes": need, "largest": largest.name, "models_memory": models_memory,
+            "models": [{"name": n.name, "model": n.model, "weights_bytes": n.weights, "kv_cache_bytes": n.kv_cache,
+                        "activation_bytes": n.activations, "max_model_len": n.max_model_len, "need_bytes": n.total}
+                       for n in needs]}

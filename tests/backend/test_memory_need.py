@@ -1,0 +1,59 @@
+"""`serve --print-memory-need`: the GPU memory a server needs before it loads anything, its largest model's
+weights (the file's bytes), the KV cache of one max_model_len sequence and the activation estimate, checked
+against the models' shapes; ops' `gpu_memory: auto` budgets the backend with it (tests/ops/test_plan.py)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from backend.__main__ import main
+from backend.engine.memory import activation_bytes
+from backend.loader import locate, read_config
+
+
+@pytest.fixture
+def need(capsys):
+    """python -m backend serve ARGS --print-memory-need, in this process: (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> SimpleNamespace:
+        code = main(["serve", *args, "--print-memory-need"])
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return run
+
+
+def kv_bytes(cfg, tokens: int, itemsize: int) -> int:
+    """K and V of every layer for `tokens` tokens, from the model's shape."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * itemsize * tokens
+
+
+def test_the_largest_models_weights_kv_cache_and_activations(need, smollm2_path, tiny_dir):
+    tiny = tiny_dir("qwen2")
+    done = need("--model", "smollm2", "--model", f"tiny={tiny}", "--max-model-len", "1000")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    models = {m["name"]: m for m in answer["models"]}
+    assert set(models) == {"smollm2", "tiny"}
+    smol_cfg, _ = read_config(locate("smollm2"))
+    smol = models["smollm2"]
+    assert smol["weights_bytes"] == locate("smollm2").gguf_file.stat().st_size
+    # 1000 tokens take 63 blocks of 16; SmolLM2 runs in bf16 on a GPU
+    assert smol["kv_cache_bytes"] == kv_bytes(smol_cfg, 63 * 16, 2) == 63 * 16 * 2 * 30 * 3 * 64 * 2
+    assert smol["activation_bytes"] == activation_bytes(smol_cfg, 1000, 64, torch.bfloat16)
+    assert smol["need_bytes"] == smol["weights_bytes"] + smol["kv_cache_bytes"] + smol["activation_bytes"]
+    assert models["tiny"]["weights_bytes"] == sum(p.stat().st_size for p in tiny.glob("*.safetensors"))
+    assert answer["largest"] == "smollm2" and answer["need_bytes"] == smol["need_bytes"]
+    assert models["tiny"]["need_bytes"] < smol["need_bytes"]
+
+    # What --models-memory lets the loaded models hold together, when more than the largest alone
+    together = json.loads(need("--model", "smollm2", "--model", f"tiny={tiny}", "--max-model-len", "1000",
+                               "--models-memory", "2GiB").stdout)
+    assert together["need_bytes"] == 2 * 2**30 + smol["activation_bytes"]
+
+
+def test_a_model_that_is_not_there_is_named(need):
+    done = need("--model", "/nowhere/model.gguf")
+    assert done.returncode == 2 and "/nowhere/model.gguf" in done.stderr and not done.stdout
