@@ -41,12 +41,15 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llm_server(tmp_path_factory):
-    """The real backend serving a tiny random model with a context long enough for the pipeline's prompts."""
+    """The real backend serving two tiny random models: `tiny` (the default, with a context long enough for the
+    pipeline's prompts) and `tiny-qwen`, loaded on first use, as a multi-model server lists and routes them."""
     from tests.backend.server_process import ServerProcess
     from tests.backend.tiny_models import build_model
 
-    model = build_model("llama", tmp_path_factory.mktemp("models") / "tiny-long", max_position_embeddings=4096)
-    server = ServerProcess(str(model), "--served-model-name", "tiny", "--max-num-seqs", "16")
+    root = tmp_path_factory.mktemp("models")
+    model = build_model("llama", root / "tiny-long", max_position_embeddings=4096)
+    other = build_model("qwen2", root / "tiny-qwen", max_position_embeddings=1024)
+    server = ServerProcess(f"tiny={model}", "--model", f"tiny-qwen={other}", "--max-num-seqs", "16")
     yield server
     server.stop()
 

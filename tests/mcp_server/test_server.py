@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+import httpx
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from PIL import Image
@@ -81,8 +82,15 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
             assert {j["kind"] for j in listed} == {"image", "article"}
             cancelled = await call("cancel_job", {"job_id": job["job_id"]})
             assert cancelled.structured_content["status"] == "done"  # a finished job stays finished
-            models = (await call("list_models")).structured_content
-            assert [m["id"] for m in models["models"]] == ["tiny"]
+            models = (await call("list_models")).structured_content  # a server of two models lists both
+            assert [m["id"] for m in models["models"]] == ["tiny", "tiny-qwen"]
+            assert {m["upstream"] for m in models["models"]} == {settings.llm_urls[0]}
+            other = await call("generate_text", {"prompt": "Hi", "max_tokens": 6, "temperature": 0,
+                                                 "model": "tiny-qwen"})  # loaded on this first use
+            assert not other.is_error and other.structured_content["model"] == "tiny-qwen"
+            assert other.structured_content["tokens"] > 0
+            cards = {m["id"]: m for m in httpx.get(f"{settings.llm_urls[0]}/models").json()["data"]}
+            assert cards["tiny-qwen"]["status"] == "loaded" and cards["tiny-qwen"]["loads"] == 1  # it answered
             status = (await call("stack_status")).structured_content
             assert status["llm"][0]["healthy"] and status["comfyui"]["healthy"]
             llm = status["llm"][0]  # what the router knows: in flight now, answered, last failure

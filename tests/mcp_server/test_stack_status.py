@@ -29,7 +29,7 @@ def test_stack_status_shows_each_upstream_as_the_router_sees_it(tmp_path, llm_se
             down, up = rows[dead], rows[live]
             assert down["healthy"] is False and "ConnectError" in down["error"] and down["models"] == []
             assert time.time() - 60 < down["last_failure"] <= time.time() < down["ejected_until"]
-            assert up["healthy"] and up["models"] == ["tiny"] and up["error"] is None
+            assert up["healthy"] and up["models"] == ["tiny", "tiny-qwen"] and up["error"] is None
             assert (up["in_flight"], up["served"], up["last_failure"]) == (0, 1, None)
 
     asyncio.run(go())

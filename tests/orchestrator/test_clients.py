@@ -202,7 +202,7 @@ def test_llm_client_chat_stream_and_structured_output(llm_server):
 
     async def go():
         async with LLMClient(f"{llm_server.url}/v1") as client:
-            assert await client.models() == ["tiny"]
+            assert await client.models() == ["tiny", "tiny-qwen"]
             plain = await client.chat([{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0)
             streamed = "".join([d async for d in client.stream_chat([{"role": "user", "content": "Name a colour."}],
                                                                     max_tokens=12, temperature=0)])
