@@ -15,11 +15,17 @@ inputs run a scalar loop ten times slower than fp32 dense). From formats.decode'
 
 The weights are exact in their integers; scales, zeros, activations and outputs are rounded to bf16
 (relative 2**-9), so this path agrees with dequantize + fp32 matmul to about 1e-2, not bit for bit.
+
+The kernel's cost grows with the rows of x at a rate fp32 GEMM beats (on 2 AVX2 cores, 1536x576: 41 ms at
+1,024 rows against 21 ms): from DENSE_ROWS rows (prefill chunks) the packed weight is expanded to fp32, in
+x's precision, once per call (~1 ms a million weights), and multiplied densely.
 """
 
+import functools
 import os
 
 import torch
+import torch.nn.functional as F
 
 from backend.quant.formats import Format, decode, dequantize
 
@@ -75,11 +81,54 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch
     return packed, scales_zeros, planes
 
 
+DENSE_ROWS = 256  # measured break-even ~200 rows (bench: int4pack vs expand + fp32 GEMM)
+
+
+def expand(packed: torch.Tensor, scales_zeros: torch.Tensor, planes: int, cols: int,
+           dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The packed weight as the kernel reads it, [N16, cols] in `dtype`: (q4 - 8) * s + z per group, the two
+    planes of a 5/8-bit format summed. Layout of _convert_weight_to_int4pack_for_cpu (checked by
+    dense_layout_ok): blocks of 32 rows, each K columns of 16 bytes whose low nibble is row i of the block
+    and high nibble row 16 + i; a last block of 16 rows packs rows 2j and 2j + 1 in byte j."""
+    n16, wide = scales_zeros.shape[1], planes * cols
+    q = torch.empty(n16, wide, dtype=dtype)
+    full = n16 // 32 * 32
+    if full:
+        p = packed[: full * wide // 2].view(full // 32, wide, 16).transpose(1, 2)
+        dst = q[:full].view(full // 32, 2, 16, wide)
+        dst[:, 0].copy_(p & 15)
+        dst[:, 1].copy_(p >> 4)
+    if n16 > full:
+        p = packed[full * wide // 2:].view(wide, 8).t()
+        dst = q[full:].view(8, 2, wide)
+        dst[:, 0].copy_(p & 15)
+        dst[:, 1].copy_(p >> 4)
+    s = scales_zeros[..., 0].t().to(dtype)[..., None]
+    z = scales_zeros[..., 1].t().to(dtype)[..., None] - 8 * s
+    w = q.view(n16, wide // GROUP, GROUP).mul_(s).add_(z)
+    if planes == 2:  # groups of the two planes interleaved along K: h of group g, then l of group g
+        return w.view(n16, cols // GROUP, 2, GROUP).sum(dim=2).view(n16, cols)
+    return w.view(n16, cols)
+
+
+@functools.cache
+def dense_layout_ok() -> bool:
+    """Whether expand reads this PyTorch's packing: a probe of 48 rows (a full block and a last one)."""
+    q = torch.randint(0, 16, (48, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+    ones = torch.stack([torch.ones(2, 48), torch.full((2, 48), 8.0)], dim=-1).to(torch.bfloat16)
+    return packed.dim() == 2 and torch.equal(expand(packed.reshape(-1), ones, 1, 64), q.float())
+
+
 def matmul(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, planes: int, rows: int) -> torch.Tensor:
     """x [..., K] -> [..., rows] in x's dtype."""
     flat = x.dim() == 2  # the engine's rows: no reshapes (each op costs microseconds at batch 1)
     cols = x.shape[-1]
-    xb = (x if flat else x.reshape(-1, cols)).to(torch.bfloat16)
+    x2 = x if flat else x.reshape(-1, cols)
+    if x2.shape[0] >= DENSE_ROWS and x.dtype != torch.bfloat16 and dense_layout_ok():
+        y = F.linear(x2, expand(packed.reshape(-1), scales_zeros, planes, cols, x.dtype)[:rows])
+        return y if flat else y.reshape(*x.shape[:-1], rows)
+    xb = x2.to(torch.bfloat16)
     if planes == 2:
         m = xb.shape[0]
         xb = xb.view(m, cols // GROUP, 1, GROUP).expand(m, cols // GROUP, 2, GROUP).reshape(m, 2 * cols)

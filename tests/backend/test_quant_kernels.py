@@ -68,6 +68,24 @@ def test_cpu_int4_repack_matches_dequantize_and_matmul(name, m):
     assert_bf16(cpu_matmul(x, torch.from_numpy(raw), name), x @ gguf_dequant(raw, name).T)
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_cpu_dense_expansion_for_many_rows_matches_dequantize_and_matmul(name):
+    """From DENSE_ROWS rows the packed weight is expanded and multiplied in fp32: its weights are the kernel's
+    (bf16 scales, the only rounding left), over a full block of 32 packed rows and a last one of 16."""
+    assert cpu_pack.dense_layout_ok()
+    cols = cols_of(name)
+    raw = random_raw(name, ROWS, cols, seed=6)
+    packed, sz, planes = cpu_pack.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    w = gguf_dequant(raw, name)
+    expanded = cpu_pack.expand(packed.reshape(-1), sz, planes, cols)
+    assert expanded.shape == (48, cols) and not expanded[ROWS:].any()  # padding rows weigh zero
+    assert_bf16(expanded[:ROWS], w)  # row by row: a row or column out of place would be off by ~100%
+    x = torch.randn(cpu_pack.DENSE_ROWS + 3, cols, generator=torch.Generator().manual_seed(6))
+    y = cpu_pack.matmul(x, packed, sz, planes, ROWS)
+    torch.testing.assert_close(y, x @ expanded[:ROWS].T)  # the dense path, not the kernel's bf16 one
+    assert_bf16(y, x @ w.T)
+
+
 @pytest.mark.parametrize("name", ["Q2_K", "Q3_K", "Q6_K"])
 def test_16_weight_groups_requantized_for_the_cpu_add_under_half_a_step(name):
     """The only inexact repack: 8 bits per group of 32, at most half of 1/127 of the group's largest weight."""
