@@ -150,7 +150,8 @@ class ModelRunner:
             slots.extend(self._slots(seq.block_table, start, end))
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
             table = torch.tensor(seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens, end, table))
+            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens, end, table,
+                                              verifies=item.num_draft > 0 and seq.params.greedy))
         if prefill:
             first = meta.prefills[0].start
             meta.prefill_cu_q = torch.tensor([c.start - first for c in meta.prefills] + [meta.prefills[-1].end - first],

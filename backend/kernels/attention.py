@@ -21,6 +21,9 @@ class PrefillChunk:
     end: int
     context_len: int  # tokens in the cache once this chunk is written, the chunk included
     block_table: torch.Tensor | None  # [num_blocks_of_sequence]; the torch path's (None on CUDA)
+    # It scores a greedy request's drafts: the torch path attends each row as a decode row (verify_attention),
+    # so that speculation changes no token. Sampled requests need only the target's distribution: one chunk.
+    verifies: bool = False
 
 
 @dataclass
@@ -108,6 +111,31 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.squeeze(0).transpose(0, 1)
 
 
+def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     context_len: int, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """A chunk that scores drafts, each of its S rows attended exactly as decode_attention attends a single
+    sequence's token at that position: the same kernel on the same shapes, so that greedy speculation accepts
+    exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently)."""
+    s, hq, d = q.shape
+    out = torch.empty_like(q)
+    if sliding_window is not None:  # decoding masks the window, whatever the length
+        for i in range(s):
+            n = torch.tensor([context_len - s + i + 1], device=q.device)
+            out[i:i + 1] = decode_attention(q[i:i + 1], k_cache, v_cache, block_table[None], n, scale,
+                                            sliding_window)
+        return out
+    hkv = k_cache.shape[2]
+    blocks = block_table[:(context_len + k_cache.shape[1] - 1) // k_cache.shape[1]]
+    k = k_cache.index_select(0, blocks).view(1, -1, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).view(1, -1, hkv, d).transpose(1, 2)
+    rows = q.unsqueeze(2)  # [S, Hq, 1, D]: row i as decode's [1, Hq, 1, D]
+    for i in range(s):
+        n = context_len - s + i + 1
+        out[i] = F.scaled_dot_product_attention(rows[i:i + 1], k[:, :, :n], v[:, :, :n], scale=scale,
+                                                enable_gqa=hq != hkv)[0, :, 0]
+    return out
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
@@ -119,8 +147,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[:n] = decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    scale, sliding_window, meta.decode_uniform_len)
     for chunk in meta.prefills:
-        out[chunk.start:chunk.end] = prefill_attention(q[chunk.start:chunk.end], k_cache, v_cache,
-                                                       chunk.block_table, chunk.context_len, scale, sliding_window)
+        attend = verify_attention if chunk.verifies else prefill_attention
+        out[chunk.start:chunk.end] = attend(q[chunk.start:chunk.end], k_cache, v_cache, chunk.block_table,
+                                            chunk.context_len, scale, sliding_window)
     return out
 
 

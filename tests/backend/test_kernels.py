@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from backend.kernels.attention import decode_attention, prefill_attention, store_kv
+from backend.kernels.attention import decode_attention, prefill_attention, store_kv, verify_attention
 from backend.kernels.moe import fused_moe, route
 from backend.kernels.rotary import inverse_frequencies
 
@@ -93,6 +93,27 @@ def test_decode_attention_of_equal_lengths_slices_instead_of_masking(length):
     ours = decode_attention(torch.cat(qs), k_cache, v_cache, torch.tensor(tables), torch.tensor([length] * rows),
                             1 / math.sqrt(d), uniform_len=length)
     torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_verification_rows_attend_bit_for_bit_as_decode_rows(window):
+    """Rows scoring drafts give exactly what decoding those tokens one at a time gives (what greedy speculation
+    needs to reproduce plain decoding), and the attention itself; a masked chunk rounds differently."""
+    g = torch.Generator().manual_seed(3)
+    context, chunk, hq, hkv, d, bs = 45, 6, 9, 3, 64, 16
+    q = torch.randn(chunk, hq, d, generator=g)
+    k, v = torch.randn(context, hkv, d, generator=g), torch.randn(context, hkv, d, generator=g)
+    k_cache, v_cache, table = paged(k, v, bs, 8, g)
+    table = torch.cat([table, torch.tensor([7])]) if 7 not in table else table  # a block reserved past the end
+    scale = 1 / math.sqrt(d)
+    ours = verify_attention(q, k_cache, v_cache, table, context, scale, window)
+    for i in range(chunk):
+        n = context - chunk + i + 1
+        one = decode_attention(q[i:i + 1], k_cache, v_cache, table[None], torch.tensor([n]), scale, window,
+                               uniform_len=n)
+        assert torch.equal(ours[i:i + 1], one), i
+    expected = dense_attention(q, k, v, list(range(context - chunk, context)), window)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_moe_matches_a_per_token_loop():

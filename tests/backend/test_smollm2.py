@@ -88,6 +88,28 @@ def test_quantized_weights_track_transformers(llm, reference, hf_runs):
     assert layer.parts[0].name == "Q4_1" and layer.parts[0].packed is not None
 
 
+CODE = """def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal = subtotal + item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+"""
+
+
+def test_greedy_speculation_reproduces_plain_decoding(llm):
+    """n-gram drafts verified in chunks give the plain greedy tokens exactly: each verification row attends
+    as a decode row would (before, this edit diverged at its 79th token)."""
+    conversation = [{"role": "user", "content": f"Rename the variable subtotal to net in this code and return "
+                                                f"the whole code:\n\n{CODE}"}]
+    params = SamplingParams(temperature=0, max_tokens=100)
+    plain = llm.chat([conversation], params, use_tqdm=False)[0].outputs[0].token_ids
+    spec = LLM("smollm2", block_size=16, speculative={"method": "ngram", "num_tokens": "auto"})
+    assert spec.chat([conversation], params, use_tqdm=False)[0].outputs[0].token_ids == plain
+    stats = spec.engine.stats()
+    assert stats["spec_accepted_tokens"] > 20  # it did speculate, and most of the edit came from drafts
+
+
 def test_chat_applies_the_gguf_chat_template_and_stops_at_eos(llm, reference):
     tokenizer, _ = reference
     messages = [{"role": "user", "content": "What is the capital of France?"}]
