@@ -8,7 +8,7 @@ import torch
 
 from backend.config import EngineConfig
 from backend.engine.memory import activation_bytes, kv_bytes_per_block, min_kv_bytes
-from backend.loader import DTYPES, locate, read_config
+from backend.loader import locate, pick_dtype, read_config
 from backend.spec.config import SpeculativeConfig
 
 
@@ -34,18 +34,10 @@ def disk_bytes(model: str) -> int:
     return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
 
 
-def _cuda_dtype(setting: str, config_dtype: str | None) -> torch.dtype:
-    """The dtype the engine picks on a GPU (loader.pick_dtype without asking a card)."""
-    if setting == "auto":
-        return DTYPES.get(str(config_dtype), torch.bfloat16)
-    if setting not in DTYPES:
-        raise ValueError(f"dtype {setting!r} is not supported; use auto, {', '.join(sorted(set(DTYPES)))}")
-    return DTYPES[setting]
-
-
 def model_need(name: str, config: EngineConfig) -> ModelNeed:
     cfg, _ = read_config(locate(config.model))
-    dtype = _cuda_dtype(config.dtype, cfg.torch_dtype)
+    # The dtype a GPU gets, without asking one: pick_dtype's rules for a device that is neither CPU nor CUDA.
+    dtype = pick_dtype(config.dtype, torch.device("meta"), cfg.torch_dtype)
     max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
     tokens = config.max_num_batched_tokens or min(2048, max_model_len)
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype)
