@@ -181,7 +181,7 @@ def model_card(state: ServerState) -> dict:
     """One /v1/models entry: what a loaded model is, and whether it is loaded."""
     card = {"id": state.served_model_name, "object": "model", "created": now(), "owned_by": "scriptorium",
             "root": state.config.model,
-            "status": "error" if state.load_error else "loading" if state.loading else
+            "status": "loading" if state.loading else "error" if state.load_error else
             "loaded" if state.engine is not None else "unloaded", "loads": state.loads}
     if state.load_error:
         card["error"] = state.load_error

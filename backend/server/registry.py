@@ -146,9 +146,13 @@ class ModelRegistry:
         itself, so that a load of another model queued behind it cannot unload it before the requests that
         waited for it have run (two models taking turns would otherwise swap back and forth unserved)."""
         state.waiting += 1
-        handed = state.handovers
+        handed, failures = state.handovers, state.load_failures
         try:
             while state.handovers == handed:
+                if state.load_failures != failures:  # the load this request waited for failed
+                    raise APIError(503, f"the model `{state.served_model_name}` could not be loaded: "
+                                        f"{state.load_error}; the next request for it tries again",
+                                   type="service_unavailable")
                 await self._wait_loaded(state, deadline)
         except BaseException:
             if state.handovers == handed:
@@ -164,10 +168,6 @@ class ModelRegistry:
 
     async def _wait_loaded(self, state: ServerState, deadline: float) -> None:
         name = state.served_model_name
-        if state.load_error:
-            raise APIError(
-                503, f"the model `{name}` could not be loaded: {state.load_error}", type="service_unavailable"
-            )
         if self.sleep_level:
             raise APIError(
                 503,
@@ -201,6 +201,7 @@ class ModelRegistry:
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
                 self._hand_over(state)
                 state.loads += 1
+                state.load_error = None
                 self.ever_loaded = True
                 log.info(
                     "model %s loaded as %s (%.1f MiB)",
@@ -215,6 +216,7 @@ class ModelRegistry:
                     state.sleep_level = level
         except Exception as e:  # reported to the requests that wait for it, by /health and /v1/models
             state.load_error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            state.load_failures += 1
             log.error("could not load model %s: %s", state.config.model, state.load_error)
             if state is self.default and not self.ever_loaded and self.on_default_error:
                 self.on_default_error(state.load_error)

@@ -22,7 +22,8 @@ class ServerState:
         self.served_model_name = served_model_name
         self.tool_call_parser = tool_call_parser  # None: chosen from the chat template and the model's family
         self.engine: AsyncEngine | None = None
-        self.load_error: str | None = None
+        self.load_error: str | None = None  # why its last load failed (the next request for it loads again)
+        self.load_failures = 0
         self.sleep_level = 0
         self.draining = False
         self.metrics = metrics or ServerMetrics(self.stats)

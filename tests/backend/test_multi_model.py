@@ -199,6 +199,32 @@ def test_max_loaded_models_counts_and_a_short_load_timeout_is_503(models, oracle
         assert server.stop() == 0
 
 
+def test_a_failed_load_is_tried_again_by_the_next_request(models, oracle, tmp_path):
+    """A model that could not load (here its config.json is being rewritten) is not failed for good: the next
+    request for it loads it again, and the server's other model is untouched meanwhile."""
+    import shutil
+
+    gamma = tmp_path / "gamma"
+    shutil.copytree(models["beta"], gamma)
+    config = (gamma / "config.json").read_text()
+    (gamma / "config.json").write_text(config[: len(config) // 2])  # half written
+    server = ServerProcess(f"alpha={models['alpha']}", *SETTINGS, "--model", f"gamma={gamma}")
+    try:
+        r = httpx.post(f"{server.url}/v1/completions", json={"model": "gamma", "prompt": "hi", "max_tokens": 2},
+                       timeout=60)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 503 and "could not be loaded" in message and "config.json" in message
+        cards = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
+        assert cards["gamma"]["status"] == "error" and "not valid JSON" in cards["gamma"]["error"]
+        assert httpx.get(f"{server.url}/health").status_code == 200  # alpha serves on
+        (gamma / "config.json").write_text(config)
+        assert answers(server, "gamma") == oracle["beta"]
+        cards = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
+        assert cards["gamma"]["status"] == "loaded" and "error" not in cards["gamma"] and cards["gamma"]["loads"] == 1
+    finally:
+        assert server.stop() == 0
+
+
 def test_named_models_parses_names_and_refuses_clashes():
     assert named_models(None, None) == [("smollm2", "smollm2")]
     assert named_models(["smollm2", "big=/models/Qwen3-8B", "/m/a=b.gguf"], None) == [
