@@ -41,7 +41,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
               more_models: Sequence[tuple[str, EngineConfig]] = (), budget: Budget | None = None) -> FastAPI:
     """config is the default model's (loaded at start-up); more_models are (name, config) loaded on first use."""
     registry: ModelRegistry | None = None
-    metrics = ServerMetrics(lambda: registry.stats())
+    metrics = ServerMetrics(lambda: {s.served_model_name: s.stats() for s in registry.states})
     states = [ServerState(c, name, tool_call_parser, metrics)
               for name, c in [(served_model_name or config.model, config), *more_models]]
     registry = ModelRegistry(states, budget or Budget(), metrics, on_load_error)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.output import RequestDelta
 from backend.sampling_params import SamplingParams
-from backend.server.metrics import ServerMetrics
+from backend.server.metrics import ModelMetrics
 from backend.server.protocol import APIError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ WEDGED_AFTER = 120.0
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None, wedged_after: float = WEDGED_AFTER):
+    def __init__(self, engine: LLMEngine, metrics: ModelMetrics | None = None, wedged_after: float = WEDGED_AFTER):
         self.engine = engine
         self.metrics = metrics
         self.wedged_after = wedged_after

@@ -18,12 +18,11 @@ from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.metrics import ServerMetrics
 from backend.server.need import disk_bytes
-from backend.server.state import IDLE_STATS, RETRY_AFTER, ServerState
+from backend.server.state import RETRY_AFTER, ServerState
 
 log = logging.getLogger("backend.server")
 
 LOAD_TIMEOUT = 60.0
-_MAX_STATS = ("kv_cache_usage", "sleeping")  # ratios and flags: the busiest model speaks for the server
 
 
 @dataclass
@@ -93,14 +92,6 @@ class ModelRegistry:
 
     def loaded(self) -> list[ServerState]:
         return [s for s in self.states if s.engine is not None]
-
-    def stats(self) -> dict:
-        total = dict(IDLE_STATS)
-        for state in self.loaded():
-            for key, value in state.stats().items():
-                before = total.get(key, 0)
-                total[key] = max(before, value) if key in _MAX_STATS else before + value
-        return total
 
     def find(self, name: str | None) -> ServerState:
         if name is None:
@@ -196,7 +187,7 @@ class ModelRegistry:
                     return
                 await self._make_room(state)
                 state.engine = await in_daemon_thread(
-                    lambda: AsyncEngine(LLMEngine(state.config), self.metrics)
+                    lambda: AsyncEngine(LLMEngine(state.config), self.metrics.for_model(state.served_model_name))
                 )
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
                 self._hand_over(state)

@@ -26,7 +26,7 @@ class ServerState:
         self.load_failures = 0
         self.sleep_level = 0
         self.draining = False
-        self.metrics = metrics or ServerMetrics(self.stats)
+        self.metrics = metrics or ServerMetrics(lambda: {served_model_name: self.stats()})
         # Kept by the model registry (backend/server/registry.py):
         self.loading: asyncio.Future | None = None  # the load in progress
         self.unloading = False  # chosen to make room: no new requests until it has been unloaded (and reloaded)

@@ -116,6 +116,12 @@ def test_each_model_answers_as_alone_and_the_budget_unloads_the_other(budgeted, 
     assert httpx.get(f"{budgeted.url}/health").json() == {"status": "ok"}  # the default being out is no fault
     assert answers(budgeted, "alpha") == oracle["alpha"]  # reloaded from disk, same answers
     assert statuses(budgeted) == {"alpha": "loaded", "beta": "unloaded"}
+    # /metrics labels every sample with its model: three requests each so far, ten tokens apiece
+    text = httpx.get(f"{budgeted.url}/metrics").text
+    for name in ("alpha", "beta"):
+        assert f'scriptorium_requests_total{{model="{name}",outcome="length"}} 3.0' in text
+        assert f'scriptorium_generation_tokens_total{{model="{name}"}} 30.0' in text
+        assert f'scriptorium_kv_cache_usage_ratio{{model="{name}"}} 0.0' in text  # unloaded ones read 0
 
 
 def test_concurrent_requests_to_both_models_are_all_answered_right(budgeted, oracle):

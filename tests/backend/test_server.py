@@ -38,9 +38,12 @@ def offline(model_dir):
     return LLM(str(model_dir), block_size=8, max_model_len=256)
 
 
-def metric(server, name: str) -> float:
+def metric(server, name: str, **labels: str) -> float:
+    """The sample of `name` for the served model "tiny" (every sample carries its model) and `labels`."""
     text = httpx.get(f"{server.url}/metrics").text
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    want = ",".join(f'{k}="{v}"' for k, v in {"model": "tiny", **labels}.items())
+    match = re.search(rf"^{re.escape(name)}{{{re.escape(want)}}} ([0-9.e+-]+)$", text, re.M)
+    assert match or name.endswith("_total"), f"no {name}{{{want}}} in /metrics"  # a counter not yet counted is 0
     return float(match.group(1)) if match else 0.0
 
 
@@ -196,7 +199,7 @@ def test_garbage_never_causes_a_500(server):
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
-    aborted_before = metric(server, 'scriptorium_requests_total{outcome="abort"}')
+    aborted_before = metric(server, "scriptorium_requests_total", outcome="abort")
     with httpx.stream("POST", f"{server.url}/v1/completions", json={
         "model": "tiny", "prompt": "The scribe", "max_tokens": 200, "temperature": 0.8, "ignore_eos": True,
         "stream": True,
@@ -206,10 +209,10 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
             next(lines)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if metric(server, 'scriptorium_requests_total{outcome="abort"}') > aborted_before:
+        if metric(server, "scriptorium_requests_total", outcome="abort") > aborted_before:
             break
         time.sleep(0.1)
-    assert metric(server, 'scriptorium_requests_total{outcome="abort"}') == aborted_before + 1
+    assert metric(server, "scriptorium_requests_total", outcome="abort") == aborted_before + 1
     assert metric(server, "scriptorium_requests_running") == 0
     assert metric(server, "scriptorium_kv_cache_usage_ratio") == 0
 
@@ -290,7 +293,8 @@ def test_bad_model_exits_nonzero_with_a_message(tmp_path):
 
 
 def test_speculative_server_reports_acceptance(model_dir):
-    proc = ServerProcess(str(model_dir), "--speculative", f'{{"method": "draft", "model": "{model_dir}", "num_tokens": 3}}')
+    proc = ServerProcess(str(model_dir), "--served-model-name", "tiny",
+                         "--speculative", f'{{"method": "draft", "model": "{model_dir}", "num_tokens": 3}}')
     try:
         r = httpx.post(f"{proc.url}/v1/completions", json={"prompt": "The scribe", "max_tokens": 20, "temperature": 0,
                                                             "ignore_eos": True}, timeout=60)

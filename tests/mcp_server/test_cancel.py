@@ -103,8 +103,8 @@ def test_cancel_job_stops_an_image_and_an_article_mid_render(settings, comfyui):
 
 def aborted(llm_server) -> float:
     text = httpx.get(f"{llm_server.url}/metrics").text
-    match = re.search(r'^scriptorium_requests_total\{outcome="abort"\} (\S+)$', text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return sum(float(v) for v in re.findall(r'^scriptorium_requests_total\{model="[^"]+",outcome="abort"\} (\S+)$',
+                                            text, re.M))
 
 
 def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):

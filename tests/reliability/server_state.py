@@ -10,6 +10,8 @@ def metrics(url: str) -> dict[str, float]:
     values = {}
     for name, labels, value in re.findall(r"^([a-z_]+)(\{[^}]*\})? ([0-9.e+-]+|NaN)$", text, re.M):
         values[name + (labels or "")] = float(value)
+        if labels:  # and summed over its labels (every sample carries its model) under the bare name
+            values[name] = values.get(name, 0.0) + float(value)
     return values
 
 

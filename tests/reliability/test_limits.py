@@ -3,6 +3,7 @@ tells a dead or wedged engine from a working one."""
 
 import asyncio
 import json
+import re
 import threading
 import time
 
@@ -146,5 +147,5 @@ def test_a_request_that_fails_mid_generation_gets_its_500_alone_and_is_counted(i
     assert marked.status_code == 500 and "simulated stop-string fault" in marked.json()["error"]["message"]
     assert healthy.status_code == 200 and healthy.json()["usage"]["completion_tokens"] == 9
     text = httpx.get(f"{url}/metrics").text
-    assert 'scriptorium_requests_total{outcome="error"} 1.0' in text
+    assert re.search(r'^scriptorium_requests_total\{model="[^"]+",outcome="error"\} 1\.0$', text, re.M)
     assert httpx.get(f"{url}/health").status_code == 200
