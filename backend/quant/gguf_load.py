@@ -207,10 +207,11 @@ class GGUFLoad:
             names = ", ".join(sorted(self.dequantized))
             file_bytes = sum(b for b, _ in self.dequantized.values())
             held = sum(n for _, n in self.dequantized.values()) * torch.empty(0, dtype=self.dtype).element_size()
-            log.warning("%s: no kernel for %s; those tensors are dequantized at load to %s: %.3f GiB in memory "
-                        "where the file holds %.3f GiB (%.3f GiB more)", self.source, names,
-                        str(self.dtype).removeprefix("torch."), held / 2**30, file_bytes / 2**30,
-                        (held - file_bytes) / 2**30)
+            why = "no kernel for %s; those tensors are" if self.keep else "quantization=dequantize: %s tensors"
+            (log.warning if self.keep else log.info)(
+                "%s: " + why + " dequantized at load to %s: %.3f GiB in memory where the file holds %.3f GiB "
+                "(%.3f GiB more)", self.source, names, str(self.dtype).removeprefix("torch."), held / 2**30,
+                file_bytes / 2**30, (held - file_bytes) / 2**30)
 
     def _floats(self) -> Iterator[tuple[str, torch.Tensor]]:
         for e in self.entries:
