@@ -105,7 +105,13 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
                 assert rows[urls[1]]["healthy"] is False and rows[urls[1]]["last_failure"] is not None
                 assert rows[urls[0]]["healthy"] and rows[urls[0]]["models"] == ["tiny"]
 
+                # The router publishes its counts for ops within half a second of a change (debounced), so
+                # what ops reads may lag the last request by that much.
+                deadline = time.monotonic() + 10
                 status = await asyncio.to_thread(ops_status, home, urls)
+                while any(row["in_flight"] for row in status.values()) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.25)
+                    status = await asyncio.to_thread(ops_status, home, urls)
                 assert status[urls[1]]["healthy"] is False and status[urls[1]]["last_failure"] is not None
                 assert status[urls[0]]["healthy"] and status[urls[0]]["models"] == ["tiny"]
                 assert status[urls[0]]["served"] > 0 and status[urls[0]]["routers"] == 1
