@@ -191,10 +191,10 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
 
 def _pack_for_cpu(model: CausalLM) -> None:
-    from backend.quant import cpu_pack
+    from backend.quant import cpu_native
     from backend.quant.modules import QuantWeight
 
-    if cpu_pack.enabled():
+    if cpu_native.enabled():
         for m in model.modules():
             if isinstance(m, QuantWeight):
                 m.pack_for_cpu()

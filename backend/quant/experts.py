@@ -28,12 +28,12 @@ class QuantExperts(nn.Module):
     def release(self) -> None:
         """Drop the stacks from the module once an ExpertCache holds them (module.to() must not move them)."""
         for w in self.weights():
-            w.data = w.packed = w.scales_zeros = None
+            w.data = w.codes = w.scales = w.offsets = None
 
     def _split(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         out, i = [], 0
         for w in self.weights():
-            n = 2 if w.planes else 1
+            n = w.tensor_count()
             out.append(tensors[i:i + n])
             i += n
         return out

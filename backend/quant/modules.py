@@ -1,8 +1,8 @@
 """Layers over weights kept in GGUF blocks: a linear layer, an embedding, and the weight they share.
 
 Paths, by device: CUDA (or SCRIPTORIUM_TRITON=1) decodes the blocks inside Triton matmuls
-(backend/kernels/quant_triton.py); the CPU uses PyTorch's int4 kernel on weights repacked once at
-load (cpu_pack.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
+(backend/kernels/quant_triton.py); the CPU runs our kernel on weights repacked once at load
+(cpu_native.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
 """
 
 import torch
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.kernels import use_triton
-from backend.quant import cpu_pack
+from backend.quant import cpu_native
 from backend.quant.formats import Format, dequantize, row_bytes
 
 
@@ -25,10 +25,11 @@ class QuantWeight(nn.Module):
         self.row_bytes = row_bytes(fmt, cols) if fmt is not None else 0
         shape = (*lead, rows, self.row_bytes) if fmt is not None else (*lead, rows, cols)
         self.register_buffer("data", torch.empty(shape, dtype=torch.uint8 if fmt else dtype, device=device))
-        # CPU repacking (cpu_pack.py); scales kept as int16 bits so that module.to(dtype) leaves them alone.
-        self.register_buffer("packed", None)
-        self.register_buffer("scales_zeros", None)
-        self.planes = 0
+        # CPU repacking (cpu_native.py); scales kept as integer bits so that module.to(dtype) leaves them alone.
+        self.register_buffer("codes", None)
+        self.register_buffer("scales", None)
+        self.register_buffer("offsets", None)
+        self.layout: cpu_native.Layout | None = None
         self.keep_data = False  # an embedding reads the blocks too
 
     @property
@@ -43,20 +44,25 @@ class QuantWeight(nn.Module):
         return f"{self.name}, rows={self.rows}, cols={self.cols}" + (f", lead={self.lead}" if self.lead else "")
 
     def pack_for_cpu(self) -> None:
-        if self.fmt is None or self.packed is not None:
+        if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
-        packs = [cpu_pack.pack(m, self.fmt, self.cols) for m in flat]
-        self.planes = packs[0][2]
-        self.packed = torch.stack([p[0] for p in packs]).reshape(*self.lead, *packs[0][0].shape)
-        sz = torch.stack([p[1] for p in packs]).view(torch.int16)
-        self.scales_zeros = sz.reshape(*self.lead, *packs[0][1].shape)
+        packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
+        self.layout = packs[0][3]
+        for i, name in enumerate(("codes", "scales", "offsets")):
+            if packs[0][i] is not None:
+                setattr(self, name, torch.stack([p[i] for p in packs]).reshape(*self.lead, *packs[0][i].shape))
         if not self.keep_data:
             self.data = None
 
     def tensors(self) -> list[torch.Tensor]:
         """What one expert of a stack is made of, as stacks to slice (ExpertCache copies them)."""
-        return [self.data] if self.packed is None else [self.packed, self.scales_zeros]
+        if self.layout is None:
+            return [self.data]
+        return [self.codes, self.scales] + ([self.offsets] if self.layout.offsets else [])
+
+    def tensor_count(self) -> int:
+        return 1 if self.layout is None else 2 + self.layout.offsets
 
     def dequantize(self, dtype: torch.dtype, expert: int | None = None) -> torch.Tensor:
         data = self.data if expert is None else self.data[expert]
@@ -68,11 +74,11 @@ class QuantWeight(nn.Module):
         """x [..., cols] @ W.T -> [..., rows]: W itself, or expert `expert` of the stack (or of `tensors`,
         stacks shaped as tensors() gives them)."""
         tensors = tensors if tensors is not None else self.tensors()
-        if self.packed is not None or len(tensors) == 2:
+        if self.layout is not None:
             if x.is_cuda:
                 raise RuntimeError("this weight was repacked for the CPU at load; load the model again for CUDA")
-            packed, sz = (t if expert is None else t[expert] for t in tensors)
-            return cpu_pack.matmul(x, packed, sz.view(torch.bfloat16), self.planes, self.rows)
+            codes, scales, *offsets = (t if expert is None else t[expert] for t in tensors)
+            return cpu_native.matmul(x, codes, scales, offsets[0] if offsets else None, self.layout, self.rows)
         data = tensors[0] if expert is None else tensors[0][expert]
         if self.fmt is None:
             return F.linear(x, data)
@@ -85,7 +91,7 @@ class QuantWeight(nn.Module):
         return F.linear(x, dequantize(data, self.fmt, self.cols, x.dtype))
 
     def nbytes(self) -> int:
-        tensors = (self.data, self.packed, self.scales_zeros)
+        tensors = (self.data, self.codes, self.scales, self.offsets)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 

@@ -91,8 +91,8 @@ def test_offloaded_quantized_experts_give_identical_tokens(family, tiny_gguf):
     assert [o.outputs[0].token_ids for o in offloaded.generate(PROMPTS, params, use_tqdm=False)] == expected
     caches = [m.expert_cache for m in offloaded.engine.model.modules() if isinstance(m, SparseMoE) and m.expert_cache]
     assert caches and all(c.misses > 0 for c in caches)
-    # Host memory holds the experts repacked, not expanded: int4 planes (uint8) and bf16 scales.
-    assert {t.dtype for c in caches for t in c.host} == {torch.uint8, torch.int16}
+    # Host memory holds the experts repacked, not expanded: codes (uint8) and scales' bits (fp16 or fp32 ones).
+    assert {t.dtype for c in caches for t in c.host} <= {torch.uint8, torch.int16, torch.int32}
     inter, hidden = resident.engine.model_config.moe_intermediate_size, resident.engine.model_config.hidden_size
     assert caches[0].host_bytes() < 4 * 3 * inter * hidden * 4 / 2  # under half of fp32 (~0.3 at these formats)
 

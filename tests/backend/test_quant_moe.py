@@ -44,8 +44,7 @@ def test_quantized_experts_match_float_experts(formats, tokens, monkeypatch):
     monkeypatch.delenv("SCRIPTORIUM_TRITON")
     for w in module.weights():
         w.pack_for_cpu()
-    out = module(x, weights, ids)
-    assert ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 2e-2  # bf16 int4 kernel
+    torch.testing.assert_close(module(x, weights, ids), ref, **tol)  # the CPU kernel
 
 
 def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatch):

@@ -1,7 +1,7 @@
 """The bundled default model (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers loading the same file.
 
-Exact: the file dequantized at load gives transformers' tokens. The default keeps the weights quantized
-(on the CPU, PyTorch's int4 kernel in bf16): it tracks transformers' logits closely, not bit for bit.
+Both paths are exact: the file dequantized at load, and the default, whose weights stay quantized and are
+decoded inside our CPU kernel in fp32 (the same weights, summed in another order), give transformers' tokens.
 """
 
 import json
@@ -67,25 +67,23 @@ def test_64_greedy_tokens_match_transformers_in_one_batch(exact, reference, hf_r
         assert out.outputs[0].text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_quantized_weights_track_transformers(llm, reference, hf_runs):
-    """Teacher-forced on transformers' greedy continuations: the quantized default picks the same next
-    token nearly everywhere, with logits within a few percent."""
+def test_quantized_weights_give_transformers_tokens(llm, reference, hf_runs):
+    """The quantized default: transformers' 64 greedy tokens on every prompt, and teacher-forced logits within
+    1e-4 of its own (summation order is all that differs)."""
     from tests.backend.test_models_vs_transformers import prefill_logits
 
     tokenizer, model = reference
-    agree = total = 0
-    for prompt, full in zip(PROMPTS, hf_runs):
-        ids = full[:len(tokenizer(prompt).input_ids) + 48]
-        ours = prefill_logits(llm, [ids])[0]
+    for full in hf_runs:  # first: a prefill with nothing cached yet
+        ours = prefill_logits(llm, [full])[0]
         with torch.no_grad():
-            theirs = model(torch.tensor([ids])).logits[0]
+            theirs = model(torch.tensor([full])).logits[0]
         rel = ((ours - theirs).norm(dim=-1) / theirs.norm(dim=-1)).max().item()
-        assert rel < 0.1, rel
-        agree += (ours.argmax(-1) == theirs.argmax(-1)).sum().item()
-        total += len(ids)
-    assert agree / total >= 0.95, f"{agree} of {total} next tokens agree"
+        assert rel < 1e-4, rel
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+    for prompt, out, full in zip(PROMPTS, outputs, hf_runs):
+        assert out.outputs[0].token_ids == full[len(tokenizer(prompt).input_ids):], prompt
     layer = llm.engine.model.model.layers[0].mlp.gate_up_proj
-    assert layer.parts[0].name == "Q4_1" and layer.parts[0].packed is not None
+    assert layer.parts[0].name == "Q4_1" and layer.parts[0].codes is not None
 
 
 CODE = """def total_price(items, tax_rate):
@@ -100,8 +98,8 @@ CODE = """def total_price(items, tax_rate):
 def test_greedy_speculation_reproduces_plain_decoding(llm):
     """n-gram drafts verified in chunks give the plain greedy tokens exactly: each verification row attends
     as a decode row would (before, this edit diverged at its 79th token)."""
-    conversation = [{"role": "user", "content": f"Rename the variable subtotal to net in this code and return "
-                                                f"the whole code:\n\n{CODE}"}]
+    conversation = [{"role": "user", "content": f"Rename the variable `subtotal` to `net` in this Python function. "
+                                                f"Reply with the full updated function only.\n\n{CODE}"}]
     params = SamplingParams(temperature=0, max_tokens=100)
     plain = llm.chat([conversation], params, use_tqdm=False)[0].outputs[0].token_ids
     spec = LLM("smollm2", block_size=16, speculative={"method": "ngram", "num_tokens": "auto"})

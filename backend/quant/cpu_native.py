@@ -1,0 +1,148 @@
+"""GGUF blocks repacked at load for our CPU kernel (cpu_kernel.c), and the calls into it.
+
+The kernel reads each weight as fma(q, scale, offset) in fp32 from small integer codes (4 bits for the
+4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones) with one scale and offset per 32 weights
+(16 for Q2_K, Q3_K and Q6_K): formats.decode's affine form, so the weights are gguf-py's dequantize bit for
+bit, and x, the products and sums stay fp32. Scales are kept in fp16 where that is exact (every format with
+fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
+scales need fp32 (6 bits a weight for Q4_K).
+
+Up to 4 rows of x (decode) meet the codes inside the dot products, the scales applied once a group; more
+rows (batches, prefill chunks) decode 16 weight rows at a time into a panel in the cache and multiply it by
+every row of x, register-blocked (on this project's 2-core machine: 70-88 GMAC/s from 8 rows on, at or above
+PyTorch's fp32 GEMM on the expanded weights at every size up to 1,024 rows).
+
+The kernel is compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for
+this CPU (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native. Without a compiler, or with a
+CPU that lacks AVX2/FMA/F16C, quantized layers take the reference path (dequantize, then matmul) with one
+warning saying so; SCRIPTORIUM_QUANT_CPU=reference asks for that path.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from backend.home import cache_dir
+from backend.quant.formats import Format, decode
+
+log = logging.getLogger("backend.quant")
+
+SOURCE = Path(__file__).with_name("cpu_kernel.c")
+# Formats whose q fits 4 bits once shifted by `lo` (so q4 = q - lo, offset + lo * scale folded in).
+_FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
+
+
+@dataclass(frozen=True)
+class Layout:
+    bits: int  # 4 or 8
+    groups: int  # scales per 32 weights: 1 or 2
+    f16: bool  # scales (and offsets) stored as fp16
+    offsets: bool
+
+
+def enabled() -> bool:
+    return os.environ.get("SCRIPTORIUM_QUANT_CPU", "native") != "reference" and library() is not None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None (logged once) where it cannot be built here."""
+    try:
+        path = _build()
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as e:
+        log.warning("quantized layers on the CPU take the slow reference path (dequantize every matmul): %s", e)
+        return None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i32, i32, ptr, i32]
+    lib.qmm.restype = None
+    return lib
+
+
+def _cpu_key() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return flags
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (install gcc, or set CC)")
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_key()]).encode()).hexdigest()[:16]
+    out = cache_dir() / "native" / f"cpu_kernel-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = Path(tmp) / out.name
+        proc = subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {proc.stderr.strip()[-400:]}")
+        built.replace(out)  # atomic: a concurrent process sees the whole library or none
+    return out
+
+
+def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Layout]:
+    """Blocks [rows, row_bytes] -> codes [rows, cols*bits/8] uint8, scales and offsets [rows, groups] as raw
+    int16 (fp16) or int32 (fp32) bits (so module.to(dtype) leaves them alone), and the layout."""
+    rows = raw.shape[0]
+    q, scale, offset = decode(raw, fmt)
+    q = q.view(rows, cols).to(torch.int16)
+    scale = scale.reshape(rows, -1)
+    offset = offset.reshape(rows, -1) if offset is not None else None
+    per_chunk = 32 // (cols // scale.shape[1])  # scales per 32 weights
+    lo = _FOUR_BIT_LO.get(fmt.name)
+    if lo is not None:
+        if lo:  # q * s + o = (q - lo) * s + (o + lo * s); exact, as lo * s is and their sum is a weight
+            offset = (offset if offset is not None else 0) + lo * scale
+        q4 = (q - lo).to(torch.uint8).view(rows, cols // 32, 2, 16)
+        codes = (q4[:, :, 0] | (q4[:, :, 1] << 4)).reshape(rows, cols // 2)
+    else:
+        codes = q.to(torch.int8).view(torch.uint8)
+    f16 = all(t is None or torch.equal(t.half().float(), t) for t in (scale, offset))
+
+    def stored(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return t.half().view(torch.int16).contiguous() if f16 else t.float().view(torch.int32).contiguous()
+
+    layout = Layout(4 if lo is not None else 8, per_chunk, f16, offset is not None)
+    return codes.contiguous(), stored(scale), stored(offset), layout
+
+
+def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+           layout: Layout, rows: int) -> torch.Tensor:
+    """x [..., K] -> [..., rows] in x's dtype."""
+    lib = library()
+    cols = x.shape[-1]
+    x2 = x if x.dim() == 2 else x.reshape(-1, cols)
+    if x2.dtype != torch.float32 or not x2.is_contiguous():
+        x2 = x2.float().contiguous()
+    m = x2.shape[0]
+    y = torch.empty(m, rows)
+    lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
+            rows, cols, layout.bits, layout.groups, layout.f16, y.data_ptr(), torch.get_num_threads())
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, layout: Layout,
+               rows: int, cols: int) -> torch.Tensor:
+    """The weights as the kernel reads them, [rows, cols] fp32: the identity through it (each output one exact
+    product 1 * w), the tests' view of a repacked weight."""
+    return matmul(torch.eye(cols), codes, scales, offsets, layout, rows).T.contiguous()
