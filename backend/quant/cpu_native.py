@@ -1,16 +1,14 @@
 """GGUF blocks repacked at load for our CPU kernel (cpu_kernel.c), and the calls into it.
 
 The kernel reads each weight as fma(q, scale, offset) in fp32 from small integer codes (4 bits for the
-4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones) with one scale and offset per 32 weights
-(16 for Q2_K, Q3_K and Q6_K): formats.decode's affine form, so the weights are gguf-py's dequantize bit for
-bit, and x, the products and sums stay fp32. Scales are kept in fp16 where that is exact (every format with
+4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones) with one scale and offset per group of 32
+weights (16 for Q2_K, Q3_K and Q6_K): formats.decode's affine form, so the weights are gguf-py's dequantize bit
+for bit, and x, the products and the sums stay fp32. Weight rows are interleaved 16 at a time (each k's 16
+codes together), so that one decoded vector of weights meets up to 8 rows of x, register-blocked, with no
+horizontal sums: one loop for decode steps, batches and prefill chunks, whose arithmetic for a row is the same
+whatever the number of rows (batch-invariant). Scales are kept in fp16 where that is exact (every format with
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
-
-Up to 4 rows of x (decode) meet the codes inside the dot products, the scales applied once a group; more
-rows (batches, prefill chunks) decode 16 weight rows at a time into a panel in the cache and multiply it by
-every row of x, register-blocked (on this project's 2-core machine: 70-88 GMAC/s from 8 rows on, at or above
-PyTorch's fp32 GEMM on the expanded weights at every size up to 1,024 rows).
 
 The kernel is compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for
 this CPU (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native. Without a compiler, or with a
@@ -41,10 +39,13 @@ SOURCE = Path(__file__).with_name("cpu_kernel.c")
 _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
 
 
+PANEL = 16  # weight rows interleaved
+
+
 @dataclass(frozen=True)
 class Layout:
     bits: int  # 4 or 8
-    groups: int  # scales per 32 weights: 1 or 2
+    group: int  # weights per scale: 16 or 32
     f16: bool  # scales (and offsets) stored as fp16
     offsets: bool
 
@@ -63,7 +64,7 @@ def library() -> ctypes.CDLL | None:
         log.warning("quantized layers on the CPU take the slow reference path (dequantize every matmul): %s", e)
         return None
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i32, i32, ptr, i32]
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i32]
     lib.qmm.restype = None
     return lib
 
@@ -97,30 +98,38 @@ def _build() -> Path:
 
 
 def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Layout]:
-    """Blocks [rows, row_bytes] -> codes [rows, cols*bits/8] uint8, scales and offsets [rows, groups] as raw
-    int16 (fp16) or int32 (fp32) bits (so module.to(dtype) leaves them alone), and the layout."""
+    """Blocks [rows, row_bytes] -> codes [panels, cols, 16 * bits / 8] uint8, scales and offsets [panels, groups,
+    16] as raw int16 (fp16) or int32 (fp32) bits (so module.to(dtype) leaves them alone), and the layout. Rows are
+    padded to whole panels with zero weights."""
     rows = raw.shape[0]
     q, scale, offset = decode(raw, fmt)
     q = q.view(rows, cols).to(torch.int16)
     scale = scale.reshape(rows, -1)
     offset = offset.reshape(rows, -1) if offset is not None else None
-    per_chunk = 32 // (cols // scale.shape[1])  # scales per 32 weights
     lo = _FOUR_BIT_LO.get(fmt.name)
-    if lo is not None:
-        if lo:  # q * s + o = (q - lo) * s + (o + lo * s); exact, as lo * s is and their sum is a weight
-            offset = (offset if offset is not None else 0) + lo * scale
-        q4 = (q - lo).to(torch.uint8).view(rows, cols // 32, 2, 16)
-        codes = (q4[:, :, 0] | (q4[:, :, 1] << 4)).reshape(rows, cols // 2)
-    else:
-        codes = q.to(torch.int8).view(torch.uint8)
+    if lo is not None and lo:  # q * s + o = (q - lo) * s + (o + lo * s); exact, as lo * s is and their sum is a weight
+        offset = (offset if offset is not None else 0) + lo * scale
+        q = q - lo
     f16 = all(t is None or torch.equal(t.half().float(), t) for t in (scale, offset))
+    pad = -rows % PANEL
+    panels = (rows + pad) // PANEL
+
+    def interleaved(t: torch.Tensor) -> torch.Tensor:  # [rows, n] -> [panels, n, 16], padding rows zero
+        t = torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
+        return t.view(panels, PANEL, -1).transpose(1, 2).contiguous()
 
     def stored(t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
             return None
-        return t.half().view(torch.int16).contiguous() if f16 else t.float().view(torch.int32).contiguous()
+        t = interleaved(t)
+        return t.half().view(torch.int16) if f16 else t.float().view(torch.int32)
 
-    layout = Layout(4 if lo is not None else 8, per_chunk, f16, offset is not None)
+    codes = interleaved(q)  # [panels, cols, 16]
+    if lo is not None:  # byte j: row j's code, then row j + 8's in the high nibble
+        codes = (codes[..., :8] | (codes[..., 8:] << 4)).to(torch.uint8)
+    else:
+        codes = codes.to(torch.int8).view(torch.uint8)
+    layout = Layout(4 if lo is not None else 8, cols // scale.shape[1], f16, offset is not None)
     return codes.contiguous(), stored(scale), stored(offset), layout
 
 
@@ -135,7 +144,7 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
     m = x2.shape[0]
     y = torch.empty(m, rows)
     lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.groups, layout.f16, y.data_ptr(), torch.get_num_threads())
+            rows, cols, layout.bits, layout.group, layout.f16, y.data_ptr(), torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)
