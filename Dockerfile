@@ -4,6 +4,8 @@ FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ENV PYTHONUNBUFFERED=1 SCRIPTORIUM_HOME=/data
 WORKDIR /app
+# A C compiler: Triton builds its launchers with it on CUDA, and the CPU kernels are compiled at first use.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir torch --index-url ${TORCH_INDEX}
 COPY pyproject.toml README.md ./
 COPY backend backend

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
 
 
 @dataclass
@@ -70,6 +70,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     zero-initialised so they always hold finite numbers. With uniform_len (every context that long, as a
     single sequence's always is) they are sliced off instead: no mask to build, a faster attention.
     """
+    if native.usable(q, k_cache, v_cache) and _heads_contiguous(q):
+        return _native_rows(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     blocks = block_tables.flatten()
@@ -84,6 +86,22 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if sliding_window is not None:
         mask &= pos[None, :] >= context_lens[:, None] - sliding_window
     return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale).squeeze(2)
+
+
+def _heads_contiguous(q: torch.Tensor) -> bool:
+    return q.stride(2) == 1 and q.stride(1) == q.shape[2]
+
+
+def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                 lens: torch.Tensor, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Our C kernel (cpu_ops.c): each row of q as one sequence's decoding token, reading the cache in place."""
+    out = q.new_empty(q.shape)
+    rows, hq, d = q.shape
+    native.library().decode_attention_rows(
+        q.data_ptr(), q.stride(0), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.shape[1], tables.data_ptr(), tables.stride(0), lens.data_ptr(), sliding_window or 0, scale,
+        tables.shape[1] * k_cache.shape[1], torch.get_num_threads())
+    return out
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -117,6 +135,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sequence's token at that position: the same kernel on the same shapes, so that greedy speculation accepts
     exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently)."""
     s, hq, d = q.shape
+    if native.usable(q, k_cache, v_cache) and _heads_contiguous(q):
+        lens = torch.arange(context_len - s + 1, context_len + 1)
+        return _native_rows(q, k_cache, v_cache, block_table.expand(s, -1), lens, scale, sliding_window)
     out = torch.empty_like(q)
     if sliding_window is not None:  # decoding masks the window, whatever the length
         for i in range(s):

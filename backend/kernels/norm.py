@@ -1,9 +1,10 @@
-"""RMSNorm, optionally fused with the residual add that precedes it (torch reference)."""
+"""RMSNorm, optionally fused with the residual add that precedes it: the torch reference, our C kernel on the
+CPU (native.py), Triton on CUDA."""
 
 import torch
 import torch.nn.functional as F
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -11,6 +12,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from backend.kernels import triton_kernels
 
         return triton_kernels.rms_norm(x, weight, eps)
+    if x.is_contiguous() and native.usable(x, weight):
+        out = torch.empty_like(x)
+        native.library().rms_norm_rows(x.data_ptr(), None, weight.data_ptr(), None, out.data_ptr(),
+                                       x.numel() // x.shape[-1], x.shape[-1], eps)
+        return out
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)  # one fused op, same arithmetic in fp32
     # Computed in fp32 and cast back before the weight, as the Llama/Qwen reference implementations do.
@@ -26,5 +32,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
         from backend.kernels import triton_kernels
 
         return triton_kernels.rms_norm(x, weight, eps, residual=residual)
+    if x.is_contiguous() and residual.is_contiguous() and native.usable(x, residual, weight):
+        summed, out = torch.empty_like(x), torch.empty_like(x)
+        native.library().rms_norm_rows(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), summed.data_ptr(),
+                                       out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
+        return out, summed
     summed = x + residual
     return rms_norm(summed, weight, eps), summed

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -43,11 +43,18 @@ def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positio
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos/sin [T, D] already in x's dtype."""
+    """x [T, H, D] (heads contiguous: a view of the projection's output will do); cos/sin [T, D] already in x's
+    dtype."""
     if use_triton(x):
         from backend.kernels import triton_kernels
 
         return triton_kernels.apply_rotary(x, cos, sin)
+    if (x.stride(2) == 1 and x.stride(1) == x.shape[2] and cos.stride(1) == sin.stride(1) == 1
+            and cos.stride(0) == sin.stride(0) and native.usable(x, cos, sin)):
+        out = x.new_empty(x.shape)
+        native.library().rotary_rows(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.shape[2], x.stride(0),
+                                     cos.data_ptr(), sin.data_ptr(), cos.stride(0))
+        return out
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]

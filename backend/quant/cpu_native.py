@@ -10,31 +10,18 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
-The kernel is compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for
-this CPU (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native. Without a compiler, or with a
-CPU that lacks AVX2/FMA/F16C, quantized layers take the reference path (dequantize, then matmul) with one
-warning saying so; SCRIPTORIUM_QUANT_CPU=reference asks for that path.
+The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
+reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
 """
 
-import ctypes
-import functools
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from backend.home import cache_dir
+from backend.kernels import native
 from backend.quant.formats import Format, decode
 
-log = logging.getLogger("backend.quant")
-
-SOURCE = Path(__file__).with_name("cpu_kernel.c")
 # Formats whose q fits 4 bits once shifted by `lo` (so q4 = q - lo, offset + lo * scale folded in).
 _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
 
@@ -51,50 +38,7 @@ class Layout:
 
 
 def enabled() -> bool:
-    return os.environ.get("SCRIPTORIUM_QUANT_CPU", "native") != "reference" and library() is not None
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (logged once) where it cannot be built here."""
-    try:
-        path = _build()
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError) as e:
-        log.warning("quantized layers on the CPU take the slow reference path (dequantize every matmul): %s", e)
-        return None
-    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i32]
-    lib.qmm.restype = None
-    return lib
-
-
-def _cpu_key() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
-    return flags
-
-
-def _build() -> Path:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (install gcc, or set CC)")
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_key()]).encode()).hexdigest()[:16]
-    out = cache_dir() / "native" / f"cpu_kernel-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        built = Path(tmp) / out.name
-        proc = subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {proc.stderr.strip()[-400:]}")
-        built.replace(out)  # atomic: a concurrent process sees the whole library or none
-    return out
+    return os.environ.get("SCRIPTORIUM_QUANT_CPU", "native") != "reference" and native.enabled()
 
 
 def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Layout]:
@@ -136,7 +80,7 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch
 def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
            layout: Layout, rows: int) -> torch.Tensor:
     """x [..., K] -> [..., rows] in x's dtype."""
-    lib = library()
+    lib = native.library()
     cols = x.shape[-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, cols)
     if x2.dtype != torch.float32 or not x2.is_contiguous():

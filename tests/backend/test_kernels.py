@@ -4,10 +4,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from backend.kernels import native
 from backend.kernels.attention import decode_attention, prefill_attention, store_kv, verify_attention
 from backend.kernels.moe import fused_moe, route
-from backend.kernels.rotary import inverse_frequencies
+from backend.kernels.norm import add_rms_norm, rms_norm
+from backend.kernels.rotary import apply_rotary, inverse_frequencies
+from backend.models.mlp import silu_mul
 
 
 def dense_attention(q, k, v, q_positions, window=None):
@@ -23,6 +27,16 @@ def dense_attention(q, k, v, q_positions, window=None):
                 scores[: max(0, pos + 1 - window)] = float("-inf")
             out[i, h] = torch.softmax(scores, dim=0) @ vh
     return out
+
+
+@pytest.fixture(params=["native", "torch"])
+def impl(request, monkeypatch):
+    """Decoding attention runs our C kernel on the CPU where it is built; the torch path is the fallback."""
+    if request.param == "torch":
+        monkeypatch.setattr(native, "usable", lambda *tensors: False)
+    elif native.library() is None:
+        pytest.skip("no C compiler for the CPU kernels")
+    return request.param
 
 
 def paged(k, v, block_size, num_blocks, generator):
@@ -49,7 +63,7 @@ def test_prefill_attention_over_a_cached_prefix(window):
 
 
 @pytest.mark.parametrize("window", [None, 7])
-def test_decode_attention_with_padded_block_tables(window):
+def test_decode_attention_with_padded_block_tables(window, impl):
     g = torch.Generator().manual_seed(1)
     hq, hkv, d, bs, nb = 8, 4, 8, 4, 32
     lengths = [1, 9, 16, 23]
@@ -75,7 +89,7 @@ def test_decode_attention_with_padded_block_tables(window):
 
 
 @pytest.mark.parametrize("length", [1, 6, 8, 13])
-def test_decode_attention_of_equal_lengths_slices_instead_of_masking(length):
+def test_decode_attention_of_equal_lengths_slices_instead_of_masking(length, impl):
     """Rows of one context length (a single sequence always) take the unmasked path: same attention."""
     g = torch.Generator().manual_seed(2)
     hq, hkv, d, bs, nb, rows = 6, 2, 8, 4, 16, 2
@@ -96,7 +110,7 @@ def test_decode_attention_of_equal_lengths_slices_instead_of_masking(length):
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_verification_rows_attend_bit_for_bit_as_decode_rows(window):
+def test_verification_rows_attend_bit_for_bit_as_decode_rows(window, impl):
     """Rows scoring drafts give exactly what decoding those tokens one at a time gives (what greedy speculation
     needs to reproduce plain decoding), and the attention itself; a masked chunk rounds differently."""
     g = torch.Generator().manual_seed(3)
@@ -173,3 +187,38 @@ def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_out
         assert not any("w_gate_up" in name for name, _ in offloaded.engine.model.named_parameters())
     with pytest.raises(ValueError, match="moe_gpu_experts is set but the model has no MoE layers"):
         LLM(str(tiny_dir("llama")), moe_gpu_experts=2)
+
+
+needs_native = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 7])
+def test_cpu_rms_norm_and_its_residual_add_match_torch(rows):
+    """Our C kernel against PyTorch's rms_norm (the reference): the sum bit for bit, the norm to fp32 rounding."""
+    g = torch.Generator().manual_seed(rows)
+    x, residual, weight = (torch.randn(rows, 576, generator=g) * 3 for _ in range(3))
+    weight = weight[0]
+    expected = F.rms_norm(x, (576,), weight, 1e-5)
+    torch.testing.assert_close(rms_norm(x, weight, 1e-5), expected, rtol=1e-6, atol=1e-5)
+    out, summed = add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(summed, x + residual)
+    torch.testing.assert_close(out, F.rms_norm(x + residual, (576,), weight, 1e-5), rtol=1e-6, atol=1e-5)
+
+
+@needs_native
+def test_cpu_rotary_matches_rotate_half_bit_for_bit():
+    """On q|k read as a view of the projection's output (rows wider than the heads), as the attention layer does."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, 3 * 64 + 70, generator=g)
+    qk = qkv[:, :3 * 64].view(5, 3, 64)
+    cos_sin = torch.randn(5, 2, 64, generator=g)
+    cos, sin = cos_sin[:, 0], cos_sin[:, 1]
+    rotated = torch.cat([-qk[..., 32:], qk[..., :32]], dim=-1)
+    assert torch.equal(apply_rotary(qk, cos, sin), qk * cos[:, None] + rotated * sin[:, None])
+
+
+@needs_native
+def test_cpu_silu_mul_matches_torch():
+    gate_up = torch.randn(3, 2 * 100, generator=torch.Generator().manual_seed(1)) * 4
+    torch.testing.assert_close(silu_mul(gate_up), F.silu(gate_up[:, :100]) * gate_up[:, 100:], rtol=1e-6, atol=1e-6)

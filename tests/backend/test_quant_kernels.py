@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.kernels import quant_triton
+from backend.kernels import native, quant_triton
 from backend.quant import cpu_native
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
@@ -53,7 +53,7 @@ def test_triton_kernels_match_dequantize_and_matmul(name, m):
     assert_exact(triton_matmul(x, torch.from_numpy(raw), name), ref)
 
 
-needs_kernel = pytest.mark.skipif(cpu_native.library() is None, reason="no C compiler for the CPU kernel")
+needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernel")
 
 
 @needs_kernel
@@ -110,7 +110,7 @@ def test_a_wrong_scale_offset_fails_the_checks(name):
     wrong = torch.from_numpy(np.ascontiguousarray(blocks.reshape(ROWS, -1)))
     with pytest.raises(AssertionError):
         assert_exact(triton_matmul(x, wrong, name), ref)
-    if cpu_native.library() is not None:
+    if native.library() is not None:
         with pytest.raises(AssertionError):
             assert_exact(cpu_matmul(x, wrong, name), ref)
 
@@ -127,7 +127,7 @@ def test_quant_weight_paths_agree_on_an_expert_stack():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SCRIPTORIUM_TRITON", "1")
         assert_exact(w.matmul(x, expert=1), ref)
-    if cpu_native.library() is not None:
+    if native.library() is not None:
         w.pack_for_cpu()
         assert w.data is None and w.codes.shape[0] == 3
         assert_exact(w.matmul(x, expert=1), ref)

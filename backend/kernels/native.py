@@ -1,0 +1,91 @@
+"""Our C kernels for the CPU (backend/kernels/cpu_ops.c, backend/quant/cpu_kernel.c), built into one library.
+
+Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
+(-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
+Without a compiler, or on a CPU without AVX2/FMA/F16C, library() is None (with one warning) and every caller
+takes its torch reference instead; SCRIPTORIUM_CPU_KERNELS=torch asks for that.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from backend.home import cache_dir
+
+log = logging.getLogger("backend")
+
+SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).parent.parent / "quant" / "cpu_kernel.c"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+
+
+@functools.cache
+def enabled() -> bool:
+    return os.environ.get("SCRIPTORIUM_CPU_KERNELS", "native") != "torch" and library() is not None
+
+
+def usable(*tensors) -> bool:
+    """Whether these tensors can go through the C kernels: fp32, on the CPU, rows contiguous (checked by callers
+    where a view is fine)."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and enabled()
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None (logged once) where it cannot be built here."""
+    try:
+        path = _build()
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as e:
+        log.warning("no CPU kernels: quantized layers dequantize on every matmul (slow) and the small ops run as "
+                    "several PyTorch ops: %s", e)
+        return None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i32]
+    lib.qmm.restype = None
+    lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
+    lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
+    f32 = ctypes.c_float
+    lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, i64, f32, i64,
+                                          i32]
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows):
+        fn.restype = None
+    return lib
+
+
+def _cpu_key() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return flags
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (install gcc, or set CC)")
+    sources = b"".join(s.read_bytes() for s in SOURCES)
+    key = hashlib.sha256(sources + " ".join([compiler, *FLAGS, _cpu_key()]).encode()).hexdigest()[:16]
+    out = cache_dir() / "native" / f"cpu_kernels-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = Path(tmp) / out.name
+        proc = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{compiler} could not build the CPU kernels: {proc.stderr.strip()[-400:]}")
+        built.replace(out)  # atomic: a concurrent process sees the whole library or none
+    return out
+
+
