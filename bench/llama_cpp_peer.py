@@ -18,7 +18,7 @@ def main() -> None:
                 verbose=False)
     prompts, new_tokens = job["prompts"], job["new_tokens"]
     rates = []
-    for batch in (prompts[:1], prompts[:1], prompts[1:]):  # the first single run warms up
+    for batch in (prompts[:1], prompts[:1], prompts[:1], prompts[1:]):  # the first single run warms up
         start = time.perf_counter()
         for p in batch:  # llama-cpp-python serves one sequence at a time
             llm.reset()
@@ -26,7 +26,8 @@ def main() -> None:
                 if i + 1 == new_tokens:
                     break
         rates.append(new_tokens * len(batch) / (time.perf_counter() - start))
-    print(json.dumps({"single_tok_s": rates[1], "batch_tok_s": rates[2]}))
+    # the best of two single runs, as bench/engine.py times every engine
+    print(json.dumps({"single_tok_s": max(rates[1:3]), "batch_tok_s": rates[3]}))
 
 
 if __name__ == "__main__":
