@@ -162,8 +162,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
     if use_triton(q):
         return _paged_attention_cuda(q, k_cache, v_cache, meta, scale, sliding_window)
-    out = torch.empty_like(q)
     n = meta.num_decode
+    if not meta.prefills:  # a decode step: no copy into a shared output
+        return decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
+                                sliding_window, meta.decode_uniform_len)
+    out = torch.empty_like(q)
     if n:
         out[:n] = decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
                                    scale, sliding_window, meta.decode_uniform_len)

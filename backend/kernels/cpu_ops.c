@@ -98,6 +98,19 @@ static float dot(const float *a, const float *b, i64 n) {
     return sum;
 }
 
+/* q . k_j for 8 keys at once (dim a multiple of 8): the 8 partial-sum vectors reduced together. */
+static __m256 dot8(const float *q, const float *const k[8], i64 dim) {
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+    for (i64 i = 0; i < dim; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + i), a[j]);
+    }
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
 /* Attention of single query rows over a paged cache, each row as one decoding sequence's token: row r attends
  * to its sequence's positions [max(0, len_r - window), len_r) (window 0: all), the key of position t in slot
  * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim]; the hq / hkv query heads
@@ -117,15 +130,27 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
             i64 len = lens[r], start = window > 0 && len > window ? len - window : 0, n = len - start;
             const float *qr = q + r * ldq + kv * group * dim;
             float *o = out + (r * hq + kv * group) * dim;
-            for (i64 t = 0; t < n; t++) {  /* each key read once for the query heads that share it */
+            i64 t = 0;
+            if (dim % 8 == 0)  /* 8 keys at a time, each read once for the query heads that share it */
+                for (; t + 8 <= n; t += 8) {
+                    const float *k[8];
+                    for (int j = 0; j < 8; j++) {
+                        i64 pos = start + t + j;
+                        k[j] = k_cache + ((table[pos / block_size] * block_size + pos % block_size) * hkv + kv) * dim;
+                    }
+                    for (i64 g = 0; g < group; g++)
+                        _mm256_storeu_ps(scores + g * max_len + t,
+                                         _mm256_mul_ps(dot8(qr + g * dim, k, dim), _mm256_set1_ps(scale)));
+                }
+            for (; t < n; t++) {
                 i64 pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size;
                 const float *k = k_cache + (slot * hkv + kv) * dim;
                 for (i64 g = 0; g < group; g++) scores[g * max_len + t] = dot(qr + g * dim, k, dim) * scale;
             }
             for (i64 g = 0; g < group; g++) {
                 float *sc = scores + g * max_len, top = -INFINITY;
-                for (i64 t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
-                i64 t = 0;
+                for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
+                t = 0;
                 __m256 sum = _mm256_setzero_ps();
                 for (; t + 8 <= n; t += 8) {
                     __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), _mm256_set1_ps(top)));

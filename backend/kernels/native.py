@@ -34,7 +34,12 @@ def enabled() -> bool:
 def usable(*tensors) -> bool:
     """Whether these tensors can go through the C kernels: fp32, on the CPU, rows contiguous (checked by callers
     where a view is fine)."""
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors) and enabled()
+    if not enabled():
+        return False
+    for t in tensors:  # noqa: SIM110 (a loop, not all() over a generator: called hundreds of times a step)
+        if t.dtype != torch.float32 or not t.is_cpu:
+            return False
+    return True
 
 
 @functools.cache

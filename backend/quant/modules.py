@@ -73,6 +73,8 @@ class QuantWeight(nn.Module):
     def matmul(self, x: torch.Tensor, expert: int | None = None, tensors: list[torch.Tensor] | None = None):
         """x [..., cols] @ W.T -> [..., rows]: W itself, or expert `expert` of the stack (or of `tensors`,
         stacks shaped as tensors() gives them)."""
+        if self.layout is not None and expert is None and tensors is None and not x.is_cuda:  # a decode step's path
+            return cpu_native.matmul(x, self.codes, self.scales, self.offsets, self.layout, self.rows)
         tensors = tensors if tensors is not None else self.tensors()
         if self.layout is not None:
             if x.is_cuda:

@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 
 from backend import LLM, SamplingParams
+from backend.kernels import native
 from backend.loader import ModelLoadError, load_model, locate, read_config
 from backend.models.moe import SparseMoE
 from backend.quant.modules import QuantEmbedding, QuantLinear
@@ -23,8 +24,10 @@ PROMPTS = prompts_of_lengths(3, 17, 33)
 
 @pytest.fixture
 def exact_kernels(monkeypatch):
-    """The CPU reference path (dequantize + fp32 matmul): bit-exact to transformers on the same weights."""
-    monkeypatch.setenv("SCRIPTORIUM_QUANT_CPU", "reference")
+    """The CPU's torch path (dequantize + fp32 matmul, PyTorch's norm, rotary and attention): transformers' own
+    arithmetic. Our C kernels differ only in summation order, but these tiny random models attend so sharply that
+    it shows (up to 5e-4 in the logits); the layouts are what these tests are about."""
+    monkeypatch.setattr(native, "enabled", lambda: False)
 
 
 @pytest.mark.parametrize("family", list(POLICY))

@@ -107,6 +107,19 @@ def aborted(llm_server) -> float:
                                             text, re.M))
 
 
+async def wait_in_flight(llm_server, timeout: float = 30) -> None:
+    """Until the backend runs a request (a section being written): a fixed pause would race the tiny model, which
+    on the CPU kernels writes a whole section in about a second."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            text = (await http.get(f"{llm_server.url}/metrics")).text
+            if sum(float(v) for v in re.findall(r'^scriptorium_requests_running\{model="[^"]+"\} (\S+)$', text, re.M)):
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError("no request of the article ever ran on the backend")
+
+
 def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
     before = aborted(llm_server)
 
@@ -116,8 +129,8 @@ def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
                                                                 "words_per_section": 1500})
             job_id = started.structured_content["job_id"]
             while (await client.call_tool("get_job", {"job_id": job_id})).structured_content["stage"] != "writing":
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)  # the sections are being written
+                await asyncio.sleep(0.05)
+            await wait_in_flight(llm_server)  # the sections are being written
             clock = time.monotonic()
             info = (await client.call_tool("cancel_job", {"job_id": job_id})).structured_content
             assert info["status"] == "cancelled" and time.monotonic() - clock < 5, info
