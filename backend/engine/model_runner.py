@@ -3,7 +3,9 @@
 import torch
 
 from backend.engine.scheduler import ScheduledSeq, StepPlan
+from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
+from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
 
 
@@ -14,6 +16,8 @@ class ModelRunner:
         self.block_size = block_size
         self.dtype = dtype
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
+        self.drafts_decode = device.type == "cpu" and dtype == torch.float32 and native.enabled()
+        self.cpu_decoder: CpuDecoder | None = None  # decode steps in one C call, where the model allows
         self.allocate_kv_cache(num_blocks)
 
     def _attention_modules(self) -> list[Attention]:
@@ -26,6 +30,7 @@ class ModelRunner:
         for module in self._attention_modules():
             module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.cpu_decoder = CpuDecoder.build(self.model) if self.drafts_decode else None
 
     def copy_block(self, source: int, target: int) -> None:
         """Copy one cache block's keys and values in every layer (a forked sequence's partial block)."""
@@ -35,6 +40,7 @@ class ModelRunner:
 
     def free_kv_cache(self) -> None:
         self.graphs = {}  # they read the caches being freed
+        self.cpu_decoder = None
         for module in self._attention_modules():
             module.k_cache = module.v_cache = torch.empty(0)
 
@@ -115,26 +121,29 @@ class ModelRunner:
         return [block_table[p // size] * size + p % size for p in range(start, end)]
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The plan's inputs, laid out once: decode tokens first (one per sequence), then prompt chunks and
-        verification runs. Sets each sampling item's logit_rows, in plan order, and returns the hidden rows
+        """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs where
+        they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling item's logit_rows, in plan order, and returns the hidden rows
         they come from."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(plan)
         size = self.block_size
-        decode = [i for i, item in enumerate(plan) if item.num_tokens == 1]
-        prefill = [i for i, item in enumerate(plan) if item.num_tokens > 1]
+        # With our CPU kernels a verification run is decode rows too (its token and drafts, each attending as it
+        # would decoding): the step stays a decode step, with none of a prompt chunk's work.
+        decode = [i for i, item in enumerate(plan) if item.num_tokens == 1 or (item.num_draft and self.drafts_decode)]
+        prefill = [i for i, item in enumerate(plan) if item.num_tokens > 1 and i not in decode]
+        tables = []
         for i in decode:
             seq = plan[i].seq
-            pos = seq.num_computed_tokens
+            start = seq.num_computed_tokens
             first_row[i] = len(input_ids)
-            input_ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(seq.block_table[pos // size] * size + pos % size)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(decode))
+            input_ids.extend((seq.token_ids[start:] + plan[i].draft_tokens)[:plan[i].num_tokens])
+            positions.extend(range(start, start + plan[i].num_tokens))
+            slots.extend(self._slots(seq.block_table, start, start + plan[i].num_tokens))
+            tables.extend([seq.block_table] * plan[i].num_tokens)
+        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(input_ids))
         if decode:
-            tables = [plan[i].seq.block_table for i in decode]
             width = max(len(t) for t in tables)
             meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
                                                     device=self.device)
@@ -178,7 +187,10 @@ class ModelRunner:
             _assign_logit_rows(plan, list(range(len(plan))))
             return self.model.compute_logits(hidden)
         input_ids, positions, meta, sample_rows = self.prepare(plan)
-        hidden = self.model(input_ids, positions, meta)
+        if self.cpu_decoder is not None and not meta.prefills:
+            hidden = self.cpu_decoder(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, meta)
         if not sample_rows:
             return torch.empty(0, self.model.config.vocab_size)
         index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)

@@ -1,4 +1,5 @@
-"""Our C kernels for the CPU (backend/kernels/cpu_ops.c, backend/quant/cpu_kernel.c), built into one library.
+"""Our C kernels for the CPU (backend/kernels/cpu_ops.c and cpu_decoder.c, backend/quant/cpu_kernel.c), built into
+one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -22,8 +23,9 @@ from backend.home import cache_dir
 
 log = logging.getLogger("backend")
 
-SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).parent.parent / "quant" / "cpu_kernel.c"]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"),
+           Path(__file__).parent.parent / "quant" / "cpu_kernel.c"]
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 
 @functools.cache
@@ -46,14 +48,17 @@ def usable(*tensors) -> bool:
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (logged once) where it cannot be built here."""
     try:
-        path = _build()
-        lib = ctypes.CDLL(str(path))
+        return load(build())
     except (OSError, RuntimeError) as e:
         log.warning("no CPU kernels: quantized layers dequantize on every matmul (slow) and the small ops run as "
                     "several PyTorch ops: %s", e)
         return None
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i32]
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i64, i32]
     lib.qmm.restype = None
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
@@ -61,7 +66,8 @@ def library() -> ctypes.CDLL | None:
     f32 = ctypes.c_float
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, i64, f32, i64,
                                           i32]
-    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows):
+    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.decode_layers):
         fn.restype = None
     return lib
 
@@ -74,19 +80,21 @@ def _cpu_key() -> str:
     return flags
 
 
-def _build() -> Path:
+def build(march: str = "native") -> Path:
+    """The library for this CPU (or, for the tests of another code path, for `march`: haswell is the AVX2 one)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (install gcc, or set CC)")
     sources = b"".join(s.read_bytes() for s in SOURCES)
-    key = hashlib.sha256(sources + " ".join([compiler, *FLAGS, _cpu_key()]).encode()).hexdigest()[:16]
+    flags = [f"-march={march}", *FLAGS]
+    key = hashlib.sha256(sources + " ".join([compiler, *flags, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_dir() / "native" / f"cpu_kernels-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = Path(tmp) / out.name
-        proc = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True,
+        proc = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True,
                               text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{compiler} could not build the CPU kernels: {proc.stderr.strip()[-400:]}")

@@ -11,11 +11,17 @@
  * depend on how many rows are computed with it (a sequence decodes the same alone or in a batch, as a draft's
  * verification row or as a decode row).
  *
+ * A vector holds LANES rows of a panel (16 with AVX-512, 8 with AVX2: a panel is then two halves), and a tile
+ * meets ROWS_X rows of x at once, one accumulator each (16 of AVX-512's 32 registers, 8 of AVX2's 16), so a
+ * decode step, a verification run of up to ROWS_X - 1 drafts and a batch cost one pass over the weights per
+ * ROWS_X rows. Past ROWS_X rows each panel is decoded once into L1 and reused by every tile.
+ *
  * Needs AVX2, FMA and F16C; compiled at first use with -march=native.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
 #error "this CPU lacks AVX2/FMA/F16C"
@@ -25,10 +31,57 @@ typedef int64_t i64;
 
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
-#ifdef __AVX512VL__
-#define ROWS_X 8 /* rows of x per tile: 16 accumulators of AVX-512's 32 vector registers */
+
+#ifdef __AVX512F__
+#define LANES 16
+#define ROWS_X 16
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15) F(16)
+typedef __m512 V;
+#define vzero _mm512_setzero_ps
+#define vset1 _mm512_set1_ps
+#define vfma _mm512_fmadd_ps
+#define vload _mm512_load_ps
+#define vstore _mm512_store_ps
+#define vstoreu _mm512_storeu_ps
+/* codes of lanes [h * LANES, ..) of the panel at k (h is 0) */
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    (void)h;
+    if (bits == 4) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
+        __m128i q = _mm_unpacklo_epi64(_mm_and_si128(b, mask), _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+}
+INLINE V vparams(const void *base, i64 index, int f16) {
+    if (!base) return _mm512_setzero_ps();
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
+    return _mm512_loadu_ps((const float *)base + index);
+}
 #else
-#define ROWS_X 4 /* 8 accumulators of AVX2's 16 */
+#define LANES 8
+#define ROWS_X 4
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4)
+typedef __m256 V;
+#define vzero _mm256_setzero_ps
+#define vset1 _mm256_set1_ps
+#define vfma _mm256_fmadd_ps
+#define vload _mm256_load_ps
+#define vstore _mm256_store_ps
+#define vstoreu _mm256_storeu_ps
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    if (bits == 4) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)c);
+        if (h) b = _mm_srli_epi16(b, 4);
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F))));
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * h))));
+}
+INLINE V vparams(const void *base, i64 index, int f16) {
+    if (!base) return _mm256_setzero_ps();
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
+    return _mm256_loadu_ps((const float *)base + index);
+}
 #endif
 
 typedef struct {
@@ -38,150 +91,177 @@ typedef struct {
     int bits, f16;
 } Weight;
 
-/* The 16 rows' weights at column k of panel p, as two vectors (rows 0-7, 8-15). */
-INLINE void codes16(const Weight *w, i64 p, i64 k, int bits, __m256 *q0, __m256 *q1) {
-    if (bits == 4) {
-        const uint8_t *c = w->codes + p * w->panel_code_bytes + k * 8;
-        __m128i b = _mm_loadl_epi64((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
-        *q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, mask)));
-        *q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+/* H vectors make a panel; a tile's NC column vectors cover panels p, p + 1, .. (vector c: panel p + c / H, rows
+ * (c % H) * LANES ..). Several column vectors for few rows of x: each output's sum is one chain of dependent
+ * fma's, so a decode step's single row needs several chains in flight to keep the FMA units busy. */
+#define H (PANEL / LANES)
+#define R16(F, c) F(0, c) F(1, c) F(2, c) F(3, c) F(4, c) F(5, c) F(6, c) F(7, c) \
+                  F(8, c) F(9, c) F(10, c) F(11, c) F(12, c) F(13, c) F(14, c) F(15, c)
+#define RC(F) R16(F, 0) R16(F, 1) R16(F, 2) R16(F, 3)
+#define C4(F) F(0) F(1) F(2) F(3)
+
+/* y[m, ..] for MR rows of x (MR <= ROWS_X) and NC column vectors, x transposed: xt[k * xs + m]. The weights come
+ * from the codes, or from `decoded` ([K][16] fp32, the same values, NC == H) when the panel meets several tiles.
+ * The accumulators are named, one per row and column vector (GCC stores an array of vectors to the stack on
+ * every iteration); those past MR and NC are compiled out. */
+INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, const int NC, float *y, i64 ldy,
+                 i64 N, int bits, int f16, const float *decoded) {
+#define ACC(r, c) V a_##r##_##c = vzero();
+    RC(ACC)
+#undef ACC
+#define FMA(r, c) if (MR > r && NC > c) a_##r##_##c = vfma(vset1(xk[r]), w##c, a_##r##_##c);
+    if (decoded) {
+        for (i64 k = 0; k < w->K; k++) {
+#define LOAD(c) V w##c = NC > c ? vload(decoded + k * PANEL + (c % H) * LANES) : vzero();
+            C4(LOAD)
+#undef LOAD
+            const float *xk = xt + k * xs;
+            RC(FMA)
+        }
     } else {
-        const int8_t *c = (const int8_t *)w->codes + p * w->panel_code_bytes + k * 16;
-        *q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
-        *q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8))));
-    }
-}
-
-/* 8 rows' scales (or offsets) from index on. */
-INLINE __m256 params8(const void *base, i64 index, int f16) {
-    if (!base) return _mm256_setzero_ps();
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
-    return _mm256_loadu_ps((const float *)base + index);
-}
-
-/* y[m, 16p .. 16p + 16) for MR rows of x (MR <= ROWS_X): the accumulators named, one pair a row (GCC stores an
- * array of vectors to the stack on every iteration); rows past MR are compiled out. */
-INLINE void tile(const Weight *w, i64 p, const float *x, const int MR, float *y, i64 ldy, i64 nr, int bits, int f16,
-                 const float *decoded) {
-    const i64 K = w->K;
-#define XROW(i) const float *x##i = MR > i ? x + i * K : x;
-    XROW(0) XROW(1) XROW(2) XROW(3)
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-#if ROWS_X == 8
-    XROW(4) XROW(5) XROW(6) XROW(7)
-    __m256 a40 = a00, a41 = a00, a50 = a00, a51 = a00, a60 = a00, a61 = a00, a70 = a00, a71 = a00;
-#endif
-#undef XROW
-    const i64 groups = K / w->group;
-    const uint8_t *next = w->codes + (p + 1) * w->panel_code_bytes;
-    for (i64 g = 0; g < groups; g++) {
-        i64 at = (p * w->panel_groups + g) * PANEL;
-        __m256 s0, s1, o0, o1;
-        if (!decoded) {
-            s0 = params8(w->scales, at, f16), s1 = params8(w->scales, at + 8, f16);
-            o0 = params8(w->offsets, at, f16), o1 = params8(w->offsets, at + 8, f16);
-            /* the next panel's codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
+        const i64 step = PANEL * bits / 8;
+        const uint8_t *next = w->codes + (p + (NC + H - 1) / H) * w->panel_code_bytes;
+#define CODES(c) const uint8_t *codes##c = w->codes + (p + c / H) * w->panel_code_bytes;
+        C4(CODES)
+#undef CODES
+        for (i64 g = 0; g < w->K / w->group; g++) {
+#define PARAMS(c) i64 at##c = ((p + c / H) * w->panel_groups + g) * PANEL + (c % H) * LANES;        \
+                  V s##c = NC > c ? vparams(w->scales, at##c, f16) : vzero();                     \
+                  V o##c = NC > c ? vparams(w->offsets, at##c, f16) : vzero();
+            C4(PARAMS)
+#undef PARAMS
+            /* the next panels' codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
              * without it (measured) */
-            for (i64 at = 0; at < w->group * bits * 2; at += 64)
-                _mm_prefetch((const char *)(next + g * w->group * bits * 2 + at), _MM_HINT_T0);
-        }
-        for (i64 k = g * w->group; k < (g + 1) * w->group; k++) {
-            __m256 w0, w1, b;
-            if (decoded) {
-                w0 = _mm256_load_ps(decoded + k * PANEL), w1 = _mm256_load_ps(decoded + k * PANEL + 8);
-            } else {
-                __m256 q0, q1;
-                codes16(w, p, k, bits, &q0, &q1);
-                w0 = _mm256_fmadd_ps(q0, s0, o0), w1 = _mm256_fmadd_ps(q1, s1, o1);
+            for (i64 b = 0; b < (NC + H - 1) / H * w->group * step; b += 64)
+                _mm_prefetch((const char *)(next + g * w->group * step + b), _MM_HINT_T0);
+            for (i64 k = g * w->group; k < (g + 1) * w->group; k++) {
+#define DECODE(c) V w##c = NC > c ? vfma(vcodes(codes##c + k * step, bits, c % H), s##c, o##c) : vzero();
+                C4(DECODE)
+#undef DECODE
+                const float *xk = xt + k * xs;
+                RC(FMA)
             }
-#define ROW(i) if (MR > i) { b = _mm256_broadcast_ss(x##i + k); a##i##0 = _mm256_fmadd_ps(b, w0, a##i##0); \
-                             a##i##1 = _mm256_fmadd_ps(b, w1, a##i##1); }
-            ROW(0) ROW(1) ROW(2) ROW(3)
-#if ROWS_X == 8
-            ROW(4) ROW(5) ROW(6) ROW(7)
-#endif
-#undef ROW
         }
     }
-    float out[ROWS_X][PANEL];
-#define OUT(i) _mm256_storeu_ps(out[i], a##i##0); _mm256_storeu_ps(out[i] + 8, a##i##1);
-    OUT(0) OUT(1) OUT(2) OUT(3)
-#if ROWS_X == 8
-    OUT(4) OUT(5) OUT(6) OUT(7)
-#endif
+#undef FMA
+    float out[LANES] __attribute__((aligned(64)));
+#define OUT(r, c)                                                                                          \
+    if (MR > r && NC > c) {                                                                                \
+        i64 col = (p + c / H) * PANEL + (c % H) * LANES, n = N - col < LANES ? N - col : LANES;              \
+        float *yo = y + r * ldy + col;                                                                     \
+        if (n == LANES) vstoreu(yo, a_##r##_##c);                                                          \
+        else if (n > 0) { vstore(out, a_##r##_##c); memcpy(yo, out, n * sizeof(float)); }                  \
+    }
+    RC(OUT)
 #undef OUT
-    for (i64 m = 0; m < MR; m++)
-        for (i64 j = 0; j < nr; j++) y[m * ldy + p * PANEL + j] = out[m][j];
 }
 
 /* Panel p's weights, [K][16] fp32: decoded once when more than one tile of x rows meets them (the same values
  * tile would decode, so the result is the same bits either way; decoding inside the tile is twice as fast for
  * a decode step's one row, measured). */
 INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits, int f16) {
-    const uint8_t *next = w->codes + (p + 1) * w->panel_code_bytes;
+    const uint8_t *codes = w->codes + p * w->panel_code_bytes, *next = codes + w->panel_code_bytes;
+    const i64 step = PANEL * bits / 8;
     for (i64 g = 0; g < w->K / w->group; g++) {
-        i64 at = (p * w->panel_groups + g) * PANEL;
-        __m256 s0 = params8(w->scales, at, f16), s1 = params8(w->scales, at + 8, f16);
-        __m256 o0 = params8(w->offsets, at, f16), o1 = params8(w->offsets, at + 8, f16);
-        for (i64 at = 0; at < w->group * bits * 2; at += 64)
-            _mm_prefetch((const char *)(next + g * w->group * bits * 2 + at), _MM_HINT_T0);
-        for (i64 k = g * w->group; k < (g + 1) * w->group; k++) {
-            __m256 q0, q1;
-            codes16(w, p, k, bits, &q0, &q1);
-            _mm256_store_ps(out + k * PANEL, _mm256_fmadd_ps(q0, s0, o0));
-            _mm256_store_ps(out + k * PANEL + 8, _mm256_fmadd_ps(q1, s1, o1));
+        for (i64 b = 0; b < w->group * step; b += 64)
+            _mm_prefetch((const char *)(next + g * w->group * step + b), _MM_HINT_T0);
+        for (int h = 0; h < PANEL / LANES; h++) {
+            i64 at = (p * w->panel_groups + g) * PANEL + h * LANES;
+            V s = vparams(w->scales, at, f16), o = vparams(w->offsets, at, f16);
+            for (i64 k = g * w->group; k < (g + 1) * w->group; k++)
+                vstore(out + k * PANEL + h * LANES, vfma(vcodes(codes + k * step, bits, h), s, o));
         }
     }
 }
+
+/* Column vectors per tile for MR rows of x: every accumulator of 16 (AVX-512) or 8 (AVX2) registers. */
+#define COLUMNS(MR) (MR <= 4 / H ? 4 : MR <= 8 / H ? 2 : 1)
+#define PANELS_PER_TILE(MR) ((COLUMNS(MR) + H - 1) / H)
 
 /* OpenMP outlines a parallel loop's body into a function of its own, where the format's constants would be
- * runtime values again: each panel's work goes through here, specialised per format (a branch per panel). */
-static void panel_rows(const Weight *w, i64 p, const float *x, i64 M, float *y, i64 N, float *scratch) {
-    i64 nr = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
-    const float *decoded = NULL;
-    if (M > ROWS_X) {
-        if (w->bits == 4 && w->f16) decode_panel(w, p, scratch, 4, 1);
-        else if (w->bits == 4) decode_panel(w, p, scratch, 4, 0);
-        else if (w->f16) decode_panel(w, p, scratch, 8, 1);
-        else decode_panel(w, p, scratch, 8, 0);
-        decoded = scratch;
-    }
-    for (i64 m0 = 0; m0 < M; m0 += ROWS_X) {
-        i64 mr = M - m0 < ROWS_X ? M - m0 : ROWS_X;
-        const float *xm = x + m0 * w->K;
-        float *ym = y + m0 * N;
-#define FORMATS(MR)                                                                 \
-        if (decoded) tile(w, p, xm, MR, ym, N, nr, 4, 1, decoded);                      \
-        else if (w->bits == 4 && w->f16) tile(w, p, xm, MR, ym, N, nr, 4, 1, NULL);     \
-        else if (w->bits == 4) tile(w, p, xm, MR, ym, N, nr, 4, 0, NULL);               \
-        else if (w->f16) tile(w, p, xm, MR, ym, N, nr, 8, 1, NULL);                     \
-        else tile(w, p, xm, MR, ym, N, nr, 8, 0, NULL);
-        switch (mr) {
-        case 1: FORMATS(1) break;
-        case 2: FORMATS(2) break;
-        case 3: FORMATS(3) break;
-#if ROWS_X == 8
-        case 4: FORMATS(4) break;
-        case 5: FORMATS(5) break;
-        case 6: FORMATS(6) break;
-        case 7: FORMATS(7) break;
-#endif
-        default: FORMATS(ROWS_X)
+ * runtime values again: each tile goes through here, specialised per format (a branch per tile). */
+#define FORMATS(MR, NC)                                                                          \
+    if (decoded) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 1, decoded);                            \
+    else if (w->bits == 4 && w->f16) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 1, NULL);          \
+    else if (w->bits == 4) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 0, NULL);                   \
+    else if (w->f16) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, 1, NULL);                         \
+    else tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, 0, NULL);
+
+/* Panels [p, p + np) for M <= ROWS_X rows of x (np is PANELS_PER_TILE(M) but at the end of the weight). */
+static void few_rows(const Weight *w, i64 p, i64 np, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
+    const float *xm = x, *decoded = NULL;
+    float *ym = y;
+    if (np == PANELS_PER_TILE(M)) {
+        switch (M) {
+#define CASE(MR) case MR: { FORMATS(MR, COLUMNS(MR)) return; }
+        ALL_ROWS(CASE)
+#undef CASE
         }
-#undef FORMATS
+    }
+    for (i64 last = p + np; p < last; p++) {  /* the last panels, one at a time */
+        switch (M) {
+#define CASE(MR) case MR: { FORMATS(MR, H) break; }
+        ALL_ROWS(CASE)
+#undef CASE
+        }
     }
 }
 
-/* y [M, N] = x [M, K] @ w.T */
+/* Panel p for M > ROWS_X rows of x: decoded once, then tiles of ROWS_X rows (the last one shorter). */
+static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy, float *decoded) {
+    if (w->bits == 4 && w->f16) decode_panel(w, p, decoded, 4, 1);
+    else if (w->bits == 4) decode_panel(w, p, decoded, 4, 0);
+    else if (w->f16) decode_panel(w, p, decoded, 8, 1);
+    else decode_panel(w, p, decoded, 8, 0);
+    const i64 xs = ROWS_X;
+    for (i64 m0 = 0; m0 < M; m0 += ROWS_X) {
+        const float *xm = xt + m0 * w->K;
+        float *ym = y + m0 * ldy;
+        switch (M - m0 < ROWS_X ? M - m0 : ROWS_X) {
+#define CASE(MR) case MR: { FORMATS(MR, H) break; }
+        ALL_ROWS(CASE)
+#undef CASE
+        }
+    }
+}
+#undef FORMATS
+
+/* Grown on demand and kept: an allocation of this size per call would be an mmap and its page faults. */
+static float *buffer(float **buf, size_t *size, size_t floats) {
+    if (*size < floats) {
+        free(*buf);
+        *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        *size = *buf ? floats : 0;
+    }
+    return *buf;
+}
+
+/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns) */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, float *y, int threads) {
+         int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
-    i64 panels = (N + PANEL - 1) / PANEL;
+    i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
 #pragma omp parallel num_threads(threads)
     {
-        float *scratch = M > ROWS_X ? aligned_alloc(64, (size_t)K * PANEL * sizeof(float)) : NULL;
+        /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X], by each thread for itself (no barrier): a
+         * tile's broadcasts then read one pointer at fixed offsets (a pointer per row would not fit the general
+         * registers); one row is its own transpose */
+        static __thread float *xt_buf, *decoded_buf;
+        static __thread size_t xt_size, decoded_size;
+        float *xt = M > 1 ? buffer(&xt_buf, &xt_size, (size_t)(tiles * K * ROWS_X)) : NULL;
+        for (i64 t = 0; xt && t < tiles; t++)
+            for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
+                for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
+        if (M > ROWS_X) {
+            float *decoded = buffer(&decoded_buf, &decoded_size, (size_t)K * PANEL);
 #pragma omp for schedule(static)
-        for (i64 p = 0; p < panels; p++) panel_rows(&w, p, x, M, y, N, scratch);
-        free(scratch);
+            for (i64 p = 0; p < panels; p++) many_rows(&w, p, xt, M, y, N, ldy, decoded);
+        } else {
+            i64 per = PANELS_PER_TILE(M), groups = (panels + per - 1) / per;
+#pragma omp for schedule(static)
+            for (i64 g = 0; g < groups; g++)
+                few_rows(&w, g * per, per < panels - g * per ? per : panels - g * per, xt ? xt : x, xt ? ROWS_X : 1, M,
+                         y, N, ldy);
+        }
     }
 }

@@ -88,14 +88,8 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
     m = x2.shape[0]
     y = torch.empty(m, rows)
     lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.group, layout.f16, y.data_ptr(), torch.get_num_threads())
+            rows, cols, layout.bits, layout.group, layout.f16, y.data_ptr(), rows, torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)
 
-
-def dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, layout: Layout,
-               rows: int, cols: int) -> torch.Tensor:
-    """The weights as the kernel reads them, [rows, cols] fp32: the identity through it (each output one exact
-    product 1 * w), the tests' view of a repacked weight."""
-    return matmul(torch.eye(cols), codes, scales, offsets, layout, rows).T.contiguous()

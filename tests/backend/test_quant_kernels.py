@@ -12,7 +12,7 @@ from backend.quant.modules import QuantWeight
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
-ROWS = 37  # odd, not a multiple of any tile (the CPU kernel's are 3 and 4 rows)
+ROWS = 101  # odd: six panels of 16 weight rows and a part (the CPU kernel's tiles take 1, 2 or 4 panels)
 
 
 def cols_of(name: str) -> int:
@@ -56,12 +56,31 @@ def test_triton_kernels_match_dequantize_and_matmul(name, m):
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernel")
 
 
+@pytest.fixture(params=["native", "haswell"])
+def kernel(request, monkeypatch):
+    """The kernel built for this CPU, and for AVX2 alone (its other code path: 8-wide vectors, tiles of 4 rows)
+    where this CPU has AVX-512."""
+    if request.param == "haswell":
+        if "avx512f" not in native._cpu_key():
+            pytest.skip("this CPU has no AVX-512: the native build is the AVX2 one")
+        lib = native.load(native.build("haswell"))
+        monkeypatch.setattr(native, "library", lambda: lib)
+    return request.param
+
+
+def kernel_weights(codes, scales, offsets, layout, rows: int, cols: int) -> torch.Tensor:
+    """The weights as the kernel reads them, [rows, cols]: the identity through it (each output one exact
+    product 1 * w)."""
+    return cpu_native.matmul(torch.eye(cols), codes, scales, offsets, layout, rows).T
+
+
 @needs_kernel
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("m", [1, 3, 4, 8, 9, 67])
-def test_cpu_kernel_matches_dequantize_and_matmul(name, m):
-    """Panels of 16 weight rows (37: two and a part) against tiles of up to 8 rows of x (4 on AVX2): one tile,
-    decoded inside it, or several over a decoded panel (9: a whole tile and one row; 67: a prefill chunk)."""
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 16, 17, 67])
+def test_cpu_kernel_matches_dequantize_and_matmul(name, m, kernel):
+    """Panels of 16 weight rows (101: six and a part) against tiles of up to 16 rows of x (4 on AVX2): one tile
+    over several panels at once (1-8 rows), over one panel, or several tiles over a decoded panel (17: a whole
+    tile and one row; 67: a prefill chunk)."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=3)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
@@ -70,25 +89,26 @@ def test_cpu_kernel_matches_dequantize_and_matmul(name, m):
 
 @needs_kernel
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
-def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name):
+def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name, kernel):
     """A sequence decodes the same alone, in a batch, or as a draft's verification rows: each row's sum is the
-    same arithmetic whether its tile has 1 row or 8, and whether the weights are decoded in it or in a panel."""
+    same arithmetic whether its tile has 1 row or 16, spans one panel or four, and whether the weights are
+    decoded in it or in a panel."""
     cols = cols_of(name)
     raw = torch.from_numpy(random_raw(name, ROWS, cols, seed=8))
     x = torch.randn(67, cols, generator=torch.Generator().manual_seed(8))
     whole = cpu_matmul(x, raw, name)
-    for rows in (slice(0, 1), slice(5, 8), slice(60, 67), slice(0, 9)):
+    for rows in (slice(0, 1), slice(5, 8), slice(60, 67), slice(0, 9), slice(3, 19), slice(40, 57)):
         assert torch.equal(cpu_matmul(x[rows], raw, name), whole[rows])
 
 
 @needs_kernel
 @pytest.mark.parametrize("name", FORMATS)
-def test_cpu_repack_reads_gguf_weights_bit_for_bit(name):
+def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, kernel):
     """Every format, K-quants included: the repacked codes and scales decode to gguf-py's weights exactly."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=6)
     codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
-    assert torch.equal(cpu_native.dequantize(codes, scales, offsets, layout, ROWS, cols), gguf_dequant(raw, name))
+    assert torch.equal(kernel_weights(codes, scales, offsets, layout, ROWS, cols), gguf_dequant(raw, name))
     # what is stored: 4-bit codes for the 4-bit (and 2/3-bit) formats, fp16 scales where the file's are fp16
     assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8)
     assert layout.f16 == (not name.endswith("_K"))

@@ -1,0 +1,103 @@
+/* A decode step through a whole dense decoder stack in one call: the same kernels, in the same order, as the
+ * model's modules call one by one (cpu_ops.c, ../quant/cpu_kernel.c), so the result is the same bits; what goes
+ * is Python's work between them (module calls, tensor allocations, ctypes conversions: about 3 ms of a 15 ms
+ * SmolLM2 step, measured).
+ *
+ * Every row attends as a decoding token at its own position (a sequence's next token, or a verification run's
+ * rows), with its key and value stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
+ * q and k, paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized
+ * layout (a fused layer's parts each in its own format), no biases.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+         int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
+                   i64 cols, float eps);
+void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
+                 const float *sin, i64 ldc);
+void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
+void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
+                           const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
+                           i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads);
+
+typedef struct {
+    const uint8_t *codes;
+    const void *scales, *offsets;
+    i64 rows, cols, group, bits, f16;
+} QuantMatrix;
+
+/* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
+typedef struct {
+    QuantMatrix parts[3];
+    i64 count, rows;
+} Linear;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    Linear qkv, o, gate_up, down;
+    float *k_cache, *v_cache;
+} Layer;
+
+typedef struct {
+    i64 layers, hidden, heads, kv_heads, head_dim, inter, block_size, window;
+    float eps, scale;
+    const float *final_norm;
+} Shape;
+
+static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
+    for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
+        const QuantMatrix *p = w->parts + i;
+        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
+            w->rows, threads);
+    }
+}
+
+/* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
+ * ldc. slots [M]: each row's cache slot; tables [M, table_stride] and lens [M] as decode_attention_rows reads
+ * them (max_len: the longest context a table can hold). */
+void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
+                   const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
+                   int threads) {
+    static __thread float *work;
+    static __thread size_t work_floats;
+    const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
+    const i64 qkv_cols = (hq + 2 * hkv) * D, qk_cols = (hq + hkv) * D;
+    size_t need = (size_t)M * (3 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter);
+    if (work_floats < need) {
+        free(work);
+        work = malloc(need * sizeof(float));
+        work_floats = work ? need : 0;
+        if (!work) return;
+    }
+    float *residual = work, *h = residual + M * H, *out = h + M * H, *qkv = out + M * H, *qk = qkv + M * qkv_cols;
+    float *attn = qk + M * qk_cols, *gate_up = attn + M * hq * D, *act = gate_up + M * 2 * s->inter;
+    for (i64 l = 0; l < s->layers; l++) {
+        const Layer *L = layers + l;
+        if (l == 0) {
+            memcpy(residual, x, (size_t)(M * H) * sizeof(float));
+            rms_norm_rows(x, NULL, L->input_norm, NULL, h, M, H, s->eps);
+        } else {
+            rms_norm_rows(out, residual, L->input_norm, residual, h, M, H, s->eps);
+        }
+        matmul(&L->qkv, h, M, qkv, threads);
+        rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
+        for (i64 r = 0; r < M; r++) {
+            if (slots[r] < 0) continue;
+            memcpy(L->k_cache + slots[r] * hkv * D, qk + r * qk_cols + hq * D, (size_t)(hkv * D) * sizeof(float));
+            memcpy(L->v_cache + slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, (size_t)(hkv * D) * sizeof(float));
+        }
+        decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, s->block_size, tables,
+                              table_stride, lens, s->window, s->scale, max_len, threads);
+        matmul(&L->o, attn, M, out, threads);
+        rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
+        matmul(&L->gate_up, h, M, gate_up, threads);
+        silu_mul_rows(gate_up, act, M, s->inter);
+        matmul(&L->down, act, M, out, threads);
+    }
+    rms_norm_rows(out, residual, s->final_norm, residual, x, M, H, s->eps);
+}

@@ -1,0 +1,97 @@
+"""A decode step of a dense model in one call of our C kernels (backend/kernels/cpu_decoder.c) on the CPU.
+
+The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
+the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
+quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
+format) with no biases, no q/k norms and no experts. The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows
+all attend as decode rows.
+"""
+
+import ctypes
+
+import torch
+
+from backend.kernels import native
+from backend.kernels.attention import AttentionMetadata
+from backend.models.mlp import MLP
+from backend.models.transformer import CausalLM
+from backend.quant.modules import QuantLinear
+
+i64, ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class _QuantMatrix(ctypes.Structure):
+    _fields_ = [("codes", ptr), ("scales", ptr), ("offsets", ptr), ("rows", i64), ("cols", i64), ("group", i64),
+                ("bits", i64), ("f16", i64)]
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("parts", _QuantMatrix * 3), ("count", i64), ("rows", i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+                ("down", _Linear), ("k_cache", ptr), ("v_cache", ptr)]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
+                ("inter", i64), ("block_size", i64), ("window", i64), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("final_norm", ptr)]
+
+
+def _linear(linear) -> _Linear | None:
+    """A bias-free QuantLinear whose parts were all repacked for our kernel, or None."""
+    if not isinstance(linear, QuantLinear) or linear.bias is not None or len(linear.parts) > 3:
+        return None
+    parts = []
+    for w in linear.parts:
+        if w.layout is None or w.lead:
+            return None
+        lay = w.layout
+        parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
+                                  w.rows, w.cols, lay.group, lay.bits, int(lay.f16)))
+    return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features)
+
+
+class CpuDecoder:
+    def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape):
+        self.model, self.layers, self.shape = model, (_Layer * len(layers))(*layers), shape
+        self.keep = (model,)  # the weights and caches the pointers point into
+
+    @classmethod
+    def build(cls, model: CausalLM) -> "CpuDecoder | None":
+        """For a model on the CPU whose layers the C loop covers, with its KV cache allocated; else None."""
+        cfg = model.config
+        norms = [model.model.norm.weight] + [w for layer in model.model.layers
+                                             for w in (layer.input_layernorm.weight,
+                                                       layer.post_attention_layernorm.weight)]
+        if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
+            return None
+        layers = []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if not isinstance(mlp, MLP) or attn.qk_norm or attn.k_cache.numel() == 0:
+                return None
+            parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), _linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
+            if any(p is None for p in parts):
+                return None
+            layers.append(_Layer(layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                                 *parts, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
+        first = model.model.layers[0].self_attn
+        shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                       cfg.intermediate_size, first.k_cache.shape[1], cfg.sliding_window or 0, cfg.rms_norm_eps,
+                       first.scale, model.model.norm.weight.data_ptr())
+        return cls(model, layers, shape)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states [rows, hidden] of a step whose rows all attend as decode rows."""
+        x = self.model.model.embed_tokens(input_ids).contiguous()
+        cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
+        tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
+        d = self.shape.head_dim
+        native.library().decode_layers(
+            self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
+            cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+            tables.shape[1] * self.shape.block_size, torch.get_num_threads())
+        return x

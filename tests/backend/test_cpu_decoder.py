@@ -1,0 +1,58 @@
+"""A decode step in one call of our C kernels (backend/models/cpu_decoder.py) computes the same bits as the
+model's modules, for decode rows and a verification run's rows together."""
+
+import pytest
+import torch
+
+from backend import SamplingParams
+from backend.config import EngineConfig
+from backend.engine.llm_engine import LLMEngine
+from backend.kernels import native
+from backend.models.cpu_decoder import CpuDecoder
+from tests.backend.conftest import prompts_of_lengths
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+
+
+def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf):
+    """The llama file mixes formats inside fused layers (q, k Q4_0 with v Q8_0): each part writes its columns."""
+    path, _ = tiny_gguf("llama")
+    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, speculative={"method": "ngram", "num_tokens": 3}))
+    runner = engine.runner
+    assert runner.cpu_decoder is not None
+    assert len(runner.model.model.layers[0].self_attn.qkv_proj.parts) == 2
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for rid, prompt in zip("abc", prompts_of_lengths(5, 11, 19)):
+        engine.add_request(rid, prompt, greedy)
+    for _ in range(4):
+        engine.step_deltas()
+    a = next(s for s in engine.scheduler.running if s.request_id == "a")
+    plan = engine.scheduler.schedule({a.seq_id: 3})
+    assert all(i.seq.num_tokens - i.seq.num_computed_tokens == 1 for i in plan)  # prompts done: a decode step
+    item = next(i for i in plan if i.seq is a)
+    item.draft_tokens, item.num_tokens = [3, 1, 4], 4
+
+    calls = []
+    decoder = runner.cpu_decoder
+
+    def spy(*args):
+        calls.append(args[0].shape[0])
+        return decoder(*args)
+
+    runner.cpu_decoder = spy
+    fused = runner.execute(plan)
+    assert calls == [len(plan) + 3]  # one call for every row, the verification run's included
+    runner.cpu_decoder = None
+    modules = runner.execute(plan)  # the same keys and values rewritten into the same slots
+    assert torch.equal(fused, modules)
+    assert item.logit_rows.stop - item.logit_rows.start == 4
+    runner.cpu_decoder = decoder
+    for rid in "abc":
+        engine.abort_request(rid)
+
+
+def test_models_outside_the_c_loop_keep_their_modules(tiny_gguf, tiny_dir):
+    """q/k norms (Qwen3), experts (Mixtral) and float weights are the modules' to compute."""
+    for path in (tiny_gguf("qwen3")[0], tiny_gguf("mixtral")[0], tiny_dir("llama")):
+        engine = LLMEngine(EngineConfig(model=str(path), block_size=8, max_model_len=128))
+        assert CpuDecoder.build(engine.runner.model) is None and engine.runner.cpu_decoder is None
