@@ -63,10 +63,14 @@ def ours_generate(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
 
 def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -> dict:
     """One batch-1 decode step split into matmul time (the profiler's self time of every *mm* op, fp32 ones, plus
-    the wall time of our quantized CPU kernel's calls, which the profiler does not see; per step) and everything
-    else (the unprofiled step time minus that)."""
+    the wall time of our quantized CPU kernel, which the profiler does not see: its calls from Python and those
+    inside the one-call decode step; per decode step, the prompt's taken out) and everything else (the
+    unprofiled step time minus that)."""
+    import ctypes
+
     from torch.profiler import ProfilerActivity, profile
 
+    from backend.kernels import native
     from backend.quant import cpu_native
 
     kernel = cpu_native.matmul
@@ -78,17 +82,24 @@ def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -
         kernel_s[0] += time.perf_counter() - start
         return out
 
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
-    cpu_native.matmul = timed
-    try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            llm.generate([prompt], params, use_tqdm=False)
-    finally:
-        cpu_native.matmul = kernel
-    matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages()
-                    if e.key.startswith("aten::") and "mm" in e.key.split("::", 1)[1])
-    matmul_ms = (matmul_us / 1000 + kernel_s[0] * 1000) / steps
-    return {"step_ms": round(step_ms, 2), "matmul_ms": round(matmul_ms, 2), "other_ms": round(step_ms - matmul_ms, 2)}
+    inside = ctypes.c_double.in_dll(native.library(), "matmul_seconds") if native.enabled() else ctypes.c_double()
+
+    def matmul_ms(max_tokens: int) -> float:
+        """Of one request: its prompt's and then max_tokens - 1 decode steps'."""
+        kernel_s[0], before = 0.0, inside.value
+        cpu_native.matmul = timed
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                             use_tqdm=False)
+        finally:
+            cpu_native.matmul = kernel
+        profiled_us = sum(e.self_cpu_time_total for e in prof.key_averages()
+                          if e.key.startswith("aten::") and "mm" in e.key.split("::", 1)[1])
+        return profiled_us / 1000 + (kernel_s[0] + inside.value - before) * 1000
+
+    per_step = (matmul_ms(steps + 1) - matmul_ms(1)) / steps  # the prompt's matmuls taken out
+    return {"step_ms": round(step_ms, 2), "matmul_ms": round(per_step, 2), "other_ms": round(step_ms - per_step, 2)}
 
 
 def time_to_first_token(llm: LLM, prompt: list[int]) -> float:

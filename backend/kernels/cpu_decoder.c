@@ -8,6 +8,7 @@
  * q and k, paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized
  * layout (a fused layer's parts each in its own format), no biases.
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,12 +50,16 @@ typedef struct {
     const float *final_norm;
 } Shape;
 
+double matmul_seconds; /* wall time in the matmuls, for bench/engine.py's split of a step */
+
 static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
+    double start = omp_get_wtime();
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
         qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
             w->rows, threads);
     }
+    matmul_seconds += omp_get_wtime() - start;
 }
 
 /* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
