@@ -128,7 +128,6 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(plan)
-        size = self.block_size
         # With our CPU kernels a verification run is decode rows too (its token and drafts, each attending as it
         # would decoding): the step stays a decode step, with none of a prompt chunk's work.
         decode = [i for i, item in enumerate(plan) if item.num_tokens == 1 or (item.num_draft and self.drafts_decode)]

@@ -3,35 +3,92 @@
  * each has its torch reference in the .py file beside it, which the tests hold it to. Compiled with
  * -ffp-contract=off: a * b + c rounds twice, as PyTorch's separate ops do.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef int64_t i64;
 
-/* e^x for 8 floats: 2^n e^r with n = round(x log2 e) and r = x - n ln 2 (ln 2 in two parts), e^r by Cephes'
- * degree-6 polynomial for expf (about 1 ulp); x clamped to +-88.38, where fp32 saturates anyway. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+/* Vectors of 8 floats: AVX2's, or GCC's portable ones elsewhere (ARM: NEON pairs), with the same operators. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+typedef __m256 V8;
+#define v8_set1 _mm256_set1_ps
+#define v8_loadu _mm256_loadu_ps
+#define v8_storeu _mm256_storeu_ps
+#define v8_fma _mm256_fmadd_ps /* a * b + c, one rounding */
+#define v8_min _mm256_min_ps
+#define v8_max _mm256_max_ps
+#define v8_floor _mm256_floor_ps
+/* 2^n for whole n in a float vector */
+static inline V8 v8_pow2(V8 n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
-
-static inline float hsum8(__m256 v) {
+static inline float hsum8(V8 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+/* the 8 vectors' sums, in one vector (lane j: a[j]'s) */
+static inline V8 hsum8x8(const V8 a[8]) {
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+#else
+typedef float V8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
+static inline V8 v8_set1(float x) { return (V8){x, x, x, x, x, x, x, x}; }
+static inline V8 v8_loadu(const float *p) { V8 v; memcpy(&v, p, sizeof v); return v; }
+static inline void v8_storeu(float *p, V8 v) { memcpy(p, &v, sizeof v); }
+static inline V8 v8_fma(V8 a, V8 b, V8 c) {
+    V8 r;
+    for (int i = 0; i < 8; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
+}
+static inline V8 v8_min(V8 a, V8 b) {
+    for (int i = 0; i < 8; i++) a[i] = a[i] < b[i] ? a[i] : b[i];
+    return a;
+}
+static inline V8 v8_max(V8 a, V8 b) {
+    for (int i = 0; i < 8; i++) a[i] = a[i] > b[i] ? a[i] : b[i];
+    return a;
+}
+static inline V8 v8_floor(V8 x) {
+    V8 r;
+    for (int i = 0; i < 8; i++) r[i] = floorf(x[i]);
+    return r;
+}
+static inline V8 v8_pow2(V8 n) {
+    I8 e = (__builtin_convertvector(n, I8) + 127) << 23;
+    V8 r;
+    memcpy(&r, &e, sizeof r);
+    return r;
+}
+static inline float hsum8(V8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+static inline V8 hsum8x8(const V8 a[8]) {
+    V8 r;
+    for (int j = 0; j < 8; j++) r[j] = hsum8(a[j]);
+    return r;
+}
+#endif
+
+/* e^x for 8 floats: 2^n e^r with n = round(x log2 e) and r = x - n ln 2 (ln 2 in two parts), e^r by Cephes'
+ * degree-6 polynomial for expf (about 1 ulp); x clamped to +-88.38, where fp32 saturates anyway. */
+static inline V8 exp8(V8 x) {
+    x = v8_min(v8_max(x, v8_set1(-88.3762626647949f)), v8_set1(88.3762626647949f));
+    V8 n = v8_floor(v8_fma(x, v8_set1(1.44269504088896341f), v8_set1(0.5f)));
+    V8 r = v8_fma(-n, v8_set1(0.693359375f), x);
+    r = v8_fma(-n, v8_set1(-2.12194440e-4f), r);
+    V8 y = v8_set1(1.9875691500e-4f);
+    y = v8_fma(y, r, v8_set1(1.3981999507e-3f));
+    y = v8_fma(y, r, v8_set1(8.3334519073e-3f));
+    y = v8_fma(y, r, v8_set1(4.1665795894e-2f));
+    y = v8_fma(y, r, v8_set1(1.6666665459e-1f));
+    y = v8_fma(y, r, v8_set1(5.0000001201e-1f));
+    y = v8_fma(y, r * r, r) + v8_set1(1.0f);
+    return y * v8_pow2(n);
 }
 
 /* out = x * rsqrt(mean(x^2) + eps) * weight, row by row; with residual: x + residual first, written to summed. */
@@ -44,9 +101,9 @@ void rms_norm_rows(const float *x, const float *residual, const float *weight, f
             for (i64 c = 0; c < cols; c++) sr[c] = xr[c] + residual[r * cols + c];
             xr = sr;
         }
-        __m256 acc = _mm256_setzero_ps();
+        V8 acc = v8_set1(0.0f);
         i64 c = 0;
-        for (; c + 8 <= cols; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(xr + c), _mm256_loadu_ps(xr + c), acc);
+        for (; c + 8 <= cols; c += 8) acc = v8_fma(v8_loadu(xr + c), v8_loadu(xr + c), acc);
         float squares = hsum8(acc);
         for (; c < cols; c++) squares += xr[c] * xr[c];
         float scale = 1.0f / sqrtf(squares / (float)cols + eps);
@@ -80,35 +137,32 @@ void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) {
         float *o = out + r * inter;
         i64 i = 0;
         for (; i + 8 <= inter; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+            V8 gv = v8_loadu(g + i);
+            V8 silu = gv / (v8_set1(1.0f) + exp8(v8_set1(0.0f) - gv));
+            v8_storeu(o + i, silu * v8_loadu(u + i));
         }
         for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
 static float dot(const float *a, const float *b, i64 n) {
-    __m256 acc = _mm256_setzero_ps();
+    V8 acc = v8_set1(0.0f);
     i64 i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (; i + 8 <= n; i += 8) acc = v8_fma(v8_loadu(a + i), v8_loadu(b + i), acc);
     float sum = hsum8(acc);
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
 }
 
 /* q . k_j for 8 keys at once (dim a multiple of 8): the 8 partial-sum vectors reduced together. */
-static __m256 dot8(const float *q, const float *const k[8], i64 dim) {
-    __m256 a[8];
-    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+static V8 dot8(const float *q, const float *const k[8], i64 dim) {
+    V8 a[8];
+    for (int j = 0; j < 8; j++) a[j] = v8_set1(0.0f);
     for (i64 i = 0; i < dim; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + i), a[j]);
+        V8 qv = v8_loadu(q + i);
+        for (int j = 0; j < 8; j++) a[j] = v8_fma(qv, v8_loadu(k[j] + i), a[j]);
     }
-    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    return hsum8x8(a);
 }
 
 /* Attention of single query rows over a paged cache, each row as one decoding sequence's token: row r attends
@@ -139,8 +193,7 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                         k[j] = k_cache + ((table[pos / block_size] * block_size + pos % block_size) * hkv + kv) * dim;
                     }
                     for (i64 g = 0; g < group; g++)
-                        _mm256_storeu_ps(scores + g * max_len + t,
-                                         _mm256_mul_ps(dot8(qr + g * dim, k, dim), _mm256_set1_ps(scale)));
+                        v8_storeu(scores + g * max_len + t, dot8(qr + g * dim, k, dim) * v8_set1(scale));
                 }
             for (; t < n; t++) {
                 i64 pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size;
@@ -151,11 +204,11 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                 float *sc = scores + g * max_len, top = -INFINITY;
                 for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
                 t = 0;
-                __m256 sum = _mm256_setzero_ps();
+                V8 sum = v8_set1(0.0f);
                 for (; t + 8 <= n; t += 8) {
-                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), _mm256_set1_ps(top)));
-                    _mm256_storeu_ps(sc + t, e);
-                    sum = _mm256_add_ps(sum, e);
+                    V8 e = exp8(v8_loadu(sc + t) - v8_set1(top));
+                    v8_storeu(sc + t, e);
+                    sum = sum + e;
                 }
                 float total = hsum8(sum);
                 for (; t < n; t++) total += sc[t] = expf(sc[t] - top);

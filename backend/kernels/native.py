@@ -3,8 +3,9 @@ one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
-Without a compiler, or on a CPU without AVX2/FMA/F16C, library() is None (with one warning) and every caller
-takes its torch reference instead; SCRIPTORIUM_CPU_KERNELS=torch asks for that.
+AVX-512 or AVX2 intrinsics on x86, GCC's portable vectors elsewhere (ARM). Without a compiler library() is None
+(with one warning) and every caller takes its torch reference instead; SCRIPTORIUM_CPU_KERNELS=torch asks for
+that.
 """
 
 import ctypes
@@ -25,7 +26,7 @@ log = logging.getLogger("backend")
 
 SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"),
            Path(__file__).parent.parent / "quant" / "cpu_kernel.c"]
-FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 
 @functools.cache
@@ -81,7 +82,8 @@ def _cpu_key() -> str:
 
 
 def build(march: str = "native") -> Path:
-    """The library for this CPU (or, for the tests of another code path, for `march`: haswell is the AVX2 one)."""
+    """The library for this CPU (or, for the tests of another code path, for `march`: haswell is the AVX2 one,
+    x86-64 the portable one)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (install gcc, or set CC)")

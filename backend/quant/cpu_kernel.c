@@ -16,15 +16,20 @@
  * decode step, a verification run of up to ROWS_X - 1 drafts and a batch cost one pass over the weights per
  * ROWS_X rows. Past ROWS_X rows each panel is decoded once into L1 and reused by every tile.
  *
- * Needs AVX2, FMA and F16C; compiled at first use with -march=native.
+ * Compiled at first use with -march=native: AVX-512 or AVX2 (with FMA and F16C) intrinsics on x86, otherwise
+ * (ARM, older x86) GCC's portable vectors of 8 floats, which the compiler maps to the CPU's (NEON, SSE).
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "this CPU lacks AVX2/FMA/F16C"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define INTRINSICS 1
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define INTRINSICS 0
+#define PREFETCH(p) __builtin_prefetch(p)
 #endif
 
 typedef int64_t i64;
@@ -32,7 +37,7 @@ typedef int64_t i64;
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
 
-#ifdef __AVX512F__
+#if INTRINSICS && defined(__AVX512F__)
 #define LANES 16
 #define ROWS_X 16
 #define ALL_ROWS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15) F(16)
@@ -58,7 +63,7 @@ INLINE V vparams(const void *base, i64 index, int f16) {
     if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
     return _mm512_loadu_ps((const float *)base + index);
 }
-#else
+#elif INTRINSICS
 #define LANES 8
 #define ROWS_X 4
 #define ALL_ROWS(F) F(1) F(2) F(3) F(4)
@@ -81,6 +86,30 @@ INLINE V vparams(const void *base, i64 index, int f16) {
     if (!base) return _mm256_setzero_ps();
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
     return _mm256_loadu_ps((const float *)base + index);
+}
+#else
+#define LANES 8
+#define ROWS_X 4
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4)
+typedef float V __attribute__((vector_size(32)));
+/* a * b + c in two roundings here (-ffp-contract=off); every build is consistent with itself, and the decode's
+ * q * scale is exact, so the weights are still gguf-py's bit for bit */
+#define vfma(a, b, c) ((a) * (b) + (c))
+INLINE V vzero(void) { return (V){0}; }
+INLINE V vset1(float x) { return (V){x, x, x, x, x, x, x, x}; }
+INLINE V vload(const float *p) { V v; memcpy(&v, p, sizeof v); return v; }
+INLINE void vstore(float *p, V v) { memcpy(p, &v, sizeof v); }
+#define vstoreu vstore
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    V v;
+    for (int i = 0; i < 8; i++) v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
+    return v;
+}
+INLINE V vparams(const void *base, i64 index, int f16) {
+    V v = {0};
+    if (!base) return v;
+    for (int i = 0; i < 8; i++) v[i] = f16 ? (float)((const _Float16 *)base)[index + i] : ((const float *)base)[index + i];
+    return v;
 }
 #endif
 
@@ -133,7 +162,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
             /* the next panels' codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
              * without it (measured) */
             for (i64 b = 0; b < (NC + H - 1) / H * w->group * step; b += 64)
-                _mm_prefetch((const char *)(next + g * w->group * step + b), _MM_HINT_T0);
+                PREFETCH(next + g * w->group * step + b);
             for (i64 k = g * w->group; k < (g + 1) * w->group; k++) {
 #define DECODE(c) V w##c = NC > c ? vfma(vcodes(codes##c + k * step, bits, c % H), s##c, o##c) : vzero();
                 C4(DECODE)
@@ -164,7 +193,7 @@ INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits, int f16) 
     const i64 step = PANEL * bits / 8;
     for (i64 g = 0; g < w->K / w->group; g++) {
         for (i64 b = 0; b < w->group * step; b += 64)
-            _mm_prefetch((const char *)(next + g * w->group * step + b), _MM_HINT_T0);
+            PREFETCH(next + g * w->group * step + b);
         for (int h = 0; h < PANEL / LANES; h++) {
             i64 at = (p * w->panel_groups + g) * PANEL + h * LANES;
             V s = vparams(w->scales, at, f16), o = vparams(w->offsets, at, f16);

@@ -1,3 +1,4 @@
+import platform
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,30 @@ def qwen_server(tmp_path_factory):
     proc = ServerProcess(str(model), "--served-model-name", "tiny", "--max-model-len", "2048")
     yield proc
     assert proc.stop() == 0
+
+
+# Our C kernels' builds: for this CPU, and on an x86 CPU its other code paths too.
+KERNEL_BUILDS = {"native": None, "avx2": "haswell", "portable": "x86-64"}
+
+
+def use_kernel_build(build: str, monkeypatch) -> None:
+    """Our C kernels as built for this CPU ("native"), or (on x86) as built for AVX2 alone (8-wide vectors, tiles
+    of 4 rows) where this CPU has AVX-512, or without AVX at all: GCC's portable vectors, the code ARM CPUs run."""
+    from backend.kernels import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler for the CPU kernels")
+    march = KERNEL_BUILDS[build]
+    if march is not None:
+        if platform.machine() != "x86_64":
+            pytest.skip("the native build is this CPU's only one")
+        if build == "avx2" and "avx512f" not in native._cpu_key():
+            pytest.skip("this CPU has no AVX-512: the native build is the AVX2 one")
+        lib = native.load(native.build(march))
+        monkeypatch.setattr(native, "library", lambda: lib)
+
+
+@pytest.fixture(params=list(KERNEL_BUILDS))
+def c_kernels(request, monkeypatch):
+    use_kernel_build(request.param, monkeypatch)
+    return request.param

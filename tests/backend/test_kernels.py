@@ -12,6 +12,7 @@ from backend.kernels.moe import fused_moe, route
 from backend.kernels.norm import add_rms_norm, rms_norm
 from backend.kernels.rotary import apply_rotary, inverse_frequencies
 from backend.models.mlp import silu_mul
+from tests.backend.conftest import KERNEL_BUILDS, use_kernel_build
 
 
 def dense_attention(q, k, v, q_positions, window=None):
@@ -29,13 +30,14 @@ def dense_attention(q, k, v, q_positions, window=None):
     return out
 
 
-@pytest.fixture(params=["native", "torch"])
+@pytest.fixture(params=[*KERNEL_BUILDS, "torch"])
 def impl(request, monkeypatch):
-    """Decoding attention runs our C kernel on the CPU where it is built; the torch path is the fallback."""
+    """Decoding attention runs our C kernel on the CPU where it is built (each of its builds); the torch path is
+    the fallback."""
     if request.param == "torch":
         monkeypatch.setattr(native, "usable", lambda *tensors: False)
-    elif native.library() is None:
-        pytest.skip("no C compiler for the CPU kernels")
+    else:
+        use_kernel_build(request.param, monkeypatch)
     return request.param
 
 
@@ -194,7 +196,7 @@ needs_native = pytest.mark.skipif(native.library() is None, reason="no C compile
 
 @needs_native
 @pytest.mark.parametrize("rows", [1, 7])
-def test_cpu_rms_norm_and_its_residual_add_match_torch(rows):
+def test_cpu_rms_norm_and_its_residual_add_match_torch(rows, c_kernels):
     """Our C kernel against PyTorch's rms_norm (the reference): the sum bit for bit, the norm to fp32 rounding."""
     g = torch.Generator().manual_seed(rows)
     x, residual, weight = (torch.randn(rows, 576, generator=g) * 3 for _ in range(3))
@@ -207,7 +209,7 @@ def test_cpu_rms_norm_and_its_residual_add_match_torch(rows):
 
 
 @needs_native
-def test_cpu_rotary_matches_rotate_half_bit_for_bit():
+def test_cpu_rotary_matches_rotate_half_bit_for_bit(c_kernels):
     """On q|k read as a view of the projection's output (rows wider than the heads), as the attention layer does."""
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(5, 3 * 64 + 70, generator=g)
@@ -219,6 +221,6 @@ def test_cpu_rotary_matches_rotate_half_bit_for_bit():
 
 
 @needs_native
-def test_cpu_silu_mul_matches_torch():
+def test_cpu_silu_mul_matches_torch(c_kernels):
     gate_up = torch.randn(3, 2 * 100, generator=torch.Generator().manual_seed(1)) * 4
     torch.testing.assert_close(silu_mul(gate_up), F.silu(gate_up[:, :100]) * gate_up[:, 100:], rtol=1e-6, atol=1e-6)

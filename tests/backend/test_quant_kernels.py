@@ -56,18 +56,6 @@ def test_triton_kernels_match_dequantize_and_matmul(name, m):
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernel")
 
 
-@pytest.fixture(params=["native", "haswell"])
-def kernel(request, monkeypatch):
-    """The kernel built for this CPU, and for AVX2 alone (its other code path: 8-wide vectors, tiles of 4 rows)
-    where this CPU has AVX-512."""
-    if request.param == "haswell":
-        if "avx512f" not in native._cpu_key():
-            pytest.skip("this CPU has no AVX-512: the native build is the AVX2 one")
-        lib = native.load(native.build("haswell"))
-        monkeypatch.setattr(native, "library", lambda: lib)
-    return request.param
-
-
 def kernel_weights(codes, scales, offsets, layout, rows: int, cols: int) -> torch.Tensor:
     """The weights as the kernel reads them, [rows, cols]: the identity through it (each output one exact
     product 1 * w)."""
@@ -77,8 +65,9 @@ def kernel_weights(codes, scales, offsets, layout, rows: int, cols: int) -> torc
 @needs_kernel
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 16, 17, 67])
-def test_cpu_kernel_matches_dequantize_and_matmul(name, m, kernel):
-    """Panels of 16 weight rows (101: six and a part) against tiles of up to 16 rows of x (4 on AVX2): one tile
+def test_cpu_kernel_matches_dequantize_and_matmul(name, m, c_kernels):
+    """Panels of 16 weight rows (101: six and a part) against tiles of up to 16 rows of x (4 with AVX2 or portable
+    vectors): one tile
     over several panels at once (1-8 rows), over one panel, or several tiles over a decoded panel (17: a whole
     tile and one row; 67: a prefill chunk)."""
     cols = cols_of(name)
@@ -89,7 +78,7 @@ def test_cpu_kernel_matches_dequantize_and_matmul(name, m, kernel):
 
 @needs_kernel
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
-def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name, kernel):
+def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name, c_kernels):
     """A sequence decodes the same alone, in a batch, or as a draft's verification rows: each row's sum is the
     same arithmetic whether its tile has 1 row or 16, spans one panel or four, and whether the weights are
     decoded in it or in a panel."""
@@ -103,7 +92,7 @@ def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name, kernel):
 
 @needs_kernel
 @pytest.mark.parametrize("name", FORMATS)
-def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, kernel):
+def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
     """Every format, K-quants included: the repacked codes and scales decode to gguf-py's weights exactly."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=6)
