@@ -1,8 +1,8 @@
 /* Quantized matmul on the CPU: y[m, n] = sum_k x[m, k] * w[n, k], each weight decoded inside the loop from the
  * integer code and the scale (and offset) of a GGUF block format, repacked at load by cpu_native.py:
  *
- *   weight rows in panels of 16 (the last one padded with zero rows); for each panel and each k, the codes of its
- *   16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16 signed bytes
+ *   weight rows in panels of 16 (padded with zero rows to a multiple of 4 panels); for each panel and each k, the
+ *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16 signed bytes
  *   scales, offsets: per panel and group of `group` k's (16 or 32), the 16 rows' values, fp16 (f16) or fp32;
  *   offsets may be NULL (zero)
  *
@@ -134,7 +134,7 @@ typedef struct {
  * The accumulators are named, one per row and column vector (GCC stores an array of vectors to the stack on
  * every iteration); those past MR and NC are compiled out. */
 INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, const int NC, float *y, i64 ldy,
-                 i64 N, int bits, int f16, const float *decoded) {
+                 i64 N, int bits, const float *decoded) {
 #define ACC(r, c) V a_##r##_##c = vzero();
     RC(ACC)
 #undef ACC
@@ -155,8 +155,8 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 #undef CODES
         for (i64 g = 0; g < w->K / w->group; g++) {
 #define PARAMS(c) i64 at##c = ((p + c / H) * w->panel_groups + g) * PANEL + (c % H) * LANES;        \
-                  V s##c = NC > c ? vparams(w->scales, at##c, f16) : vzero();                     \
-                  V o##c = NC > c ? vparams(w->offsets, at##c, f16) : vzero();
+                  V s##c = NC > c ? vparams(w->scales, at##c, w->f16) : vzero();                  \
+                  V o##c = NC > c ? vparams(w->offsets, at##c, w->f16) : vzero();
             C4(PARAMS)
 #undef PARAMS
             /* the next panels' codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
@@ -188,7 +188,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 /* Panel p's weights, [K][16] fp32: decoded once when more than one tile of x rows meets them (the same values
  * tile would decode, so the result is the same bits either way; decoding inside the tile is twice as fast for
  * a decode step's one row, measured). */
-INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits, int f16) {
+INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits) {
     const uint8_t *codes = w->codes + p * w->panel_code_bytes, *next = codes + w->panel_code_bytes;
     const i64 step = PANEL * bits / 8;
     for (i64 g = 0; g < w->K / w->group; g++) {
@@ -196,7 +196,7 @@ INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits, int f16) 
             PREFETCH(next + g * w->group * step + b);
         for (int h = 0; h < PANEL / LANES; h++) {
             i64 at = (p * w->panel_groups + g) * PANEL + h * LANES;
-            V s = vparams(w->scales, at, f16), o = vparams(w->offsets, at, f16);
+            V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
             for (i64 k = g * w->group; k < (g + 1) * w->group; k++)
                 vstore(out + k * PANEL + h * LANES, vfma(vcodes(codes + k * step, bits, h), s, o));
         }
@@ -207,53 +207,39 @@ INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits, int f16) 
 #define COLUMNS(MR) (MR <= 4 / H ? 4 : MR <= 8 / H ? 2 : 1)
 #define PANELS_PER_TILE(MR) ((COLUMNS(MR) + H - 1) / H)
 
-/* OpenMP outlines a parallel loop's body into a function of its own, where the format's constants would be
- * runtime values again: each tile goes through here, specialised per format (a branch per tile). */
-#define FORMATS(MR, NC)                                                                          \
-    if (decoded) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 1, decoded);                            \
-    else if (w->bits == 4 && w->f16) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 1, NULL);          \
-    else if (w->bits == 4) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, 0, NULL);                   \
-    else if (w->f16) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, 1, NULL);                         \
-    else tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, 0, NULL);
+/* OpenMP outlines a parallel loop's body into a function of its own, where the code width would be a runtime
+ * value again: each tile goes through here, specialised per width (a branch per tile). */
+#define WIDTHS(MR, NC, decoded)                                                                 \
+    if (w->bits == 4) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, decoded);                       \
+    else tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, decoded);
 
-/* Panels [p, p + np) for M <= ROWS_X rows of x (np is PANELS_PER_TILE(M) but at the end of the weight). */
-static void few_rows(const Weight *w, i64 p, i64 np, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
-    const float *xm = x, *decoded = NULL;
+/* Panels [p, p + PANELS_PER_TILE(M)) for M <= ROWS_X rows of x (weights are packed in whole groups of 4 panels,
+ * so a tile never runs past them; what it computes past the last row is not stored). */
+static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
+    const float *xm = x;
     float *ym = y;
-    if (np == PANELS_PER_TILE(M)) {
-        switch (M) {
-#define CASE(MR) case MR: { FORMATS(MR, COLUMNS(MR)) return; }
-        ALL_ROWS(CASE)
+    switch (M) {
+#define CASE(MR) case MR: { WIDTHS(MR, COLUMNS(MR), NULL) break; }
+    ALL_ROWS(CASE)
 #undef CASE
-        }
-    }
-    for (i64 last = p + np; p < last; p++) {  /* the last panels, one at a time */
-        switch (M) {
-#define CASE(MR) case MR: { FORMATS(MR, H) break; }
-        ALL_ROWS(CASE)
-#undef CASE
-        }
     }
 }
 
 /* Panel p for M > ROWS_X rows of x: decoded once, then tiles of ROWS_X rows (the last one shorter). */
 static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy, float *decoded) {
-    if (w->bits == 4 && w->f16) decode_panel(w, p, decoded, 4, 1);
-    else if (w->bits == 4) decode_panel(w, p, decoded, 4, 0);
-    else if (w->f16) decode_panel(w, p, decoded, 8, 1);
-    else decode_panel(w, p, decoded, 8, 0);
+    if (w->bits == 4) decode_panel(w, p, decoded, 4);
+    else decode_panel(w, p, decoded, 8);
     const i64 xs = ROWS_X;
     for (i64 m0 = 0; m0 < M; m0 += ROWS_X) {
         const float *xm = xt + m0 * w->K;
         float *ym = y + m0 * ldy;
         switch (M - m0 < ROWS_X ? M - m0 : ROWS_X) {
-#define CASE(MR) case MR: { FORMATS(MR, H) break; }
+#define CASE(MR) case MR: { tile(w, p, xm, xs, MR, H, ym, ldy, N, 8, decoded); break; }
         ALL_ROWS(CASE)
 #undef CASE
         }
     }
 }
-#undef FORMATS
 
 /* Grown on demand and kept: an allocation of this size per call would be an mmap and its page faults. */
 static float *buffer(float **buf, size_t *size, size_t floats) {
@@ -288,9 +274,7 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
         } else {
             i64 per = PANELS_PER_TILE(M), groups = (panels + per - 1) / per;
 #pragma omp for schedule(static)
-            for (i64 g = 0; g < groups; g++)
-                few_rows(&w, g * per, per < panels - g * per ? per : panels - g * per, xt ? xt : x, xt ? ROWS_X : 1, M,
-                         y, N, ldy);
+            for (i64 g = 0; g < groups; g++) few_rows(&w, g * per, xt ? xt : x, xt ? ROWS_X : 1, M, y, N, ldy);
         }
     }
 }

@@ -27,6 +27,7 @@ _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
 
 
 PANEL = 16  # weight rows interleaved
+TILE_PANELS = 4  # the most panels a tile of the kernel reads at once: rows are padded to whole groups of them
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def enabled() -> bool:
 def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Layout]:
     """Blocks [rows, row_bytes] -> codes [panels, cols, 16 * bits / 8] uint8, scales and offsets [panels, groups,
     16] as raw int16 (fp16) or int32 (fp32) bits (so module.to(dtype) leaves them alone), and the layout. Rows are
-    padded to whole panels with zero weights."""
+    padded with zero weights to whole groups of 4 panels (64 rows), which a tile of the kernel may read at once."""
     rows = raw.shape[0]
     q, scale, offset = decode(raw, fmt)
     q = q.view(rows, cols).to(torch.int16)
@@ -55,7 +56,7 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch
         offset = (offset if offset is not None else 0) + lo * scale
         q = q - lo
     f16 = all(t is None or torch.equal(t.half().float(), t) for t in (scale, offset))
-    pad = -rows % PANEL
+    pad = -rows % (PANEL * TILE_PANELS)
     panels = (rows + pad) // PANEL
 
     def interleaved(t: torch.Tensor) -> torch.Tensor:  # [rows, n] -> [panels, n, 16], padding rows zero

@@ -46,6 +46,8 @@ def test_the_stack_comes_up_in_order_stays_up_and_goes_down(tmp_path):
     assert health.returncode == 1 and "mcp is dead" in health.stderr
 
     logs = run_ops(tmp_path, "logs", "backend", env=env)
+    assert logs.returncode == 0 and "GET /health" in logs.stdout.splitlines()[-1]  # the last lines, by default
+    logs = run_ops(tmp_path, "logs", "backend", "--lines", "100000", env=env)  # its start: past many health checks
     assert logs.returncode == 0 and "ops started backend" in logs.stdout
 
     down = run_ops(tmp_path, "down", env=env)
