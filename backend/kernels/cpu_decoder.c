@@ -6,7 +6,7 @@
  * Every row attends as a decoding token at its own position (a sequence's next token, or a verification run's
  * rows), with its key and value stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
  * q and k, paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized
- * layout (a fused layer's parts each in its own format), no biases.
+ * layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's q|k|v).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -36,6 +36,7 @@ typedef struct {
 typedef struct {
     QuantMatrix parts[3];
     i64 count, rows;
+    const float *bias; /* or NULL */
 } Linear;
 
 typedef struct {
@@ -59,6 +60,9 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
         qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
             w->rows, threads);
     }
+    if (w->bias)  /* added after the matmul, as the module adds it */
+        for (i64 r = 0; r < M; r++)
+            for (i64 c = 0; c < w->rows; c++) y[r * w->rows + c] = y[r * w->rows + c] + w->bias[c];
     matmul_seconds += omp_get_wtime() - start;
 }
 

@@ -3,7 +3,7 @@
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format) with no biases, no q/k norms and no experts. The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows
+format), with or without biases (Qwen2), with no q/k norms and no experts. The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows
 all attend as decode rows.
 """
 
@@ -26,7 +26,7 @@ class _QuantMatrix(ctypes.Structure):
 
 
 class _Linear(ctypes.Structure):
-    _fields_ = [("parts", _QuantMatrix * 3), ("count", i64), ("rows", i64)]
+    _fields_ = [("parts", _QuantMatrix * 3), ("count", i64), ("rows", i64), ("bias", ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -41,8 +41,11 @@ class _Shape(ctypes.Structure):
 
 
 def _linear(linear) -> _Linear | None:
-    """A bias-free QuantLinear whose parts were all repacked for our kernel, or None."""
-    if not isinstance(linear, QuantLinear) or linear.bias is not None or len(linear.parts) > 3:
+    """A QuantLinear whose parts were all repacked for our kernel (and whose bias is fp32), or None."""
+    if not isinstance(linear, QuantLinear) or len(linear.parts) > 3:
+        return None
+    bias = linear.bias
+    if bias is not None and not (native.usable(bias) and bias.is_contiguous()):
         return None
     parts = []
     for w in linear.parts:
@@ -51,7 +54,8 @@ def _linear(linear) -> _Linear | None:
         lay = w.layout
         parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
                                   w.rows, w.cols, lay.group, lay.bits, int(lay.f16)))
-    return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features)
+    return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features,
+                   bias.data_ptr() if bias is not None else None)
 
 
 class CpuDecoder:

@@ -14,13 +14,16 @@ from tests.backend.conftest import prompts_of_lengths
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 
 
-def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf):
-    """The llama file mixes formats inside fused layers (q, k Q4_0 with v Q8_0): each part writes its columns."""
-    path, _ = tiny_gguf("llama")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family):
+    """Both files mix formats inside fused layers (llama: q, k Q4_0 with v Q8_0; qwen2: K-quants): each part
+    writes its columns; Qwen2's q|k|v bias is added after them."""
+    path, _ = tiny_gguf(family)
     engine = LLMEngine(EngineConfig(model=str(path), block_size=8, speculative={"method": "ngram", "num_tokens": 3}))
     runner = engine.runner
     assert runner.cpu_decoder is not None
-    assert len(runner.model.model.layers[0].self_attn.qkv_proj.parts) == 2
+    qkv = runner.model.model.layers[0].self_attn.qkv_proj
+    assert len(qkv.parts) == 2 and (qkv.bias is not None) == (family == "qwen2")
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for rid, prompt in zip("abc", prompts_of_lengths(5, 11, 19)):
         engine.add_request(rid, prompt, greedy)
