@@ -16,7 +16,8 @@ class ModelRunner:
         self.block_size = block_size
         self.dtype = dtype
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
-        self.drafts_decode = device.type == "cpu" and dtype == torch.float32 and native.enabled()
+        # Our C kernels run this runner's decode steps: verification runs as decode rows, and the one-call step
+        self.cpu_kernels = device.type == "cpu" and dtype == torch.float32 and native.enabled()
         self.cpu_decoder: CpuDecoder | None = None  # decode steps in one C call, where the model allows
         self.allocate_kv_cache(num_blocks)
 
@@ -30,7 +31,7 @@ class ModelRunner:
         for module in self._attention_modules():
             module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.cpu_decoder = CpuDecoder.build(self.model) if self.drafts_decode else None
+        self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
 
     def copy_block(self, source: int, target: int) -> None:
         """Copy one cache block's keys and values in every layer (a forked sequence's partial block)."""
@@ -122,16 +123,18 @@ class ModelRunner:
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs where
-        they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling item's logit_rows, in plan order, and returns the hidden rows
-        they come from."""
+        they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling
+        item's logit_rows, in plan order, and returns the hidden rows they come from."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(plan)
         # With our CPU kernels a verification run is decode rows too (its token and drafts, each attending as it
         # would decoding): the step stays a decode step, with none of a prompt chunk's work.
-        decode = [i for i, item in enumerate(plan) if item.num_tokens == 1 or (item.num_draft and self.drafts_decode)]
-        prefill = [i for i, item in enumerate(plan) if item.num_tokens > 1 and i not in decode]
+        decode, prefill = [], []
+        for i, item in enumerate(plan):
+            as_decode = item.num_tokens == 1 or (item.num_draft and self.cpu_kernels)
+            (decode if as_decode else prefill).append(i)
         tables = []
         for i in decode:
             seq = plan[i].seq

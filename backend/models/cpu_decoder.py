@@ -3,8 +3,8 @@
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format), with or without biases (Qwen2), with no q/k norms and no experts. The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows
-all attend as decode rows.
+format), with or without biases (Qwen2), with no q/k norms and no experts. The runner builds one per KV cache
+(the cache's addresses are in it) and uses it for steps whose rows all attend as decode rows.
 """
 
 import ctypes
@@ -52,16 +52,17 @@ def _linear(linear) -> _Linear | None:
         if w.layout is None or w.lead:
             return None
         lay = w.layout
-        parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
-                                  w.rows, w.cols, lay.group, lay.bits, int(lay.f16)))
+        offsets = w.offsets.data_ptr() if lay.offsets else None
+        parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), offsets, w.rows, w.cols, lay.group,
+                                  lay.bits, int(lay.f16)))
     return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features,
                    bias.data_ptr() if bias is not None else None)
 
 
 class CpuDecoder:
     def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape):
-        self.model, self.layers, self.shape = model, (_Layer * len(layers))(*layers), shape
-        self.keep = (model,)  # the weights and caches the pointers point into
+        self.model = model  # held: its weights and caches are what the pointers point into
+        self.layers, self.shape = (_Layer * len(layers))(*layers), shape
 
     @classmethod
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
@@ -80,8 +81,9 @@ class CpuDecoder:
             parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), _linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
             if any(p is None for p in parts):
                 return None
-            layers.append(_Layer(layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                                 *parts, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
+            norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            layers.append(_Layer(norm_in.data_ptr(), norm_post.data_ptr(), *parts, attn.k_cache.data_ptr(),
+                                 attn.v_cache.data_ptr()))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        cfg.intermediate_size, first.k_cache.shape[1], cfg.sliding_window or 0, cfg.rms_norm_eps,

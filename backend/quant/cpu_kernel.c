@@ -2,7 +2,8 @@
  * integer code and the scale (and offset) of a GGUF block format, repacked at load by cpu_native.py:
  *
  *   weight rows in panels of 16 (padded with zero rows to a multiple of 4 panels); for each panel and each k, the
- *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16 signed bytes
+ *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16
+ *   signed bytes
  *   scales, offsets: per panel and group of `group` k's (16 or 32), the 16 rows' values, fp16 (f16) or fp32;
  *   offsets may be NULL (zero)
  *
@@ -11,10 +12,11 @@
  * depend on how many rows are computed with it (a sequence decodes the same alone or in a batch, as a draft's
  * verification row or as a decode row).
  *
- * A vector holds LANES rows of a panel (16 with AVX-512, 8 with AVX2: a panel is then two halves), and a tile
- * meets ROWS_X rows of x at once, one accumulator each (16 of AVX-512's 32 registers, 8 of AVX2's 16), so a
- * decode step, a verification run of up to ROWS_X - 1 drafts and a batch cost one pass over the weights per
- * ROWS_X rows. Past ROWS_X rows each panel is decoded once into L1 and reused by every tile.
+ * A vector holds LANES rows of a panel (16 with AVX-512, 8 otherwise: a panel is then two halves), and a tile
+ * meets up to ROWS_X rows of x (16 with AVX-512, 4 otherwise) with an accumulator per row and vector (at most 16
+ * of AVX-512's 32 registers, 8 of AVX2's 16), so a decode step, a verification run of up to ROWS_X - 1 drafts
+ * and a batch cost one pass over the weights per ROWS_X rows. Past ROWS_X rows each panel is decoded once into
+ * L1 and reused by every tile.
  *
  * Compiled at first use with -march=native: AVX-512 or AVX2 (with FMA and F16C) intrinsics on x86, otherwise
  * (ARM, older x86) GCC's portable vectors of 8 floats, which the compiler maps to the CPU's (NEON, SSE).
@@ -102,13 +104,15 @@ INLINE void vstore(float *p, V v) { memcpy(p, &v, sizeof v); }
 #define vstoreu vstore
 INLINE V vcodes(const uint8_t *c, int bits, int h) {
     V v;
-    for (int i = 0; i < 8; i++) v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
+    for (int i = 0; i < 8; i++)
+        v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
     return v;
 }
 INLINE V vparams(const void *base, i64 index, int f16) {
     V v = {0};
     if (!base) return v;
-    for (int i = 0; i < 8; i++) v[i] = f16 ? (float)((const _Float16 *)base)[index + i] : ((const float *)base)[index + i];
+    for (int i = 0; i < 8; i++)
+        v[i] = f16 ? (float)((const _Float16 *)base)[index + i] : ((const float *)base)[index + i];
     return v;
 }
 #endif
@@ -207,19 +211,17 @@ INLINE void decode_panel(const Weight *w, i64 p, float *out, int bits) {
 #define COLUMNS(MR) (MR <= 4 / H ? 4 : MR <= 8 / H ? 2 : 1)
 #define PANELS_PER_TILE(MR) ((COLUMNS(MR) + H - 1) / H)
 
-/* OpenMP outlines a parallel loop's body into a function of its own, where the code width would be a runtime
- * value again: each tile goes through here, specialised per width (a branch per tile). */
-#define WIDTHS(MR, NC, decoded)                                                                 \
-    if (w->bits == 4) tile(w, p, xm, xs, MR, NC, ym, ldy, N, 4, decoded);                       \
-    else tile(w, p, xm, xs, MR, NC, ym, ldy, N, 8, decoded);
-
 /* Panels [p, p + PANELS_PER_TILE(M)) for M <= ROWS_X rows of x (weights are packed in whole groups of 4 panels,
- * so a tile never runs past them; what it computes past the last row is not stored). */
+ * so a tile never runs past them; what it computes past the last row is not stored). OpenMP outlines a parallel
+ * loop's body into a function of its own, where the code width would be a runtime value again: each tile goes
+ * through here, specialised per width (a branch per tile). */
 static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
-    const float *xm = x;
-    float *ym = y;
     switch (M) {
-#define CASE(MR) case MR: { WIDTHS(MR, COLUMNS(MR), NULL) break; }
+#define CASE(MR) case MR: {                                                      \
+        if (w->bits == 4) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 4, NULL); \
+        else tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 8, NULL);              \
+        break;                                                                   \
+    }
     ALL_ROWS(CASE)
 #undef CASE
     }
