@@ -3,6 +3,8 @@
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
+ATTEMPTS = 3
+
 
 def section_messages(outline: dict, index: int, params: ArticleParams, instructions: str | None = None) -> list[dict]:
     section = outline["sections"][index]
@@ -21,9 +23,13 @@ def section_messages(outline: dict, index: int, params: ArticleParams, instructi
 
 async def write_section(llm: LLMRouter, outline: dict, index: int, params: ArticleParams,
                         instructions: str | None = None) -> str:
-    reply = await llm.chat(section_messages(outline, index, params, instructions), max_tokens=int(params.words_per_section * 2.2),
-                           temperature=params.temperature, seed=None if params.seed is None else params.seed + index)
-    text = reply["text"].strip()
-    if not text:
-        raise ValueError(f"the model wrote nothing for section {index + 1}")
-    return text
+    """A section's text; an empty answer (a small model can end at once) is asked again, up to ATTEMPTS times."""
+    messages = section_messages(outline, index, params, instructions)
+    for attempt in range(ATTEMPTS):
+        seed = None if params.seed is None else params.seed + index + 1000 * attempt
+        reply = await llm.chat(messages, max_tokens=int(params.words_per_section * 2.2),
+                               temperature=params.temperature, seed=seed)
+        text = reply["text"].strip()
+        if text:
+            return text
+    raise ValueError(f"the model wrote nothing for section {index + 1} in {ATTEMPTS} attempts")

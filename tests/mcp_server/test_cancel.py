@@ -121,8 +121,6 @@ async def wait_in_flight(llm_server, timeout: float = 30) -> None:
 
 
 def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
-    before = aborted(llm_server)
-
     async def go():
         async with Client(build_server(settings, budget=5)) as client:
             started = await client.call_tool("start_pipeline", {"topic": "long scrolls", "sections": 2, "images": 0,
@@ -136,8 +134,14 @@ def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
             assert info["status"] == "cancelled" and time.monotonic() - clock < 5, info
             return await poll_job(client, job_id)
 
-    assert asyncio.run(go())["status"] == "cancelled"
-    deadline = time.monotonic() + 10
-    while aborted(llm_server) < before + 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # The random model can sample its end token early: a section may end between seeing it run and the cancel,
+    # and when both do, nothing is left to abort. So the scenario gets three tries to catch a request in flight.
+    for _ in range(3):
+        before = aborted(llm_server)
+        assert asyncio.run(go())["status"] == "cancelled"
+        deadline = time.monotonic() + 10
+        while aborted(llm_server) < before + 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if aborted(llm_server) >= before + 1:
+            break
     assert aborted(llm_server) >= before + 1  # the backend saw its requests go and aborted them

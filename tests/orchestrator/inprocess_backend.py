@@ -40,9 +40,9 @@ class InProcessBackend:
     """One app, one engine. A private listener owns the app's lifespan (the model loads once and stays); the
     public one, at `url`, is what the router talks to and what `close()` / `open()` take away and give back."""
 
-    def __init__(self, model: str, name: str = "tiny"):
+    def __init__(self, model: str, name: str = "tiny", max_model_len: int = 256):
         self.app = build_app(
-            EngineConfig(model=model, block_size=8, max_model_len=256), served_model_name=name
+            EngineConfig(model=model, block_size=8, max_model_len=max_model_len), served_model_name=name
         )
         self.state = self.app.state.server
         self.calls: list[tuple[str, str]] = []  # (method, path) of each request through the public listener
