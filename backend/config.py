@@ -28,13 +28,10 @@ class EngineConfig:
     quantization: str | None = None
 
     def __post_init__(self) -> None:
-        def positive(name: str) -> None:
+        for name in ("max_num_seqs", "max_n", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-        for name in ("max_num_seqs", "max_n", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
-            positive(name)
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not ((isinstance(u, float) and 0 < u <= 1) or (isinstance(u, int) and u > 1)):
             raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1] or a number of bytes, got {u!r}")

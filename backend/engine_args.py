@@ -17,16 +17,12 @@ class EngineArgs:
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | int = 0.9
-    quantization: str | None = (
-        None  # "gguf": a GGUF file, kept quantized; "int8"/"int4": an HF checkpoint at load
-    )
+    quantization: str | None = None  # "gguf": a GGUF file, kept quantized; "int8"/"int4": an HF checkpoint
     moe_num_experts: int | None = None  # when given, must be the file's
     moe_top_k: int | None = None  # when given, must be the file's
     speculative_model: str | None = None  # a draft model sharing the target's vocabulary
     speculative_draft_length: int = 5
-    enable_cpu_offload: bool = (
-        False  # MoE: experts that do not fit stay in host memory (moe_gpu_experts="auto")
-    )
+    enable_cpu_offload: bool = False  # MoE: experts that do not fit stay in host memory (moe_gpu_experts=auto)
     # This engine's own settings, for completeness
     device: str | None = None
     dtype: str = "auto"
@@ -39,46 +35,28 @@ class EngineArgs:
 
     def create_engine_config(self) -> EngineConfig:
         if self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size}: this engine runs a model on one GPU; "
-                "for tensor parallelism across several GPUs run vLLM (SCRIPTORIUM_ENGINE=vllm in the "
-                "stack, or `vllm serve MODEL --tensor-parallel-size N`) behind the same OpenAI API"
-            )
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: this engine runs a model on one "
+                             "GPU; for tensor parallelism across several GPUs run vLLM (SCRIPTORIUM_ENGINE=vllm in "
+                             "the stack, or `vllm serve MODEL --tensor-parallel-size N`) behind the same OpenAI API")
         if self.quantization not in QUANTIZATION:
-            raise ValueError(
-                f"quantization {self.quantization!r} is not supported; use one of "
-                f"{', '.join(repr(q) for q in QUANTIZATION)}"
-            )
+            raise ValueError(f"quantization {self.quantization!r} is not supported; use one of "
+                             f"{', '.join(repr(q) for q in QUANTIZATION)}")
         if self.quantization == "gguf" and not self.model.endswith(".gguf"):
             raise ValueError(f"quantization='gguf' needs a .gguf file as the model, got {self.model!r}")
         if self.enable_cpu_offload and self.moe_gpu_experts not in (None, "auto"):
-            raise ValueError(
-                f"enable_cpu_offload=True chooses moe_gpu_experts='auto'; it cannot be combined with "
-                f"moe_gpu_experts={self.moe_gpu_experts!r}"
-            )
+            raise ValueError("enable_cpu_offload=True chooses moe_gpu_experts='auto'; it cannot be combined "
+                             f"with moe_gpu_experts={self.moe_gpu_experts!r}")
         speculative = None
         if self.speculative_model is not None:
-            speculative = {
-                "method": "draft",
-                "model": self.speculative_model,
-                "num_tokens": self.speculative_draft_length,
-            }
+            speculative = {"method": "draft", "model": self.speculative_model,
+                           "num_tokens": self.speculative_draft_length}
         return EngineConfig(
-            model=self.model,
-            tokenizer=self.tokenizer,
-            device=self.device,
-            dtype=self.dtype,
-            max_num_seqs=self.max_num_seqs,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            block_size=self.block_size,
-            seed=self.seed,
-            speculative=speculative,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager,
-            quantization=QUANTIZATION[self.quantization],
-            moe_gpu_experts="auto" if self.enable_cpu_offload else self.moe_gpu_experts,
-        )
+            model=self.model, tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
+            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size, seed=self.seed,
+            speculative=speculative, gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager, quantization=QUANTIZATION[self.quantization],
+            moe_gpu_experts="auto" if self.enable_cpu_offload else self.moe_gpu_experts)
 
     def check_model(self, config: ModelConfig) -> None:
         """moe_num_experts / moe_top_k, when given, are what the file says; a mismatch names both."""
@@ -88,7 +66,5 @@ class EngineArgs:
         ):
             if given is not None and given != actual:
                 what = f"the model has {actual}" if config.is_moe else "the model is dense (no experts)"
-                raise ValueError(
-                    f"{name}={given} does not match {self.model}: {what}; leave {name} unset "
-                    f"or set it to {actual}"
-                )
+                raise ValueError(f"{name}={given} does not match {self.model}: {what}; leave {name} unset "
+                                 f"or set it to {actual}")

@@ -12,21 +12,13 @@ from backend.model_config import ModelConfig, ModelLoadError
 from backend.quant.formats import FLOAT_TYPES, FORMATS
 
 # layout -> (architecture without experts, architecture with experts)
-LAYOUTS = {
-    "llama": ("LlamaForCausalLM", "MixtralForCausalLM"),
-    "qwen2": ("Qwen2ForCausalLM", None),
-    "qwen3": ("Qwen3ForCausalLM", None),
-    "qwen2moe": (None, "Qwen2MoeForCausalLM"),
-    "qwen3moe": (None, "Qwen3MoeForCausalLM"),
-}
+LAYOUTS = {"llama": ("LlamaForCausalLM", "MixtralForCausalLM"), "qwen2": ("Qwen2ForCausalLM", None),
+           "qwen3": ("Qwen3ForCausalLM", None), "qwen2moe": (None, "Qwen2MoeForCausalLM"),
+           "qwen3moe": (None, "Qwen3MoeForCausalLM")}
 LAYOUT_HELP = ("llama (Llama 1-3.x, Mistral, TinyLlama, SmolLM; Mixtral with experts), qwen2, qwen3, qwen2moe, "
                "qwen3moe")
 # Whether the top-k routing weights are renormalised, where the file does not say (llama.cpp's defaults).
 _NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
-
-
-def supported_types() -> str:
-    return ", ".join([*FLOAT_TYPES.values(), *(f.name for f in FORMATS.values())])
 
 
 def dequantizable(ggml_type: int) -> bool:
@@ -40,9 +32,9 @@ def _check_types(path: Path, reader) -> None:
     bad = sorted({t.tensor_type.name for t in reader.tensors
                   if int(t.tensor_type) not in FORMATS and not dequantizable(int(t.tensor_type))})
     if bad:
-        raise ModelLoadError(
-            f"{path}: GGUF tensor type {', '.join(bad)} is not supported; supported: {supported_types()} "
-            "(kept quantized), and IQ*/TQ* types (dequantized at load)")
+        kept = ", ".join([*FLOAT_TYPES.values(), *(f.name for f in FORMATS.values())])
+        raise ModelLoadError(f"{path}: GGUF tensor type {', '.join(bad)} is not supported; supported: {kept} "
+                             "(kept quantized), and IQ*/TQ* types (dequantized at load)")
 
 
 def gguf_config(path: Path) -> tuple[ModelConfig, object]:
@@ -75,24 +67,16 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor; is this a complete {arch} GGUF?")
     eos = [field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     mc = ModelConfig(
-        architecture=architecture,
-        vocab_size=int(embed.shape[1]),
-        hidden_size=hidden,
+        architecture=architecture, vocab_size=int(embed.shape[1]), hidden_size=hidden,
         intermediate_size=int(field(f"{arch}.feed_forward_length", 0) or 0),
-        num_layers=int(field(f"{arch}.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=head_dim,
+        num_layers=int(field(f"{arch}.block_count")), num_heads=heads,
+        num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
         rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(path, arch, field, tensors),
+        rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(path, arch, field, tensors),
         max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensors,
-        eos_token_ids=sorted({int(e) for e in eos if e is not None}),
-        qkv_bias="blk.0.attn_q.bias" in tensors,
-        o_bias="blk.0.attn_output.bias" in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors,
-    )
+        tie_word_embeddings="output.weight" not in tensors, eos_token_ids=sorted({int(e) for e in eos if e is not None}),
+        qkv_bias="blk.0.attn_q.bias" in tensors, o_bias="blk.0.attn_output.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors)
     if experts:
         mc.num_experts = experts
         mc.num_experts_per_tok = int(field(f"{arch}.expert_used_count"))

@@ -16,10 +16,7 @@ Prompt = str | list[int] | dict
 
 class LLM:
     def __init__(self, model: str, **engine_args):
-        """engine_args are EngineConfig's fields: device, dtype, max_num_seqs, max_model_len,
-        max_num_batched_tokens, block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching, seed,
-        speculative, gpu_memory_utilization, moe_gpu_experts (a count or "auto"), quantization (None, "int8" or
-        "int4" for a Hugging Face checkpoint, "dequantize" for a GGUF), tokenizer."""
+        """engine_args are EngineConfig's fields (backend/config.py: device, dtype, max_model_len, speculative, ...)."""
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 

@@ -11,7 +11,7 @@ import torch
 
 from backend.gguf_config import gguf_config
 from backend.home import cache_dir
-from backend.model_config import SUPPORTED_ARCHITECTURES, ModelConfig, ModelLoadError, from_hf_config
+from backend.model_config import ModelConfig, ModelLoadError, as_id_list, from_hf_config
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
 from backend.quant.formats import BY_NAME
@@ -74,9 +74,7 @@ def read_config(source: ModelSource) -> tuple[ModelConfig, object]:
         mc = from_hf_config(cfg, str(config_path))
         gen_path = source.path / "generation_config.json"
         if gen_path.exists():
-            gen = json.loads(gen_path.read_text())
-            eos = gen.get("eos_token_id")
-            extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+            extra = as_id_list(json.loads(gen_path.read_text()).get("eos_token_id"))
             mc.eos_token_ids = sorted(set(mc.eos_token_ids) | set(extra))
         return mc, None
     return gguf_config(source.gguf_file)
@@ -155,7 +153,6 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         home = torch.device("cpu") if moe_gpu_experts else device
         model = materialise(model, home)
         model.tie_weights()
-        model.cos_sin = _cos_sin(config, max_positions).to(device)
         seed = zlib.crc32((source.path / "config.json").read_bytes())
         generator = torch.Generator(device=home).manual_seed(seed)
         with torch.no_grad():
@@ -166,11 +163,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             model.model.norm.weight.fill_(8.0)
             if source.random_format is not None:
                 random_blocks.fill_random(model, generator)
-        if device.type == "cpu":
-            _pack_for_cpu(model)
-        _offload(model, moe_gpu_experts, device)
-        return model.to(device).eval()
-    if reader is None:
+    elif reader is None:
         model = materialise(model, "cpu")
         model.tie_weights()  # materialising meta tensors may have split the shared embedding
         with torch.no_grad():
@@ -263,7 +256,3 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     tokenizer.save_pretrained(str(tmp))
     tmp.replace(cached) if not cached.exists() else None
     return tokenizer
-
-
-__all__ = ["SUPPORTED_ARCHITECTURES", "ModelLoadError", "ModelSource", "load_model", "load_tokenizer", "locate",
-           "pick_dtype", "read_config"]

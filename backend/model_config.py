@@ -2,15 +2,8 @@
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "MixtralForCausalLM",
-    "Qwen2MoeForCausalLM",
-    "Qwen3MoeForCausalLM",
-)
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -54,11 +47,7 @@ class ModelConfig:
         return self.num_experts > 0
 
     def layer_is_moe(self, layer: int) -> bool:
-        return (
-            self.is_moe
-            and layer not in self.mlp_only_layers
-            and (layer + 1) % self.decoder_sparse_step == 0
-        )
+        return self.is_moe and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
 
 def _rope(cfg: dict) -> tuple[float, dict | None]:
@@ -68,16 +57,15 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     scaling = params or dict(cfg.get("rope_scaling") or {})
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelLoadError(
-            f"rope scaling {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
+        raise ModelLoadError(f"rope scaling {rope_type!r} is not supported; supported: "
+                             f"{', '.join(SUPPORTED_ROPE_TYPES)}")
     if rope_type == "default":
         return float(theta), None
     scaling["rope_type"] = rope_type
     return float(theta), scaling
 
 
-def _as_list(value) -> list[int]:
+def as_id_list(value) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
@@ -87,10 +75,8 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
-        raise ModelLoadError(
-            f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        raise ModelLoadError(f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (only silu)")
@@ -99,22 +85,13 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
     heads = cfg["num_attention_heads"]
     theta, scaling = _rope(cfg)
     mc = ModelConfig(
-        architecture=arch,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg.get("intermediate_size", 0),
-        num_layers=cfg["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-        rope_theta=theta,
-        rope_scaling=scaling,
+        architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        eos_token_ids=_as_list(cfg.get("eos_token_id")),
-        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
-    )
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
+        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"))
     if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"):
         mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
         mc.mlp_bias = bool(cfg.get("mlp_bias", False))

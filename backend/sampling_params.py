@@ -69,10 +69,9 @@ class SamplingParams:
             raise bad("top_k", "an integer >= 1 (at most the vocabulary size), or 0 / -1 for no limit")
         if not 0 <= self.min_p <= 1:
             raise bad("min_p", "in [0, 1]")
-        if not -2 <= self.presence_penalty <= 2:
-            raise bad("presence_penalty", "in [-2, 2]")
-        if not -2 <= self.frequency_penalty <= 2:
-            raise bad("frequency_penalty", "in [-2, 2]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise bad(name, "in [-2, 2]")
         if not self.repetition_penalty > 0:
             raise bad("repetition_penalty", "> 0 (1 means none)")
         if self.max_tokens is not None and (not integer("max_tokens") or self.max_tokens < 1):

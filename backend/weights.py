@@ -12,13 +12,8 @@ from backend.model_config import ModelLoadError
 
 _EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 _EXPERT_ROLE = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": None, "down_proj": None}
-_FUSED = {  # checkpoint module -> (our fused module, index of its shard)
-    ".q_proj.": (".qkv_proj.", 0),
-    ".k_proj.": (".qkv_proj.", 1),
-    ".v_proj.": (".qkv_proj.", 2),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
+_FUSED = {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1), ".v_proj.": (".qkv_proj.", 2),
+          ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}  # theirs -> (ours, its shard)
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -91,10 +86,8 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
         if rows is not None:
             dest = dest[rows[0]:rows[1]]
         if tuple(dest.shape) != tuple(tensor.shape):
-            raise ModelLoadError(
-                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)} "
-                "from its config; does config.json belong to these weights?"
-            )
+            raise ModelLoadError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                                 f"{tuple(dest.shape)} from its config; does config.json belong to these weights?")
         dest.copy_(tensor)
         written[target] += tensor.numel()
     if "lm_head.weight" in written and written["lm_head.weight"] == 0 and not model.config.tie_word_embeddings:

@@ -48,9 +48,8 @@ class Limits:
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: shorten the "
-                "prompt or raise max_model_len")
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: "
+                             "shorten the prompt or raise max_model_len")
         return token_ids, text
 
 

@@ -54,21 +54,21 @@ class LLMEngine:
         self.source = locate(config.model)
         self.model_config, reader = read_config(self.source)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
-        self.max_model_len = config.max_model_len or min(self.model_config.max_position_embeddings, 8192)
-        self.max_num_batched_tokens = config.max_num_batched_tokens or min(2048, self.max_model_len)
+        self.spec = SpeculativeConfig.parse(config.speculative)
+        self.shape = CacheShape.of(config, self.model_config, self.spec, self.device, self.dtype)
+        self.max_model_len, self.max_num_batched_tokens = self.shape.max_model_len, self.shape.max_num_batched_tokens
         self.model_name = config.model
         self.tokenizer = load_tokenizer(self.source, config.tokenizer)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.spec = SpeculativeConfig.parse(config.speculative)
         self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs)
 
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
-        self.num_kv_blocks = num_kv_blocks(config, self._cache_shape(), models)
+        self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens)
@@ -114,7 +114,7 @@ class LLMEngine:
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
         if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
             recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
-            self.moe_gpu_experts = pick_gpu_experts(self.config, self._cache_shape(), self.model_config,
+            self.moe_gpu_experts = pick_gpu_experts(self.config, self.shape, self.model_config,
                                                     weight_bytes(self.model_config, recipe), draft)
         model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
                            self.moe_gpu_experts, self.config.quantization)
@@ -133,16 +133,6 @@ class LLMEngine:
             self.proposer.wake_up(None, self.num_kv_blocks)
             if graphs:
                 self.proposer.runner.capture_graphs(c.max_num_seqs, self.max_model_len)
-
-    def _cache_shape(self) -> CacheShape:
-        return CacheShape(self.device, self.dtype, self.max_model_len, self.max_num_batched_tokens,
-                          self._max_logit_rows())
-
-    def _max_logit_rows(self) -> int:
-        drafts = 0
-        if self.spec is not None:
-            drafts = self.spec.num_tokens if isinstance(self.spec.num_tokens, int) else self.spec.max_num_tokens
-        return min(self.config.max_num_seqs * (1 + drafts), self.max_num_batched_tokens)
 
     # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
 
@@ -177,9 +167,7 @@ class LLMEngine:
                 self.proposer.runner.model = self.proposer.model = draft
         elif self.device.type != "cpu":
             self.model.to(self.device)
-            if isinstance(self.proposer, DraftProposer):
-                self.proposer.model.to(self.device)
-        self._start_cache()
+        self._start_cache()  # the draft's weights come back with its cache (DraftProposer.wake_up)
         self.sleep_level = 0
 
     # Requests ------------------------------------------------------------------------------------------
@@ -293,20 +281,9 @@ class LLMEngine:
         return delta
 
     def stats(self) -> dict:
-        bm = self.block_manager
-        spec = self.speculator.stats if self.speculator else {"draft_tokens": 0, "accepted_tokens": 0,
-                                                              "verifications": 0}
-        return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_cache_usage": bm.usage(),
-            "num_kv_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "prefix_cache_queries": bm.prefix_queries,
-            "prefix_cache_hits": bm.prefix_hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "sleeping": self.sleep_level,
-            "spec_draft_tokens": spec["draft_tokens"],
-            "spec_accepted_tokens": spec["accepted_tokens"],
-            "spec_verifications": spec["verifications"],
-        }
+        bm, spec = self.block_manager, self.speculator.stats if self.speculator else {}
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "kv_cache_usage": bm.usage(), "num_kv_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
+                "prefix_cache_queries": bm.prefix_queries, "prefix_cache_hits": bm.prefix_hits,
+                "num_preemptions": self.scheduler.num_preemptions, "sleeping": self.sleep_level,
+                **{f"spec_{k}": spec.get(k, 0) for k in ("draft_tokens", "accepted_tokens", "verifications")}}

@@ -112,6 +112,14 @@ class CacheShape:
     max_num_batched_tokens: int
     logit_rows: int  # the most rows one step samples (a full decode batch with its drafts)
 
+    @classmethod
+    def of(cls, config: EngineConfig, cfg: ModelConfig, spec, device: torch.device, dtype: torch.dtype) -> "CacheShape":
+        """The settings' lengths, else the model's context (at most 8192) and 2048 tokens a step."""
+        max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
+        tokens = config.max_num_batched_tokens or min(2048, max_model_len)
+        drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
+        return cls(device, dtype, max_model_len, tokens, min(config.max_num_seqs * (1 + drafts), tokens))
+
 
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     """Blocks for the KV cache of `models` (the target, then a draft that keeps a cache of the same size)."""

@@ -135,49 +135,43 @@ class ModelRunner:
         for i, item in enumerate(plan):
             as_decode = item.num_tokens == 1 or (item.num_draft and self.cpu_kernels)
             (decode if as_decode else prefill).append(i)
-        tables = []
-        for i in decode:
-            seq = plan[i].seq
-            start = seq.num_computed_tokens
-            first_row[i] = len(input_ids)
-            input_ids.extend((seq.token_ids[start:] + plan[i].draft_tokens)[:plan[i].num_tokens])
-            positions.extend(range(start, start + plan[i].num_tokens))
-            slots.extend(self._slots(seq.block_table, start, start + plan[i].num_tokens))
-            tables.extend([seq.block_table] * plan[i].num_tokens)
-        meta = AttentionMetadata(slot_mapping=torch.empty(0), num_decode=len(input_ids))
-        if decode:
-            width = max(len(t) for t in tables)
-            meta.decode_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
-                                                    device=self.device)
-            meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=self.device)
-            if len(set(positions)) == 1:
-                meta.decode_uniform_len = positions[0] + 1
-        for i in prefill:
+        for i in decode + prefill:
             item = plan[i]
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
             first_row[i] = len(input_ids)
             input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))
+        n = sum(plan[i].num_tokens for i in decode)
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_decode=n)
+        if decode:
+            meta.decode_block_tables = self._tables([plan[i].seq.block_table for i in decode
+                                                     for _ in range(plan[i].num_tokens)])
+            meta.decode_context_lens = self._tensor([p + 1 for p in positions[:n]])
+            if len(set(positions[:n])) == 1:
+                meta.decode_uniform_len = positions[0] + 1
+        for i in prefill:
+            item = plan[i]
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
-            table = torch.tensor(seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens, end, table,
-                                              verifies=item.num_draft > 0 and seq.params.greedy))
+            table = torch.tensor(item.seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
+            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens,
+                                              item.seq.num_computed_tokens + item.num_tokens, table,
+                                              verifies=item.num_draft > 0 and item.seq.params.greedy))
         if prefill:
-            first = meta.prefills[0].start
-            meta.prefill_cu_q = torch.tensor([c.start - first for c in meta.prefills] + [meta.prefills[-1].end - first],
-                                             dtype=torch.long, device=self.device)
-            meta.prefill_context_lens = torch.tensor([c.context_len for c in meta.prefills], dtype=torch.long,
-                                                     device=self.device)
-            tables = [plan[i].seq.block_table for i in prefill]
-            width = max(len(t) for t in tables)
-            meta.prefill_block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long,
-                                                     device=self.device)
+            meta.prefill_cu_q = self._tensor([c.start - n for c in meta.prefills] + [meta.prefills[-1].end - n])
+            meta.prefill_context_lens = self._tensor([c.context_len for c in meta.prefills])
+            meta.prefill_block_tables = self._tables([plan[i].seq.block_table for i in prefill])
             meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
-        meta.slot_mapping = torch.tensor(slots, dtype=torch.long, device=self.device)
         sample_rows = _assign_logit_rows(plan, first_row)
-        return (torch.tensor(input_ids, dtype=torch.long, device=self.device),
-                torch.tensor(positions, dtype=torch.long, device=self.device), meta, sample_rows)
+        return self._tensor(input_ids), self._tensor(positions), meta, sample_rows
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _tables(self, tables: list[list[int]]) -> torch.Tensor:
+        """Block tables as one tensor, each padded with 0 to the longest."""
+        width = max(len(t) for t in tables)
+        return self._tensor([t + [0] * (width - len(t)) for t in tables])
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:

@@ -5,7 +5,7 @@ Text that could be the start of a stop string is held back until it cannot be (t
 never part of the output), so a delta's text is always final.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from backend.engine.sequence import Sequence
 from backend.outputs import CompletionOutput, Logprob, RequestOutput
@@ -84,24 +84,13 @@ def take_delta(seq: Sequence) -> SequenceDelta | None:
     new_tokens = seq.output_token_ids[seq.num_sent_tokens:]
     if not new_tokens and end == seq.num_sent_chars and not seq.finished:
         return None
-    delta = SequenceDelta(
-        index=seq.index, token_ids=new_tokens, text=text[seq.num_sent_chars:end],
-        logprobs=seq.logprobs[seq.num_sent_tokens:] if seq.logprobs is not None else None,
-        finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-        cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None)
+    delta = SequenceDelta(index=seq.index, token_ids=new_tokens, text=text[seq.num_sent_chars:end],
+                          logprobs=seq.logprobs[seq.num_sent_tokens:] if seq.logprobs is not None else None,
+                          finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                          cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None)
     seq.num_sent_tokens += len(new_tokens)
     seq.num_sent_chars = end
     return delta
-
-
-@dataclass
-class _Accumulated:
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    cumulative_logprob: float | None = None
 
 
 class OutputAssembler:
@@ -109,7 +98,7 @@ class OutputAssembler:
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], n: int):
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
-        self.choices = [_Accumulated() for _ in range(n)]
+        self.choices = [CompletionOutput(index=i, text="", token_ids=[]) for i in range(n)]
         self.num_cached_tokens = 0
         self.finished = False
         self.error: str | None = None
@@ -128,10 +117,8 @@ class OutputAssembler:
         self.num_cached_tokens = delta.num_cached_tokens
 
     def output(self) -> RequestOutput:
+        """A snapshot: later deltas do not change it (add() rebinds text and logprobs, and token_ids is copied)."""
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
-            outputs=[CompletionOutput(index=i, text=c.text, token_ids=list(c.token_ids), finish_reason=c.finish_reason,
-                                      stop_reason=c.stop_reason, logprobs=c.logprobs,
-                                      cumulative_logprob=c.cumulative_logprob)
-                     for i, c in enumerate(self.choices)],
+            outputs=[replace(c, token_ids=list(c.token_ids)) for c in self.choices],
             finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error)

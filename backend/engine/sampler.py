@@ -49,13 +49,10 @@ def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     device, dtype = logits.device, logits.dtype
     temperature = torch.tensor([p.temperature for p in params], dtype=dtype, device=device)
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
-    return filter_probs(
-        probs,
-        torch.tensor([p.top_k for p in params], device=device),
-        torch.tensor([p.top_p for p in params], dtype=dtype, device=device),
-        torch.tensor([p.min_p for p in params], dtype=dtype, device=device),
-        any(p.top_k for p in params), any(p.top_p < 1 for p in params), any(p.min_p for p in params),
-    )
+    return filter_probs(probs, torch.tensor([p.top_k for p in params], device=device),
+                        torch.tensor([p.top_p for p in params], dtype=dtype, device=device),
+                        torch.tensor([p.min_p for p in params], dtype=dtype, device=device),
+                        any(p.top_k for p in params), any(p.top_p < 1 for p in params), any(p.min_p for p in params))
 
 
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,

@@ -106,9 +106,8 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        self.register_buffer(
-            "cos_sin", cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions), persistent=False
-        )
+        table = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        self.register_buffer("cos_sin", table, persistent=False)
 
     def tie_weights(self) -> None:
         # A GGUF's quantized table is shared by module instead (backend/quant/gguf_load.py).

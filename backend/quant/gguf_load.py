@@ -11,6 +11,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 import torch
@@ -162,14 +163,9 @@ class GGUFLoad:
         return w
 
     def _quant_linear(self, module: str, shards: list[Entry]) -> None:
-        groups: list[list[Entry]] = []  # adjacent shards of one format share a part (one kernel call)
-        for e in shards:
-            key = e.fmt if self.quantized(e) else None
-            if groups and (groups[-1][0].fmt if self.quantized(groups[-1][0]) else None) == key:
-                groups[-1].append(e)
-            else:
-                groups.append([e])
-        parts = [self._weight(g) for g in groups]
+        # Adjacent shards of one format share a part (one kernel call).
+        groups = groupby(shards, key=lambda e: e.fmt if self.quantized(e) else None)
+        parts = [self._weight(list(g)) for _, g in groups]
         old = self.model.get_submodule(module)
         new = QuantLinear(shards[0].rows_cols[1], parts, bias=old.bias is not None, dtype=self.dtype)
         parent, _, attr = module.rpartition(".")
@@ -182,19 +178,11 @@ class GGUFLoad:
             if not es:
                 raise ModelLoadError(f"{self.source}: {module} has expert tensors but none for "
                                      f"{['ffn_gate', 'ffn_up', 'ffn_down'][role]}")
-            if es[0].expert is None:  # one stacked tensor [E, rows, ..]
-                t = es[0].tensor
-                lead = (int(t.shape[2]),)
-                rows, cols = es[0].rows_cols
-                fmt = es[0].fmt if self.quantized(es[0]) else None
-                w = QuantWeight(fmt, rows, cols, lead, dtype=self.dtype)
-                self.targets[id(es[0])] = (w, 0, None)
-            else:
-                rows, cols = es[0].rows_cols
-                fmt = es[0].fmt if self.quantized(es[0]) else None
-                w = QuantWeight(fmt, rows, cols, (len(es),), dtype=self.dtype)
-                for e in es:
-                    self.targets[id(e)] = (w, 0, e.expert)
+            # One stacked tensor [E, rows, ..], or (older files) one tensor per expert
+            lead = (int(es[0].tensor.shape[2]),) if es[0].expert is None else (len(es),)
+            w = QuantWeight(es[0].fmt if self.quantized(es[0]) else None, *es[0].rows_cols, lead, dtype=self.dtype)
+            for e in es:
+                self.targets[id(e)] = (w, 0, e.expert)
             weights.append(w)
         self.model.get_submodule(module).use_quantized(QuantExperts(*weights))
 
@@ -245,7 +233,7 @@ class GGUFLoad:
         dest.copy_(src)
 
 
-def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True):
+def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True) -> None:
     """Replace the meta model's layers that the file keeps quantized, allocate, then load every tensor."""
     arch = reader.fields["general.architecture"]
     loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
@@ -253,7 +241,3 @@ def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bo
     materialise(model, "cpu")
     model.tie_weights()
     loading.fill()
-    for m in model.modules():
-        if isinstance(m, QuantEmbedding):
-            m.dtype = dtype
-    return model

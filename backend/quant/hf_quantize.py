@@ -42,11 +42,7 @@ def quantize_blocks(w: torch.Tensor, fmt: Format) -> torch.Tensor:
         lo, hi = g.amin(dim=1), g.amax(dim=1)
         d = (hi - lo) / 15
         d16, lo16 = d.to(torch.float16).float(), lo.to(torch.float16).float()
-        q = (
-            torch.round((g - lo16[:, None]) / torch.where(d16 > 0, d16, 1)[:, None])
-            .clamp_(0, 15)
-            .to(torch.uint8)
-        )
+        q = torch.round((g - lo16[:, None]) / torch.where(d16 > 0, d16, 1)[:, None]).clamp_(0, 15).to(torch.uint8)
         nibbles = q[:, :16] | (q[:, 16:] << 4)  # weights 0..15 in the low nibbles, 16..31 in the high ones
         blocks = torch.cat([_f16_bytes(d16), _f16_bytes(lo16), nibbles], dim=1)
     else:

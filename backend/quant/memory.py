@@ -116,12 +116,6 @@ def float_name(dtype: torch.dtype) -> str:
     return {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]
 
 
-def float_recipe(dtype: torch.dtype) -> Recipe:
-    """Every weight in the compute dtype (a Hugging Face checkpoint, a GGUF loaded with quantization='dequantize')."""
-    name = float_name(dtype)
-    return lambda kind, layer, cfg: name
-
-
 def linear_recipe(fmt: str, dtype: torch.dtype) -> Recipe:
     """The decoder's linear layers and experts in `fmt`; embeddings, output and routers in the compute dtype
     (what hf_quantize.py and random_blocks.py build)."""
@@ -145,7 +139,7 @@ def loaded_recipe(reader, quantization: str | None, random_format: str | None, d
         return linear_recipe(random_format, dtype)
     if reader is not None and quantization is None:
         return file_recipe(reader, dtype)
-    return float_recipe(dtype)
+    return lambda kind, layer, cfg: float_name(dtype)  # a Hugging Face checkpoint, or a GGUF dequantized at load
 
 
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:

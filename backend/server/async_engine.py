@@ -112,12 +112,10 @@ class AsyncEngine:
             await self.call(self._abort_all)
 
     def _abort_all(self, engine: LLMEngine) -> None:
+        error = APIError(503, "the request was aborted: the model was put to sleep", type="service_unavailable")
         for request_id in list(self._streams):
             engine.abort_request(request_id)
-            self._deliver(request_id, APIError(503, "the request was aborted: the model was put to sleep",
-                                               type="service_unavailable"))
-            self._streams.pop(request_id, None)
-            self._outcome("abort")
+            self._end(request_id, error, "abort")
 
     def stop(self) -> None:
         self._stopping = True
@@ -136,6 +134,12 @@ class AsyncEngine:
             loop, outputs, _ = stream
             loop.call_soon_threadsafe(outputs.put_nowait, item)
 
+    def _end(self, request_id: str, error: APIError, outcome: str) -> None:
+        """Fail one request: its error to its stream, which closes, and its outcome to the metrics."""
+        self._deliver(request_id, error)
+        self._streams.pop(request_id, None)
+        self._outcome(outcome)
+
     def _run_command(self, command: tuple) -> bool:
         kind = command[0]
         if kind == "add":
@@ -145,15 +149,11 @@ class AsyncEngine:
             try:
                 self.engine.add_request(request_id, prompt, params)
             except ValueError as e:  # bad input found late: a client error, reported to its request
-                self._deliver(request_id, APIError(400, str(e), param=getattr(e, "param", None)))
-                self._streams.pop(request_id, None)
-                self._outcome("rejected")
+                self._end(request_id, APIError(400, str(e), param=getattr(e, "param", None)), "rejected")
             except Exception as e:  # reported to the request that caused it
                 log.exception("adding request %s failed", request_id)
-                self._deliver(request_id, APIError(500, f"internal error: {type(e).__name__}: {e}",
-                                                   type="internal_error"))
-                self._streams.pop(request_id, None)
-                self._outcome("error")
+                error = APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error")
+                self._end(request_id, error, "error")
         elif kind == "abort":
             _, request_id = command
             self.engine.abort_request(request_id)
@@ -164,9 +164,9 @@ class AsyncEngine:
             try:
                 result = fn(self.engine)
             except Exception as e:
-                loop.call_soon_threadsafe(_settle, done, None, e)
+                loop.call_soon_threadsafe(settle, done, None, e)
             else:
-                loop.call_soon_threadsafe(_settle, done, result, None)
+                loop.call_soon_threadsafe(settle, done, result, None)
         elif kind == "stop":
             return False
         return True
@@ -181,22 +181,15 @@ class AsyncEngine:
             for request_id in list(self._streams):
                 self._deliver(request_id, error)
             self._streams.clear()
-            while True:
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    break
+            while not self._commands.empty():  # this thread is the queue's only reader
+                command = self._commands.get_nowait()
                 if command[0] == "call":
-                    command[2].call_soon_threadsafe(_settle, command[3], None, error)
+                    command[2].call_soon_threadsafe(settle, command[3], None, error)
 
     def _loop(self) -> None:
         while True:
-            while True:
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if not self._run_command(command):
+            while not self._commands.empty():  # this thread is the queue's only reader
+                if not self._run_command(self._commands.get_nowait()):
                     return
             if not self.engine.has_unfinished_requests():
                 self._wake.wait()
@@ -210,9 +203,7 @@ class AsyncEngine:
                 error = APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error")
                 for request_id in list(self._streams):
                     self.engine.abort_request(request_id)
-                    self._deliver(request_id, error)
-                    self._streams.pop(request_id, None)
-                    self._outcome("error")
+                    self._end(request_id, error, "error")
                 continue
             finally:
                 self._step_started = None
@@ -222,10 +213,8 @@ class AsyncEngine:
                 if stream is None:
                     continue
                 if out.error is not None:  # processing this request failed; the others go on
-                    self._deliver(out.request_id, APIError(500, f"generating this request failed: {out.error}",
-                                                           type="internal_error"))
-                    self._streams.pop(out.request_id, None)
-                    self._outcome("error")
+                    self._end(out.request_id, APIError(500, f"generating this request failed: {out.error}",
+                                                       type="internal_error"), "error")
                     continue
                 timing = stream[2]
                 self._record_timing(timing, out, now)
@@ -256,7 +245,7 @@ class AsyncEngine:
             self.metrics.record_token_timing(ttft, gap)
 
 
-def _settle(future: asyncio.Future, result, error) -> None:
+def settle(future: asyncio.Future, result, error) -> None:
     if future.done():
         return
     if error is not None:

@@ -59,7 +59,6 @@ def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str 
 
 async def prepare(state: ServerState, req: ChatRequest):
     """The engine, the prompt's token ids, the sampling settings and the tool reading of a chat request."""
-    state.check_model(req.model)
     engine = state.ready_engine()
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")

@@ -12,7 +12,6 @@ from backend.server.streams import collect, event, merge, sse, until_disconnect
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
-    state.check_model(req.model)
     engine = state.ready_engine()
     if req.echo:
         raise APIError(400, "echo is not supported", param="echo")

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict
 
 from backend.engine.embedding import NoRoom, embed
 from backend.server.errors import APIError
-from backend.server.prompts import check_length, off_loop
+from backend.server.prompts import chat_ids, check_length, off_loop, token_lists
 from backend.server.protocol import ChatMessage, chat_messages
 from backend.server.state import RETRY_AFTER, ServerState
 
@@ -36,29 +36,13 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def _token_ids(engine, value, vocab: int) -> list[list[int]]:
-    if isinstance(value, str):
-        value = [value]
-    if not value:
-        raise APIError(400, "input is empty", param="input")
-    if isinstance(value[0], int):
-        value = [value]
-    if len(value) > MAX_INPUTS:
-        raise APIError(400, f"input holds at most {MAX_INPUTS} items, got {len(value)}", param="input")
-    out = []
-    for i, item in enumerate(value):
-        where = f"input[{i}]" if len(value) > 1 else "input"
-        if isinstance(item, str):
-            check_length(engine, len(item), where)
-            item = engine.tokenizer(item).input_ids
-        if not item:
-            raise APIError(400, f"{where} is empty", param=where)
-        if any(t < 0 or t >= vocab for t in item):
-            raise APIError(400, f"{where}: token ids must be in [0, {vocab})", param=where)
+def _token_ids(engine, value) -> list[list[int]]:
+    out = token_lists(engine, value, "input", MAX_INPUTS)
+    for i, item in enumerate(out):
         if len(item) > engine.max_model_len:
+            where = f"input[{i}]" if len(out) > 1 else "input"
             raise APIError(400, f"{where} has {len(item)} tokens; this model embeds at most {engine.max_model_len}",
                            param=where, code="context_length_exceeded")
-        out.append(list(item))
     return out
 
 
@@ -69,7 +53,6 @@ def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
 
 
 async def create_embeddings(state: ServerState, req: EmbeddingRequest):
-    state.check_model(req.model)
     engine = state.ready_engine()
     if req.encoding_format not in ("float", "base64"):
         raise APIError(400, f"encoding_format must be float or base64, got {req.encoding_format!r}",
@@ -78,7 +61,7 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest):
     if req.dimensions is not None and req.dimensions != size:
         raise APIError(400, f"dimensions: this model's embeddings have {size} dimensions and cannot be shortened",
                        param="dimensions")
-    inputs = await off_loop(_token_ids, engine.engine, req.input, engine.engine.model_config.vocab_size)
+    inputs = await off_loop(_token_ids, engine.engine, req.input)
     try:
         vectors = await engine.call(lambda e: embed(e, inputs))
     except NoRoom as e:
@@ -92,31 +75,21 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest):
 
 
 def _tokenize(engine, req: TokenizeRequest) -> list[int]:
-    from backend.engine.admission import chat_prompt_ids
-
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give prompt or messages (one of them)", param="prompt")
     if req.prompt is not None:
         check_length(engine, len(req.prompt), "prompt")
         return engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
-    messages = chat_messages(req)
-    check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
-    try:
-        return chat_prompt_ids(engine.tokenizer, messages, engine.model_name,
-                               add_generation_prompt=req.add_generation_prompt)
-    except ValueError as e:
-        raise APIError(400, str(e), param="messages") from None
+    return chat_ids(engine, chat_messages(req), add_generation_prompt=req.add_generation_prompt)
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest):
-    state.check_model(req.model)
     engine = state.loaded_engine().engine
     ids = await off_loop(_tokenize, engine, req)
     return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
 
 
 async def detokenize(state: ServerState, req: DetokenizeRequest):
-    state.check_model(req.model)
     engine = state.loaded_engine().engine
     vocab = engine.model_config.vocab_size
     if any(t < 0 or t >= vocab for t in req.tokens):

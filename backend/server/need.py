@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from backend.config import EngineConfig
-from backend.engine.memory import activation_bytes, kv_bytes_per_block, min_kv_bytes
+from backend.engine.memory import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.loader import locate, pick_dtype, read_config
 from backend.spec.config import SpeculativeConfig
 
@@ -38,20 +38,17 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
     cfg, _ = read_config(locate(config.model))
     # The dtype a GPU gets, without asking one: pick_dtype's rules for a device that is neither CPU nor CUDA.
     dtype = pick_dtype(config.dtype, torch.device("meta"), cfg.torch_dtype)
-    max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
-    tokens = config.max_num_batched_tokens or min(2048, max_model_len)
+    spec = SpeculativeConfig.parse(config.speculative)
+    shape = CacheShape.of(config, cfg, spec, torch.device("meta"), dtype)
     per_block = kv_bytes_per_block(cfg, config.block_size, dtype)
     weights = disk_bytes(config.model)
-    spec = SpeculativeConfig.parse(config.speculative)
     if spec is not None and spec.model:
         # The draft keeps a cache of the target's length beside its own weights.
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
         per_block += kv_bytes_per_block(draft_cfg, config.block_size, dtype)
-    drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
-    logit_rows = min(config.max_num_seqs * (1 + drafts), tokens)  # as LLMEngine._max_logit_rows
-    return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, max_model_len),
-                     activation_bytes(cfg, tokens, logit_rows, dtype), max_model_len)
+    return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, shape.max_model_len),
+                     activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len)
 
 
 def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memory: int | None) -> dict:

@@ -2,9 +2,7 @@
 
 Tokenizing a large prompt or compiling a large JSON schema takes seconds; on the event loop it would
 stall every stream and /health, so both run on a small pool of worker threads. Before that, a prompt
-longer than the context is refused from its length in characters alone: no token is longer than the
-longest entry of the vocabulary, so a text of more than max_model_len times that many characters
-cannot fit.
+longer than the context is refused from its length in characters alone (Limits.max_prompt_chars).
 """
 
 import asyncio
@@ -30,7 +28,7 @@ def check_length(engine: LLMEngine, chars: int, param: str) -> None:
                        code="context_length_exceeded")
 
 
-def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
+def validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
     if not ids:
         raise APIError(400, f"{param} is empty", param=param)
     if any(t < 0 or t >= vocab for t in ids):
@@ -38,36 +36,42 @@ def _validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
     return ids
 
 
-def _completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
-    vocab = engine.model_config.vocab_size
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    if not prompt:
-        raise APIError(400, "prompt is empty", param="prompt")
-    if isinstance(prompt[0], int):
-        return [_validate_ids(list(prompt), vocab, "prompt")]
+def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = None) -> list[list[int]]:
+    """A prompt (or embeddings' input) of one or several texts or lists of token ids, as lists of token ids. With
+    max_items, a list of several names its items in errors (input[1])."""
+    value = [value] if isinstance(value, str) else value
+    if not value:
+        raise APIError(400, f"{param} is empty", param=param)
+    value = [value] if isinstance(value[0], int) else value
+    if max_items is not None and len(value) > max_items:
+        raise APIError(400, f"{param} holds at most {max_items} items, got {len(value)}", param=param)
     out = []
-    for p in prompt:
-        if isinstance(p, str):
-            check_length(engine, len(p), "prompt")
-            ids = engine.tokenizer(p).input_ids
-        else:
-            ids = list(p)
-        out.append(_validate_ids(ids, vocab, "prompt"))
+    for i, item in enumerate(value):
+        where = f"{param}[{i}]" if max_items is not None and len(value) > 1 else param
+        if isinstance(item, str):
+            check_length(engine, len(item), where)
+            item = engine.tokenizer(item).input_ids
+        out.append(validate_ids(list(item), engine.model_config.vocab_size, where))
     return out
 
 
-def _chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def chat_ids(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None,
+             add_generation_prompt: bool = True) -> list[int]:
+    """The messages through the model's chat template (as /tokenize shows them too); a 400 when it refuses them."""
     check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
     try:
-        ids = chat_prompt_ids(engine.tokenizer, messages, engine.model_name, tools=tools)
+        return chat_prompt_ids(engine.tokenizer, messages, engine.model_name, tools=tools,
+                               add_generation_prompt=add_generation_prompt)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
-    return _validate_ids(ids, engine.model_config.vocab_size, "messages")
+
+
+def _chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    return validate_ids(chat_ids(engine, messages, tools), engine.model_config.vocab_size, "messages")
 
 
 async def completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
-    return await off_loop(_completion_prompts, prompt, engine)
+    return await off_loop(token_lists, engine, prompt, "prompt")
 
 
 async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None) -> list[int]:

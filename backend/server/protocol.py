@@ -122,9 +122,7 @@ def new_id(prefix: str) -> str:
 def guided_json(req: CommonRequest) -> dict | str | bool | None:
     """OpenAI's response_format (or vLLM's guided_json) as the engine's guided_json."""
     fmt = req.response_format
-    if fmt is None:
-        return req.guided_json
-    kind = fmt.get("type")
+    kind = fmt.get("type") if fmt is not None else "text"
     if kind == "text":
         return req.guided_json
     if kind == "json_object":
@@ -148,23 +146,13 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, g
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     try:
         return SamplingParams(
-            n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0,
-            seed=req.seed,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
+            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, min_p=req.min_p or 0.0,
+            seed=req.seed, presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-            max_tokens=max_tokens,
-            stop=req.stop,
-            stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos,
-            logprobs=logprobs,
-            guided_json=guided if guided is not None else guided_json(req),
-            skip_special_tokens=skip_special_tokens,
-        )
+            max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
+            logprobs=logprobs, guided_json=guided if guided is not None else guided_json(req),
+            skip_special_tokens=skip_special_tokens)
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param) from None
 

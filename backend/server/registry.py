@@ -14,7 +14,7 @@ import torch
 
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.memory import kv_bytes_per_block
-from backend.server.async_engine import AsyncEngine
+from backend.server.async_engine import AsyncEngine, settle
 from backend.server.errors import APIError
 from backend.server.metrics import ServerMetrics
 from backend.server.need import disk_bytes
@@ -35,9 +35,8 @@ class Budget:
 def engine_bytes(engine: LLMEngine) -> int:
     """What a loaded engine holds: its weights (and a draft's) and its KV cache."""
     models = [engine.model] + ([engine.proposer.model] if hasattr(engine.proposer, "model") else [])
-    weights = sum(
-        t.numel() * t.element_size() for m in models if m is not None for t in (*m.parameters(), *m.buffers())
-    )
+    weights = sum(t.numel() * t.element_size() for m in models if m is not None
+                  for t in (*m.parameters(), *m.buffers()))
     per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.dtype) for m in models if m)
     return weights + engine.num_kv_blocks * per_block
 
@@ -53,32 +52,16 @@ def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:
             result = fn()
         except BaseException as e:  # noqa: BLE001 handed to the awaiting coroutine
             error = e
-        loop.call_soon_threadsafe(_settle, done, result, error)
+        loop.call_soon_threadsafe(settle, done, result, error)
 
     threading.Thread(target=run, name="model-load", daemon=True).start()
     return done
 
 
-def _settle(done: asyncio.Future, result, error) -> None:
-    if done.done():
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)
-
-
 class ModelRegistry:
-    def __init__(
-        self,
-        states: list[ServerState],
-        budget: Budget,
-        metrics: ServerMetrics,
-        on_default_error: Callable[[str], None] | None = None,
-    ):
-        self.states = (
-            states  # the first is the default: loaded at start-up, and used when a request names none
-        )
+    def __init__(self, states: list[ServerState], budget: Budget, metrics: ServerMetrics,
+                 on_default_error: Callable[[str], None] | None = None):
+        self.states = states  # the first is the default: loaded at start-up, and used when a request names none
         self.budget = budget
         self.metrics = metrics
         self.on_default_error = on_default_error
@@ -100,12 +83,8 @@ class ModelRegistry:
             if state.answers_to(name):
                 return state
         served = ", ".join(f"`{s.served_model_name}`" for s in self.states)
-        raise APIError(
-            404,
-            f"The model `{name}` does not exist; this server serves {served}.",
-            param="model",
-            code="model_not_found",
-        )
+        raise APIError(404, f"The model `{name}` does not exist; this server serves {served}.", param="model",
+                       code="model_not_found")
 
     async def acquire(self, name: str | None) -> ServerState:
         """The named model, loaded (waiting up to the load timeout for that), held until release()."""
@@ -158,24 +137,15 @@ class ModelRegistry:
         state.handovers += 1
 
     async def _wait_loaded(self, state: ServerState, deadline: float) -> None:
-        name = state.served_model_name
         if self.sleep_level:
-            raise APIError(
-                503,
-                "the server is asleep while its memory is lent to another service; retry shortly",
-                type="service_unavailable",
-                headers=RETRY_AFTER,
-            )
+            raise APIError(503, "the server is asleep while its memory is lent to another service; retry shortly",
+                           type="service_unavailable", headers=RETRY_AFTER)
         task = self._begin_load(state)
         try:
             await asyncio.wait_for(asyncio.shield(task), max(deadline - time.monotonic(), 0))
         except TimeoutError:
-            raise APIError(
-                503,
-                f"the model `{name}` is loading; retry shortly",
-                type="service_unavailable",
-                headers=RETRY_AFTER,
-            ) from None
+            raise APIError(503, f"the model `{state.served_model_name}` is loading; retry shortly",
+                           type="service_unavailable", headers=RETRY_AFTER) from None
 
     async def _load(self, state: ServerState) -> None:
         if self._lock is None:
@@ -186,20 +156,15 @@ class ModelRegistry:
                     self._hand_over(state)
                     return
                 await self._make_room(state)
-                state.engine = await in_daemon_thread(
-                    lambda: AsyncEngine(LLMEngine(state.config), self.metrics.for_model(state.served_model_name))
-                )
+                state.engine = await in_daemon_thread(lambda: AsyncEngine(
+                    LLMEngine(state.config), self.metrics.for_model(state.served_model_name)))
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
                 self._hand_over(state)
                 state.loads += 1
                 state.load_error = None
                 self.ever_loaded = True
-                log.info(
-                    "model %s loaded as %s (%.1f MiB)",
-                    state.config.model,
-                    state.served_model_name,
-                    state.need / 2**20,
-                )
+                log.info("model %s loaded as %s (%.1f MiB)", state.config.model, state.served_model_name,
+                         state.need / 2**20)
                 await self._make_room(state)  # measured: it may hold more than its estimate said
                 if self.sleep_level:  # /sleep came while it loaded
                     level = self.sleep_level
@@ -221,20 +186,15 @@ class ModelRegistry:
         others = [s for s in self.loaded() if s is not state]
         if self.budget.max_loaded is not None and len(others) + 1 > self.budget.max_loaded:
             return True
-        return (
-            self.budget.memory is not None
-            and sum(self._need(s) for s in others) + self._need(state) > self.budget.memory
-        )
+        return self.budget.memory is not None and sum(self._need(s) for s in [*others, state]) > self.budget.memory
 
     async def _make_room(self, state: ServerState) -> None:
         """Unload least recently used models until `state` fits beside the rest (before its load, by its
         estimate; after it, by what it measured)."""
         budget = self.budget.memory
         if budget is not None and self._need(state) > budget:
-            message = (
-                f"the model `{state.served_model_name}` needs {self._need(state) / 2**20:.1f} MiB, more "
-                f"than the server's whole --models-memory budget of {budget / 2**20:.1f} MiB"
-            )
+            message = (f"the model `{state.served_model_name}` needs {self._need(state) / 2**20:.1f} MiB, more "
+                       f"than the server's whole --models-memory budget of {budget / 2**20:.1f} MiB")
             if state.engine is None:
                 raise ValueError(message)
             log.warning("%s; it stays loaded, alone", message)  # measured past an estimate that fitted

@@ -112,9 +112,7 @@ def _tool_choice(choice):
 
 def _response_format(text: dict | None) -> dict | None:
     fmt = (text or {}).get("format")
-    if not fmt or fmt.get("type") in (None, "text", "json_object"):
-        return fmt
-    if fmt.get("type") == "json_schema":
+    if fmt and fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
     return fmt
 
@@ -155,13 +153,12 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
         except ValidationError as e:
             param = _validation_param(e)
             raise APIError(400, f"{param}: {e.errors()[0]['msg']}", param=param) from None
-        engine, prompt, params, tools = await prepare(state, chat_req)
+        return await prepare(state, chat_req)
     except APIError as e:
         param = _param(e.param, origin)
         if param != e.param:  # the message names the chat request's field
             e.message, e.param = f"{e.message} (in this request: {param})", param
         raise
-    return engine, prompt, params, tools
 
 
 def output_items(tools: ChatTools, text: str, reason: str | None) -> list[dict]:

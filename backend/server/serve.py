@@ -8,7 +8,6 @@ import sys
 from dataclasses import replace
 
 from backend.config import EngineConfig
-from backend.model_config import ModelLoadError
 from common.sizes import parse_memory
 
 
@@ -90,14 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
-def on_cuda(config: EngineConfig) -> bool:
-    if config.device is not None:
-        return config.device.startswith("cuda")
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def named_models(models: list[str] | None, served_model_name: str | None) -> list[tuple[str, str]]:
     """--model values as (name, model): NAME=MODEL, or the model itself (its alias or path) as the name."""
     pairs = []
@@ -130,30 +121,23 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
 
 
 def serve(args: argparse.Namespace) -> int:
-    try:
-        models = named_models(args.model, args.served_model_name)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Settings or models that are wrong raise ValueError, ModelLoadError or ModelStoreError: `python -m backend`
+    prints them as `error: ...` and exits with 2, before the port is taken."""
+    models = named_models(args.model, args.served_model_name)
     if args.max_loaded_models is not None and args.max_loaded_models < 1:
-        print("error: --max-loaded-models must be at least 1", file=sys.stderr)
-        return 2
+        raise ValueError("--max-loaded-models must be at least 1")
     if isinstance(args.models_memory, float):
-        print("error: --models-memory is a size, such as 40GiB or 512MiB", file=sys.stderr)
-        return 2
+        raise ValueError("--models-memory is a size, such as 40GiB or 512MiB")
     if args.print_memory_need or args.gpu_memory_utilization == "auto":
         from backend.server.need import server_need
 
-        try:
-            need = server_need(_engine_config(args, models[0][1], 0.9), models, args.models_memory)
-        except (ModelLoadError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        need = server_need(_engine_config(args, models[0][1], 0.9), models, args.models_memory)
         if args.print_memory_need:
             print(json.dumps(need))
             return 0
         args.gpu_memory_utilization = need["need_bytes"]
     config = _engine_config(args, models[0][1], args.gpu_memory_utilization)
+    import torch
     import uvicorn
 
     from backend.loader import locate
@@ -161,17 +145,16 @@ def serve(args: argparse.Namespace) -> int:
     from backend.server.registry import Budget
     from backend.spec.config import SpeculativeConfig
 
-    # Fail at once on settings or models that are wrong, before the port is taken.
     spec = SpeculativeConfig.parse(config.speculative)
     for _, model in models:
         locate(model)
     if spec is not None and spec.model:
         locate(spec.model)
-    if len(models) > 1 and on_cuda(config) and config.kv_cache_memory is None and config.num_kv_blocks is None:
+    cuda = config.device.startswith("cuda") if config.device is not None else torch.cuda.is_available()
+    if len(models) > 1 and cuda and config.kv_cache_memory is None and config.num_kv_blocks is None:
         # Sized from what the card has left, the first model's KV cache would leave none for the next.
-        print("error: several models on a GPU need a KV cache of a fixed size each: pass --kv-cache-memory "
-              "(e.g. 4GiB) or --num-kv-blocks", file=sys.stderr)
-        return 2
+        raise ValueError("several models on a GPU need a KV cache of a fixed size each: pass --kv-cache-memory "
+                         "(e.g. 4GiB) or --num-kv-blocks")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failure: list[str] = []
     server: uvicorn.Server | None = None

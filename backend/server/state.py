@@ -59,8 +59,3 @@ class ServerState:
 
     def answers_to(self, name: str) -> bool:
         return name in (self.served_model_name, self.config.model)
-
-    def check_model(self, name: str | None) -> None:
-        if name is not None and not self.answers_to(name):
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.served_model_name}`.",
-                           param="model", code="model_not_found")

@@ -41,10 +41,8 @@ def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: tor
     source = locate(model)
     config, reader = read_config(source)
     if config.vocab_size != target.vocab_size:
-        raise ModelLoadError(
-            f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
-            f"{target.vocab_size}; a draft must share the target's vocabulary"
-        )
+        raise ModelLoadError(f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
+                             f"{target.vocab_size}; a draft must share the target's vocabulary")
     return load_model(source, config, reader, dtype, device, max_model_len)
 
 

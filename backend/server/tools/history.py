@@ -20,10 +20,6 @@ HERMES_SYSTEM = (
 )
 
 
-def template_knows_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template
-
-
 def check_history(messages: list[dict]) -> None:
     """Assistant tool_calls must carry JSON-object arguments; each tool message must answer one of them."""
     ids: dict[str, str] = {}
@@ -91,7 +87,7 @@ def _written_out(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
 def template_input(messages: list[dict], spec: ToolSpec | None, template: str | None
                    ) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) for the chat template: tools is None when the template is not to see any."""
-    if template_knows_tools(template):
+    if template and "tools" in template:  # a template that knows tools
         tools = spec.tools if spec is not None and spec.calls_possible else None
         return [_native(m) for m in messages], tools
     if spec is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):

@@ -72,15 +72,10 @@ class CallScanner:
         self.expect = "value"  # inside a call object: key, colon, value, comma
         self.value_start: int | None = None  # a primitive value being read at call level
         self.call: _Call | None = None
-        self.first_index = self.next_index = first_index
+        self.first_index = self.next_index = first_index  # next_index: the index the next call would get
         self.done = self.failed = False
         self.end = self.fail_at = self.resume = 0
         self.rest = ""
-
-    @property
-    def num_calls(self) -> int:
-        """The index the next call would get: calls before this scanner and those it found."""
-        return self.next_index
 
     @property
     def calls_made(self) -> int:
@@ -105,7 +100,7 @@ class CallScanner:
             self.rest = self.buffer[self.end:]
             self.buffer = self.buffer[:self.end]
         if self.failed:
-            started = self.call is not None and self.call.started
+            started = self.started
             if started:
                 events.append(CallEnd(self.next_index - 1, self.buffer[self.call.start:self.fail_at], False))
             # Text that began no call is handed back whole; after a broken call, from where it broke.

@@ -5,7 +5,6 @@ from backend.server.tools.spec import ToolSpec
 
 FAMILY_PARSERS = {"LlamaForCausalLM": "llama3_json", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mistral"}
-CHOICES = ("hermes", "llama3_json", "mistral")
 
 
 def parser_name(override: str | None, template: str | None, architecture: str) -> str:

@@ -3,15 +3,7 @@
 Each parser turns text into events: Content for text that is the answer, and CallStart / CallArguments /
 CallEnd (backend/server/tools/scanner.py) for calls. Text that could still become a marker is held back
 until it cannot, so content never carries half a `<tool_call>`. A marker followed by something that is
-not a call object is content after all.
-
-- hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number, text around them
-  (Hermes 2/3, Qwen 2.5/3, and our prompt for templates that know no tools).
-- llama3_json: the output is `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or not), calls
-  separated by `;` (Llama 3.1-3.3's JSON tool calling).
-- mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or v11's `[TOOL_CALLS]name[ARGS]{...}`.
-- json: the whole output is a JSON array of calls (what a required tool_choice's grammar produces).
-- named: the whole output is the arguments of one function (a named tool_choice's grammar).
+not a call object is content after all. Each format is described in its parser's module.
 """
 
 from backend.server.tools.parsers.base import Content, ToolParser

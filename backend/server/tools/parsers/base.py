@@ -67,7 +67,7 @@ class ToolParser:
         found = scanner.feed(self.pending)
         self.pending = ""
         events.extend(self._marked(found, scanner))
-        self.num_calls = scanner.num_calls
+        self.num_calls = scanner.next_index
         if scanner.done or scanner.failed:
             self.pending = scanner.rest
             return True
@@ -79,11 +79,14 @@ class ToolParser:
                 e.raw = self.opening + scanner.buffer[:scanner.buffer.find(e.raw)] + e.raw
         return events
 
-    def _finish_scanner(self, scanner: CallScanner, events: list) -> bool:
-        """The text ended inside a scanner's value; True if a call had been announced in it."""
+    def _finish_scanner(self, events: list, opening: str = "") -> None:
+        """The text ended inside self.scanner's value: a call it announced ends (invalid); text in which it found
+        no call is content, after the marker that opened it."""
+        scanner, self.scanner = self.scanner, None
         started = scanner.started
         events.extend(self._marked(scanner.finish(), scanner))
-        return started
+        if not started and not scanner.calls_made:
+            self._content(opening + scanner.buffer, events)
 
     def _advance(self, events: list) -> None:
         self._pass_content(events, ())

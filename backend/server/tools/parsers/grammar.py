@@ -20,17 +20,14 @@ class JsonArrayParser(ToolParser):
         if self.scanner is None:
             self._pass_content(events, ())
         elif self._scan(self.scanner, events):
-            if self.scanner.failed and not self.scanner.num_calls:
+            if self.scanner.failed and not self.scanner.calls_made:
                 self._content(self.scanner.rest, events)
                 self.pending = ""
             self.scanner = None
 
     def _finish(self, events: list) -> None:
         if self.scanner is not None:
-            started = self._finish_scanner(self.scanner, events)
-            if not self.scanner.num_calls and not started:
-                self._content(self.scanner.buffer, events)
-            self.scanner = None
+            self._finish_scanner(events)
 
 
 class NamedParser(ToolParser):

@@ -43,9 +43,6 @@ class HermesParser(ToolParser):
 
     def _finish(self, events: list) -> None:
         if self.scanner is not None:
-            started = self._finish_scanner(self.scanner, events)
-            if not started:
-                self._content(self.OPEN + self.scanner.buffer, events)
-            self.scanner = None
+            self._finish_scanner(events, self.OPEN)
         if self.closing and self.CLOSE.startswith(self.pending.lstrip()):
             self.pending = ""

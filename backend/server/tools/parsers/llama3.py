@@ -50,7 +50,4 @@ class Llama3JsonParser(ToolParser):
 
     def _finish(self, events: list) -> None:
         if self.scanner is not None:
-            started = self._finish_scanner(self.scanner, events)
-            if not started:
-                self._content(self.scanner.buffer, events)
-            self.scanner = None
+            self._finish_scanner(events)

@@ -87,10 +87,7 @@ class MistralParser(ToolParser):
             events.append(CallEnd(index, f"{self.TAG}{name}[ARGS]{self.pending}", False))
             self.pending, self.v11 = "", None
         if self.scanner is not None:
-            started = self._finish_scanner(self.scanner, events)
-            if not started and not self.scanner.calls_made:
-                self._content(self.TAG + self.scanner.buffer, events)
-            self.scanner = None
+            self._finish_scanner(events, self.TAG)
         if self.after_tag:
             self._content(self.TAG, events)
 
