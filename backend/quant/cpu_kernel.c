@@ -60,6 +60,20 @@ INLINE V vcodes(const uint8_t *c, int bits, int h) {
     }
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
 }
+/* codes at k and k + 1: 4-bit codes of both from one load and one split into low and high nibbles */
+INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
+    (void)h;
+    if (bits == 4) {
+        __m128i b = _mm_loadu_si128((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
+        __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        *at_k = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+        *next = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)));
+    } else {
+        *at_k = vcodes(c, bits, 0);
+        *next = vcodes(c + PANEL, bits, 0);
+    }
+}
+#define PAIRED_CODES 1
 INLINE V vparams(const void *base, i64 index, int f16) {
     if (!base) return _mm512_setzero_ps();
     if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
@@ -116,6 +130,12 @@ INLINE V vparams(const void *base, i64 index, int f16) {
     return v;
 }
 #endif
+#ifndef PAIRED_CODES
+INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
+    *at_k = vcodes(c, bits, h);
+    *next = vcodes(c + PANEL * bits / 8, bits, h);
+}
+#endif
 
 typedef struct {
     const uint8_t *codes;
@@ -167,11 +187,22 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
              * without it (measured) */
             for (i64 b = 0; b < (NC + H - 1) / H * w->group * step; b += 64)
                 PREFETCH(next + g * w->group * step + b);
-            for (i64 k = g * w->group; k < (g + 1) * w->group; k++) {
-#define DECODE(c) V w##c = NC > c ? vfma(vcodes(codes##c + k * step, bits, c % H), s##c, o##c) : vzero();
+            /* two k at a time (groups are 16 or 32 long): one load and nibble split serve both */
+            for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
+#define DECODE(c) V w##c = vzero(), u##c = vzero();                                  \
+                  if (NC > c) {                                                       \
+                      vcodes2(codes##c + k * step, bits, c % H, &w##c, &u##c);        \
+                      w##c = vfma(w##c, s##c, o##c);                                  \
+                      u##c = vfma(u##c, s##c, o##c);                                  \
+                  }
                 C4(DECODE)
 #undef DECODE
                 const float *xk = xt + k * xs;
+                RC(FMA)
+#define NEXT(c) w##c = u##c;
+                C4(NEXT)
+#undef NEXT
+                xk += xs;
                 RC(FMA)
             }
         }
