@@ -63,14 +63,10 @@ def embed(engine, inputs: list[list[int]]) -> list[torch.Tensor]:
                         budget -= take
                 input_ids, positions, meta, _ = runner.prepare(plan)
                 hidden = runner.model(input_ids, positions, meta).float()
-                # prepare lays single-token items (decode rows) first, then the chunks, each in plan order
-                ordered = [p for p in plan if p.num_tokens == 1] + [p for p in plan if p.num_tokens > 1]
-                row = 0
-                for item in ordered:
+                for item in plan:
                     i = -1 - item.seq.seq_id
-                    part = hidden[row:row + item.num_tokens].sum(dim=0)
+                    part = hidden[item.hidden_rows].sum(dim=0)
                     sums[i] = part if sums[i] is None else sums[i] + part
-                    row += item.num_tokens
                     item.seq.num_computed_tokens += item.num_tokens
         finally:
             for seq in seqs.values():

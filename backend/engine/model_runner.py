@@ -8,6 +8,11 @@ from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
 
+# Prompt chunks with at most this many (rows x positions attended) also run as decode rows with our CPU kernels: the
+# one-call step saves the module path's overhead, but its per-row attention reads every key once per row, which
+# loses to the batched prefill attention past about 180 x 180 (SmolLM2, 2 cores, measured).
+SHORT_PROMPT = 32 * 1024
+
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
@@ -129,16 +134,18 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(plan)
-        # With our CPU kernels a verification run is decode rows too (its token and drafts, each attending as it
-        # would decoding): the step stays a decode step, with none of a prompt chunk's work.
+        # With our CPU kernels a verification run, and a short prompt chunk, are decode rows too (each row attending
+        # as it would decoding): the step stays a decode step, with none of a prompt chunk's work.
         decode, prefill = [], []
         for i, item in enumerate(plan):
-            as_decode = item.num_tokens == 1 or (item.num_draft and self.cpu_kernels)
+            as_decode = item.num_tokens == 1 or (self.cpu_kernels and (
+                item.num_draft or item.num_tokens * (item.seq.num_computed_tokens + item.num_tokens) <= SHORT_PROMPT))
             (decode if as_decode else prefill).append(i)
         for i in decode + prefill:
             item = plan[i]
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
             first_row[i] = len(input_ids)
+            item.hidden_rows = slice(first_row[i], first_row[i] + item.num_tokens)
             input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))

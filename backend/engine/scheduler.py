@@ -30,6 +30,7 @@ class ScheduledSeq:
     draft_tokens: list[int] = field(default_factory=list)  # proposed for this step and verified by it
     draft_probs: torch.Tensor | None = None  # the proposer's distribution per draft (None: deterministic)
     logit_rows: slice | None = None  # its rows of the step's logits (set by the runner)
+    hidden_rows: slice | None = None  # its rows of the step's hidden states (set by the runner)
 
     @property
     def num_draft(self) -> int:

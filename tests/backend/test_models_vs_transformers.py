@@ -22,7 +22,7 @@ def prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
         logits = engine.model.compute_logits(engine.model(input_ids, positions, meta))
     for i in range(len(prompts)):
         engine.abort_request(f"logits-{i}")
-    return [logits[chunk.start:chunk.end] for chunk in meta.prefills]
+    return [logits[item.hidden_rows] for item in batch]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
