@@ -10,8 +10,8 @@ from backend.models.transformer import Attention, CausalLM
 
 # Prompt chunks with at most this many (rows x positions attended) also run as decode rows with our CPU kernels: the
 # one-call step saves the module path's overhead, but its per-row attention reads every key once per row, which
-# loses to the batched prefill attention past about 180 x 180 (SmolLM2, 2 cores, measured).
-SHORT_PROMPT = 32 * 1024
+# loses to the batched prefill attention past about 450 x 450 (SmolLM2, 2 cores, measured).
+SHORT_PROMPT = 192 * 1024
 
 
 class ModelRunner:

@@ -165,6 +165,20 @@ static V8 dot8(const float *q, const float *const k[8], i64 dim) {
     return hsum8x8(a);
 }
 
+/* o[i] = sum over t of p[t] * v_t[i], added in t order from 0 as the plain loop would (the same bits), the sums
+ * held in registers: a loop over o in memory loads and stores every o[i] once per position. */
+static inline __attribute__((always_inline)) void weigh_values(const float *p, i64 n, const i64 *at,
+                                                               const float *v_cache, const i64 dim, float *o) {
+    V8 acc[16];
+    for (i64 i = 0; i < dim / 8; i++) acc[i] = v8_set1(0.0f);
+    for (i64 t = 0; t < n; t++) {
+        const float *v = v_cache + at[t];
+        V8 pt = v8_set1(p[t]);
+        for (i64 i = 0; i < dim / 8; i++) acc[i] = acc[i] + pt * v8_loadu(v + 8 * i);
+    }
+    for (i64 i = 0; i < dim / 8; i++) v8_storeu(o + 8 * i, acc[i]);
+}
+
 /* Attention of single query rows over a paged cache, each row as one decoding sequence's token: row r attends
  * to its sequence's positions [max(0, len_r - window), len_r) (window 0: all), the key of position t in slot
  * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim]; the hq / hkv query heads
@@ -177,6 +191,7 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
 #pragma omp parallel num_threads(threads)
     {
         float *scores = malloc((size_t)(group * max_len) * sizeof(float));
+        i64 *at = malloc((size_t)max_len * sizeof(i64)); /* the job's keys' and values' offsets in the caches */
 #pragma omp for schedule(static)
         for (i64 job = 0; job < rows * hkv; job++) {
             i64 r = job / hkv, kv = job % hkv;
@@ -184,22 +199,20 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
             i64 len = lens[r], start = window > 0 && len > window ? len - window : 0, n = len - start;
             const float *qr = q + r * ldq + kv * group * dim;
             float *o = out + (r * hq + kv * group) * dim;
+            for (i64 t = 0, b = start / block_size, in = start % block_size; t < n; t++) {
+                at[t] = ((table[b] * block_size + in) * hkv + kv) * dim;
+                if (++in == block_size) in = 0, b++;
+            }
             i64 t = 0;
             if (dim % 8 == 0)  /* 8 keys at a time, each read once for the query heads that share it */
                 for (; t + 8 <= n; t += 8) {
                     const float *k[8];
-                    for (int j = 0; j < 8; j++) {
-                        i64 pos = start + t + j;
-                        k[j] = k_cache + ((table[pos / block_size] * block_size + pos % block_size) * hkv + kv) * dim;
-                    }
+                    for (int j = 0; j < 8; j++) k[j] = k_cache + at[t + j];
                     for (i64 g = 0; g < group; g++)
                         v8_storeu(scores + g * max_len + t, dot8(qr + g * dim, k, dim) * v8_set1(scale));
                 }
-            for (; t < n; t++) {
-                i64 pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size;
-                const float *k = k_cache + (slot * hkv + kv) * dim;
-                for (i64 g = 0; g < group; g++) scores[g * max_len + t] = dot(qr + g * dim, k, dim) * scale;
-            }
+            for (; t < n; t++)
+                for (i64 g = 0; g < group; g++) scores[g * max_len + t] = dot(qr + g * dim, k_cache + at[t], dim) * scale;
             for (i64 g = 0; g < group; g++) {
                 float *sc = scores + g * max_len, top = -INFINITY;
                 for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
@@ -215,15 +228,16 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                 for (t = 0; t < n; t++) sc[t] /= total;
                 for (i64 i = 0; i < dim; i++) o[g * dim + i] = 0.0f;
             }
-            for (i64 t = 0; t < n; t++) {
-                i64 pos = start + t, slot = table[pos / block_size] * block_size + pos % block_size;
-                const float *v = v_cache + (slot * hkv + kv) * dim;
-                for (i64 g = 0; g < group; g++) {
-                    float p = scores[g * max_len + t], *og = o + g * dim;
-                    for (i64 i = 0; i < dim; i++) og[i] += p * v[i];
-                }
+            for (i64 g = 0; g < group; g++) {
+                const float *p = scores + g * max_len;
+                if (dim == 64) weigh_values(p, n, at, v_cache, 64, o + g * dim);
+                else if (dim == 128) weigh_values(p, n, at, v_cache, 128, o + g * dim);
+                else
+                    for (i64 t = 0; t < n; t++)
+                        for (i64 i = 0; i < dim; i++) o[g * dim + i] += p[t] * v_cache[at[t] + i];
             }
         }
         free(scores);
+        free(at);
     }
 }
