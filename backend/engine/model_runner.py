@@ -8,10 +8,11 @@ from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
 
-# Prompt chunks with at most this many (rows x positions attended) also run as decode rows with our CPU kernels: the
-# one-call step saves the module path's overhead, but its per-row attention reads every key once per row, which
-# loses to the batched prefill attention past about 450 x 450 (SmolLM2, 2 cores, measured).
-SHORT_PROMPT = 192 * 1024
+# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows with our CPU
+# kernels: per row, the one-call step saves the module path's overhead but attends alone (every key read once per
+# row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh 512-token
+# prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
+SHORT_CONTEXT = 256
 
 
 class ModelRunner:
@@ -139,7 +140,7 @@ class ModelRunner:
         decode, prefill = [], []
         for i, item in enumerate(plan):
             as_decode = item.num_tokens == 1 or (self.cpu_kernels and (
-                item.num_draft or item.num_tokens * (item.seq.num_computed_tokens + item.num_tokens) <= SHORT_PROMPT))
+                item.num_draft or item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT))
             (decode if as_decode else prefill).append(i)
         for i in decode + prefill:
             item = plan[i]
