@@ -5,8 +5,9 @@
  *
  * Every row attends as a decoding token at its own position (a sequence's next token, or a verification run's
  * rows), with its key and value stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
- * q and k, paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized
- * layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's q|k|v).
+ * q and k (each head RMS-normed first where the model has q/k norms: Qwen3), paged attention, o, RMSNorm, fused
+ * gate|up, SiLU-and-multiply, down; all weights in our quantized layout (a fused layer's parts each in its own
+ * format), biases where the model has them (Qwen2's q|k|v).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -40,7 +41,7 @@ typedef struct {
 } Linear;
 
 typedef struct {
-    const float *input_norm, *post_norm;
+    const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
     Linear qkv, o, gate_up, down;
     float *k_cache, *v_cache;
 } Layer;
@@ -94,6 +95,11 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
             rms_norm_rows(out, residual, L->input_norm, residual, h, M, H, s->eps);
         }
         matmul(&L->qkv, h, M, qkv, threads);
+        for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head at a time: each row's sum comes first */
+            float *row = qkv + r * qkv_cols;
+            rms_norm_rows(row, NULL, L->q_norm, NULL, row, hq, D, s->eps);
+            rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, hkv, D, s->eps);
+        }
         rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
         for (i64 r = 0; r < M; r++) {
             if (slots[r] < 0) continue;

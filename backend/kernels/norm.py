@@ -12,7 +12,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from backend.kernels import triton_kernels
 
         return triton_kernels.rms_norm(x, weight, eps)
-    if x.is_contiguous() and native.usable(x, weight):
+    if native.usable(x, weight):
+        # Strided rows too (Qwen3's q/k heads, a slice of the projection when it has several rows): copied, so
+        # that the C kernel, not F.rms_norm, computes every row count (the one-call step's bits)
+        x = x.contiguous()
         out = torch.empty_like(x)
         native.library().rms_norm_rows(x.data_ptr(), None, weight.data_ptr(), None, out.data_ptr(),
                                        x.numel() // x.shape[-1], x.shape[-1], eps)

@@ -3,7 +3,7 @@
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format), with or without biases (Qwen2), with no q/k norms and no experts. The runner builds one per KV cache
+format), with or without biases (Qwen2) and q/k norms (Qwen3), with no experts. The runner builds one per KV cache
 (the cache's addresses are in it) and uses it for steps whose rows all attend as decode rows.
 """
 
@@ -30,7 +30,7 @@ class _Linear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+    _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
                 ("down", _Linear), ("k_cache", ptr), ("v_cache", ptr)]
 
 
@@ -59,6 +59,13 @@ def _linear(linear) -> _Linear | None:
                    bias.data_ptr() if bias is not None else None)
 
 
+def _norms(layer) -> list[torch.Tensor | None]:
+    """The layer's norm weights in _Layer's order: input, post-attention, q, k (None without q/k norms)."""
+    attn = layer.self_attn
+    qk = [attn.q_norm.weight, attn.k_norm.weight] if attn.qk_norm else [None, None]
+    return [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *qk]
+
+
 class CpuDecoder:
     def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape):
         self.model = model  # held: its weights and caches are what the pointers point into
@@ -68,22 +75,19 @@ class CpuDecoder:
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
         """For a model on the CPU whose layers the C loop covers, with its KV cache allocated; else None."""
         cfg = model.config
-        norms = [model.model.norm.weight] + [w for layer in model.model.layers
-                                             for w in (layer.input_layernorm.weight,
-                                                       layer.post_attention_layernorm.weight)]
+        norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
         layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(mlp, MLP) or attn.qk_norm or attn.k_cache.numel() == 0:
+            if not isinstance(mlp, MLP) or attn.k_cache.numel() == 0:
                 return None
             parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), _linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
             if any(p is None for p in parts):
                 return None
-            norm_in, norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-            layers.append(_Layer(norm_in.data_ptr(), norm_post.data_ptr(), *parts, attn.k_cache.data_ptr(),
-                                 attn.v_cache.data_ptr()))
+            norms = [w.data_ptr() if w is not None else None for w in _norms(layer)]
+            layers.append(_Layer(*norms, *parts, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        cfg.intermediate_size, first.k_cache.shape[1], cfg.sliding_window or 0, cfg.rms_norm_eps,

@@ -14,10 +14,10 @@ from tests.backend.conftest import prompts_of_lengths
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family):
     """Both files mix formats inside fused layers (llama: q, k Q4_0 with v Q8_0; qwen2: K-quants): each part
-    writes its columns; Qwen2's q|k|v bias is added after them."""
+    writes its columns; Qwen2's q|k|v bias is added after them; Qwen3 norms each head of q and k."""
     path, _ = tiny_gguf(family)
     engine = LLMEngine(EngineConfig(model=str(path), block_size=8, speculative={"method": "ngram", "num_tokens": 3}))
     runner = engine.runner
@@ -55,7 +55,7 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
 
 
 def test_models_outside_the_c_loop_keep_their_modules(tiny_gguf, tiny_dir):
-    """q/k norms (Qwen3), experts (Mixtral) and float weights are the modules' to compute."""
-    for path in (tiny_gguf("qwen3")[0], tiny_gguf("mixtral")[0], tiny_dir("llama")):
+    """Experts (Mixtral) and float weights are the modules' to compute."""
+    for path in (tiny_gguf("mixtral")[0], tiny_dir("llama")):
         engine = LLMEngine(EngineConfig(model=str(path), block_size=8, max_model_len=128))
         assert CpuDecoder.build(engine.runner.model) is None and engine.runner.cpu_decoder is None
