@@ -8,10 +8,10 @@ from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
 
-# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows with our CPU
-# kernels: per row, the one-call step saves the module path's overhead but attends alone (every key read once per
-# row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh 512-token
-# prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
+# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where the model
+# has a one-call step (CpuDecoder): per row it saves the module path's overhead but attends alone (every key read
+# once per row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh
+# 512-token prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
 SHORT_CONTEXT = 256
 
 
@@ -135,12 +135,12 @@ class ModelRunner:
         positions: list[int] = []
         slots: list[int] = []
         first_row = [0] * len(plan)
-        # With our CPU kernels a verification run, and a short prompt chunk, are decode rows too (each row attending
-        # as it would decoding): the step stays a decode step, with none of a prompt chunk's work.
+        # With our CPU kernels a verification run is decode rows too (each row attending as it would decoding), and
+        # so is a short prompt chunk with the one-call step: the step stays a decode step.
         decode, prefill = [], []
         for i, item in enumerate(plan):
-            as_decode = item.num_tokens == 1 or (self.cpu_kernels and (
-                item.num_draft or item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT))
+            as_decode = item.num_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
+                self.cpu_decoder is not None and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
             (decode if as_decode else prefill).append(i)
         for i in decode + prefill:
             item = plan[i]
