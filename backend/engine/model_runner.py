@@ -128,8 +128,8 @@ class ModelRunner:
         return [block_table[p // size] * size + p % size for p in range(start, end)]
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs where
-        they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling
+        """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs and
+        short prompt chunks where they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling
         item's logit_rows, in plan order, and returns the hidden rows they come from."""
         input_ids: list[int] = []
         positions: list[int] = []

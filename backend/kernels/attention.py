@@ -30,7 +30,7 @@ class PrefillChunk:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens]: cache slot of each token in the batch
     # The first num_decode tokens each attend as a decoding token at their own position: one per sequence, or on
-    # the CPU with our kernels also a verification run's rows (several of one sequence).
+    # the CPU with our kernels also a verification run's rows and short prompt chunks (several of one sequence).
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks], padded with 0
     decode_context_lens: torch.Tensor | None = None  # [num_decode]

@@ -3,8 +3,8 @@
  * is Python's work between them (module calls, tensor allocations, ctypes conversions: about 3 ms of a 15 ms
  * SmolLM2 step, measured).
  *
- * Every row attends as a decoding token at its own position (a sequence's next token, or a verification run's
- * rows), with its key and value stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
+ * Every row attends as a decoding token at its own position (a sequence's next token, a verification run's rows,
+ * a short prompt chunk's), with the keys and values of all the step's rows stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
  * q and k (each head RMS-normed first where the model has q/k norms: Qwen3), paged attention, o, RMSNorm, fused
  * gate|up, SiLU-and-multiply, down; all weights in our quantized layout (a fused layer's parts each in its own
  * format), biases where the model has them (Qwen2's q|k|v).
@@ -115,4 +115,9 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
         matmul(&L->down, act, M, out, threads);
     }
     rms_norm_rows(out, residual, s->final_norm, residual, x, M, H, s->eps);
+    if (M > 64) {  /* a prompt's worth of rows: not kept for the decode steps that follow */
+        free(work);
+        work = NULL;
+        work_floats = 0;
+    }
 }

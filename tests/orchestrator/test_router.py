@@ -21,6 +21,7 @@ from tests.backend.server_process import ROOT, ServerProcess
 from tests.backend.tiny_models import build_model
 
 PROMPT = [{"role": "user", "content": "Write about quills."}]
+LONG = {"max_tokens": 128, "extra": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +68,14 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
                     nonlocal done
                     await asyncio.sleep(i * 0.02)
                     try:
+                        # Long enough (the chats with no early end token) that the victim holds two at once before
+                        # 40 are done: with 32 tokens that may not happen on fast kernels.
                         if i % 4 == 3:
                             try:
-                                return "stream", "".join([d async for d in router.stream_chat(PROMPT, max_tokens=32)])
+                                return "stream", "".join([d async for d in router.stream_chat(PROMPT, max_tokens=128)])
                             except LLMError as e:
                                 return "stream-error", str(e)
-                        return "chat", await router.chat(PROMPT, max_tokens=32, temperature=0)
+                        return "chat", await router.chat(PROMPT, temperature=0, **LONG)
                     finally:
                         done += 1
 
