@@ -15,6 +15,7 @@ from backend.engine.sequence import Sequence
 from backend.model_config import ModelConfig
 from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
+from backend.spec.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,8 @@ class CacheShape:
     logit_rows: int  # the most rows one step samples (a full decode batch with its drafts)
 
     @classmethod
-    def of(cls, config: EngineConfig, cfg: ModelConfig, spec, device: torch.device, dtype: torch.dtype) -> "CacheShape":
+    def of(cls, config: EngineConfig, cfg: ModelConfig, spec: SpeculativeConfig | None, device: torch.device,
+           dtype: torch.dtype) -> "CacheShape":
         """The settings' lengths, else the model's context (at most 8192) and 2048 tokens a step."""
         max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)

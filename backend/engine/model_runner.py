@@ -129,12 +129,12 @@ class ModelRunner:
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs and
-        short prompt chunks where they attend as decode rows), then prompt chunks and the other verification runs. Sets each sampling
-        item's logit_rows, in plan order, and returns the hidden rows they come from."""
+        short prompt chunks where they attend as decode rows), then prompt chunks and the other verification runs.
+        Sets each item's hidden_rows and each sampling item's logit_rows, and returns the hidden rows the logits
+        come from."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        first_row = [0] * len(plan)
         # With our CPU kernels a verification run is decode rows too (each row attending as it would decoding), and
         # so is a short prompt chunk with the one-call step: the step stays a decode step.
         decode, prefill = [], []
@@ -145,8 +145,7 @@ class ModelRunner:
         for i in decode + prefill:
             item = plan[i]
             seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
-            first_row[i] = len(input_ids)
-            item.hidden_rows = slice(first_row[i], first_row[i] + item.num_tokens)
+            item.hidden_rows = slice(len(input_ids), len(input_ids) + item.num_tokens)
             input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
             positions.extend(range(start, end))
             slots.extend(self._slots(seq.block_table, start, end))
@@ -162,7 +161,7 @@ class ModelRunner:
             item = plan[i]
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
             table = torch.tensor(item.seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(first_row[i], first_row[i] + item.num_tokens,
+            meta.prefills.append(PrefillChunk(item.hidden_rows.start, item.hidden_rows.stop,
                                               item.seq.num_computed_tokens + item.num_tokens, table,
                                               verifies=item.num_draft > 0 and item.seq.params.greedy))
         if prefill:
@@ -170,8 +169,7 @@ class ModelRunner:
             meta.prefill_context_lens = self._tensor([c.context_len for c in meta.prefills])
             meta.prefill_block_tables = self._tables([plan[i].seq.block_table for i in prefill])
             meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
-        sample_rows = _assign_logit_rows(plan, first_row)
-        return self._tensor(input_ids), self._tensor(positions), meta, sample_rows
+        return self._tensor(input_ids), self._tensor(positions), meta, _assign_logit_rows(plan)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -188,7 +186,9 @@ class ModelRunner:
         if self.graphs and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
                 and len(plan) <= max(self.graphs):
             hidden = self._replay(plan)
-            _assign_logit_rows(plan, list(range(len(plan))))
+            for row, item in enumerate(plan):
+                item.hidden_rows = slice(row, row + 1)
+            _assign_logit_rows(plan)
             return self.model.compute_logits(hidden)
         input_ids, positions, meta, sample_rows = self.prepare(plan)
         if self.cpu_decoder is not None and not meta.prefills:
@@ -201,13 +201,13 @@ class ModelRunner:
         return self.model.compute_logits(hidden[index])
 
 
-def _assign_logit_rows(plan: StepPlan, first_row: list[int]) -> list[int]:
+def _assign_logit_rows(plan: StepPlan) -> list[int]:
     """Each sampling item's slice of the logits (its last row, or its last known token and drafts when it
     verifies), in plan order; returns the hidden rows they are computed from."""
     rows: list[int] = []
-    for item, first in zip(plan, first_row):
+    for item in plan:
         if item.num_tokens and item.computes_last_token:
-            last = first + item.num_tokens - 1
+            last = item.hidden_rows.stop - 1
             item.logit_rows = slice(len(rows), len(rows) + item.num_draft + 1)
             rows.extend(range(last - item.num_draft, last + 1))
         else:

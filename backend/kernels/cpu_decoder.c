@@ -4,10 +4,11 @@
  * SmolLM2 step, measured).
  *
  * Every row attends as a decoding token at its own position (a sequence's next token, a verification run's rows,
- * a short prompt chunk's), with the keys and values of all the step's rows stored first. Layers: RMSNorm (the residual added first), fused q|k|v, rotary over
- * q and k (each head RMS-normed first where the model has q/k norms: Qwen3), paged attention, o, RMSNorm, fused
- * gate|up, SiLU-and-multiply, down; all weights in our quantized layout (a fused layer's parts each in its own
- * format), biases where the model has them (Qwen2's q|k|v).
+ * a short prompt chunk's), with the keys and values of all the step's rows stored first. Layers: RMSNorm (the
+ * residual added first), fused q|k|v, rotary over q and k (each head RMS-normed first where the model has q/k
+ * norms: Qwen3), paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our
+ * quantized layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's
+ * q|k|v).
  */
 #include <omp.h>
 #include <stdint.h>

@@ -183,7 +183,8 @@ static inline __attribute__((always_inline)) void weigh_values(const float *p, i
  * to its sequence's positions [max(0, len_r - window), len_r) (window 0: all), the key of position t in slot
  * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim]; the hq / hkv query heads
  * of a kv head together, so each key and value is read once. q [rows, hq, dim] (row stride ldq), out [rows, hq,
- * dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's verification rows). A row's arithmetic is the same whatever the other rows (speculation exact). */
+ * dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's verification rows). A
+ * row's arithmetic is the same whatever the other rows (speculation exact). */
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
                            i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads) {
@@ -212,7 +213,8 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                         v8_storeu(scores + g * max_len + t, dot8(qr + g * dim, k, dim) * v8_set1(scale));
                 }
             for (; t < n; t++)
-                for (i64 g = 0; g < group; g++) scores[g * max_len + t] = dot(qr + g * dim, k_cache + at[t], dim) * scale;
+                for (i64 g = 0; g < group; g++)
+                    scores[g * max_len + t] = dot(qr + g * dim, k_cache + at[t], dim) * scale;
             for (i64 g = 0; g < group; g++) {
                 float *sc = scores + g * max_len, top = -INFINITY;
                 for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;

@@ -30,8 +30,8 @@ class _Linear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
-                ("down", _Linear), ("k_cache", ptr), ("v_cache", ptr)]
+    _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
+                ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("k_cache", ptr), ("v_cache", ptr)]
 
 
 class _Shape(ctypes.Structure):

@@ -207,13 +207,10 @@ class CallScanner:
                 self._value_end(i + 1)
 
     def _call_level(self, i: int, c: str, events: list) -> None:
-        if self.value_start is not None:  # a number, true, false or null
-            if c in WHITESPACE or c in ",}":
-                self._value_end(i)
-                if c in WHITESPACE:
-                    return
-            else:
+        if self.value_start is not None:  # a number, true, false or null: it ends at whitespace, "," or "}"
+            if c not in WHITESPACE and c not in ",}":
                 return
+            self._value_end(i)
         if c in WHITESPACE:
             return
         if self.expect == "key":
@@ -284,9 +281,8 @@ class CallScanner:
         self.value_start = None
         call = self.call
         if self.key == "name":
-            raw = self.buffer[start:end]
             try:
-                name = json.loads(raw)
+                name = json.loads(self.buffer[start:end])
             except json.JSONDecodeError:
                 name = None
             if not isinstance(name, str) or not name:
