@@ -105,6 +105,18 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
     return chosen
 
 
+def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:
+    """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF kept in its blocks, whose
+    layers our C kernels run (all of a step in one call, which needs fp32 around the matmuls), products in bf16 on
+    AMX tiles for steps of more than 16 rows (a batch, a prompt chunk: 2.7x fp32 at 32 rows) and in fp32 below
+    that (a decode step or a draft's verification is as fast there, and exact); without AMX every product is
+    fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
+    from backend.quant import cpu_native
+
+    return (device.type == "cpu" and dtype == torch.bfloat16 and reader is not None and quantization != "dequantize"
+            and cpu_native.enabled())
+
+
 @contextlib.contextmanager
 def _no_init(dtype: torch.dtype):
     """Modules made with `dtype` as the default, and without their random initialisation: the weights are
@@ -125,7 +137,9 @@ def _no_init(dtype: torch.dtype):
 
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
-               max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None) -> CausalLM:
+               max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None,
+               bf16: bool = False) -> CausalLM:
+    """bf16: the quantized layers' products in bf16 where that is faster (bf16_products; dtype is fp32 then)."""
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
                          "format), 'dequantize' (a GGUF's weights expanded at load), or 'int8' / 'int4' (a "
@@ -177,20 +191,20 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
-        _pack_for_cpu(model)
+        _pack_for_cpu(model, bf16)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
 
 
-def _pack_for_cpu(model: CausalLM) -> None:
+def _pack_for_cpu(model: CausalLM, bf16: bool) -> None:
     from backend.quant import cpu_native
     from backend.quant.modules import QuantWeight
 
     if cpu_native.enabled():
         for m in model.modules():
             if isinstance(m, QuantWeight):
-                m.pack_for_cpu()
+                m.pack_for_cpu(bf16)
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:

@@ -1,7 +1,8 @@
 """Engine vs transformers' generate on the same weights (SmolLM2-135M, fp32, CPU), greedy.
 
 Prints one JSON line: single-request decode speed, 32-request aggregate throughput, and
-time to first token with a 1,000-token cached prefix vs cold. Run: python bench/engine.py
+time to first token with a 1,000-token cached prefix vs cold; then the same in bfloat16 (bf16_*: bf16
+products on AMX where the CPU has it) beside transformers in bfloat16. Run: python bench/engine.py
 
 --quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
 our quantized path vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv).
@@ -235,6 +236,7 @@ def main() -> None:
     time_to_first_token(llm, prefix + make_prompt(tokenizer, 24, 0))  # fills the cache
     cached = min(time_to_first_token(llm, prefix + make_prompt(tokenizer, 24, s)) for s in (1, 2))
 
+    bf16 = bf16_rows(args, single, batch, prefix, hf, pad)
     print(json.dumps({
         "bench": "engine", "model": "smollm2-135m", "dtype": "float32", "device": "cpu",
         "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
@@ -245,7 +247,26 @@ def main() -> None:
         "prefix_tokens": args.prefix, "ttft_cold_s": round(cold, 4), "ttft_cached_s": round(cached, 4),
         "ttft_speedup": round(cold / cached, 2),
         "decode_step_split": decode_split(llm, single[0], 1000 / ours_single),
+        **bf16,
     }))
+
+
+def bf16_rows(args, single, batch, prefix, hf, pad) -> dict:
+    """dtype bfloat16: ours (bf16 products on AMX past 16 rows, where the CPU has it) vs transformers in bf16
+    (oneDNN, AMX too) and in fp32; the same prompts."""
+    llm = LLM("smollm2", dtype="bfloat16", max_num_seqs=max(64, args.concurrency), enable_prefix_caching=False)
+    hf_bf16 = hf.to(torch.bfloat16)
+    ours_generate(llm, single, 8)
+    hf_generate(hf_bf16, single, 8, pad)
+    total = args.new_tokens * args.concurrency
+    ours_single = args.new_tokens / best(ours_generate, llm, single, args.new_tokens)
+    ours_batch = total / best(ours_generate, llm, batch, args.new_tokens)
+    hf_batch = total / best(hf_generate, hf_bf16, batch, args.new_tokens, pad)
+    cold = min(time_to_first_token(llm, prefix + make_prompt(llm.tokenizer, 24, s)) for s in (1, 2))
+    return {"bf16_amx": "amx_bf16" in open("/proc/cpuinfo").read(), "bf16_single_tok_s": round(ours_single, 2),
+            "bf16_batch_tok_s": round(ours_batch, 2), "bf16_batch_tok_s_transformers": round(hf_batch, 2),
+            "bf16_batch_vs_transformers_bf16": round(ours_batch / hf_batch, 2),
+            "bf16_ttft_cold_s": round(cold, 4)}
 
 
 if __name__ == "__main__":

@@ -28,10 +28,13 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                            const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
                            i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads);
 
+int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+
 typedef struct {
     const uint8_t *codes;
     const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16;
+    i64 rows, cols, group, bits, f16, bf16; /* bf16: products in bf16 where qmm_bf16 runs */
 } QuantMatrix;
 
 /* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
@@ -59,8 +62,10 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
     double start = omp_get_wtime();
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
-        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
-            w->rows, threads);
+        if (!(p->bf16 && qmm_bf16(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group,
+                                  (int)p->f16, y + col, w->rows, threads)))
+            qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
+                w->rows, threads);
     }
     if (w->bias)  /* added after the matmul, as the module adds it */
         for (i64 r = 0; r < M; r++)

@@ -1,5 +1,5 @@
-"""Our C kernels for the CPU (backend/kernels/cpu_ops.c and cpu_decoder.c, backend/quant/cpu_kernel.c), built into
-one library.
+"""Our C kernels for the CPU (backend/kernels/cpu_ops.c and cpu_decoder.c, backend/quant/cpu_kernel.c and its AMX
+sibling cpu_amx.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -24,8 +24,10 @@ from backend.home import cache_dir
 
 log = logging.getLogger("backend")
 
-SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"),
-           Path(__file__).parent.parent / "quant" / "cpu_kernel.c"]
+_QUANT = Path(__file__).parent.parent / "quant"
+SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"), _QUANT / "cpu_kernel.c",
+           _QUANT / "cpu_amx.c"]
+HEADERS = [_QUANT / "cpu_kernel.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 
@@ -61,6 +63,8 @@ def load(path: Path) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i64, i32]
     lib.qmm.restype = None
+    lib.qmm_bf16.argtypes = lib.qmm.argtypes
+    lib.qmm_bf16.restype = i32
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
@@ -87,7 +91,7 @@ def build(march: str = "native") -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (install gcc, or set CC)")
-    sources = b"".join(s.read_bytes() for s in SOURCES)
+    sources = b"".join(s.read_bytes() for s in SOURCES + HEADERS)
     flags = [f"-march={march}", *FLAGS]
     key = hashlib.sha256(sources + " ".join([compiler, *flags, _cpu_key()]).encode()).hexdigest()[:16]
     out = cache_dir() / "native" / f"cpu_kernels-{key}.so"

@@ -10,6 +10,9 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
+A layout flagged bf16 (a bfloat16 engine, loader.bf16_products) sends matmuls of more than 16 rows to AMX tiles
+(cpu_amx.c): bf16 products summed in fp32, where the CPU has them.
+
 The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
 reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
 """
@@ -36,6 +39,7 @@ class Layout:
     group: int  # weights per scale: 16 or 32
     f16: bool  # scales (and offsets) stored as fp16
     offsets: bool
+    bf16: bool = False  # products in bf16 on AMX tiles past 16 rows (cpu_amx.c), where the CPU has them
 
 
 def enabled() -> bool:
@@ -88,8 +92,10 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
         x2 = x2.float().contiguous()
     m = x2.shape[0]
     y = torch.empty(m, rows)
-    lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
+    args = (x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
             rows, cols, layout.bits, layout.group, layout.f16, y.data_ptr(), rows, torch.get_num_threads())
+    if not (layout.bf16 and lib.qmm_bf16(*args)):
+        lib.qmm(*args)
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)

@@ -5,6 +5,8 @@ Paths, by device: CUDA (or SCRIPTORIUM_TRITON=1) decodes the blocks inside Trito
 (cpu_native.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
 """
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,12 +45,12 @@ class QuantWeight(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.name}, rows={self.rows}, cols={self.cols}" + (f", lead={self.lead}" if self.lead else "")
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self, bf16: bool = False) -> None:
         if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
         packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
-        self.layout = packs[0][3]
+        self.layout = dataclasses.replace(packs[0][3], bf16=bf16)
         for i, name in enumerate(("codes", "scales", "offsets")):
             if packs[0][i] is not None:
                 setattr(self, name, torch.stack([p[i] for p in packs]).reshape(*self.lead, *packs[0][i].shape))

@@ -1,0 +1,126 @@
+/* The vectors of our quantized CPU kernels (cpu_kernel.c, cpu_amx.c): LANES weights of a panel decoded from
+ * their codes, scales and offsets (the layout cpu_kernel.c describes), with AVX-512, AVX2 or GCC's portable
+ * vectors. */
+#pragma once
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define INTRINSICS 1
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define INTRINSICS 0
+#define PREFETCH(p) __builtin_prefetch(p)
+#endif
+
+typedef int64_t i64;
+
+#define INLINE static inline __attribute__((always_inline))
+#define PANEL 16
+
+#if INTRINSICS && defined(__AVX512F__)
+#define LANES 16
+#define ROWS_X 16
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8) F(9) F(10) F(11) F(12) F(13) F(14) F(15) F(16)
+typedef __m512 V;
+#define vzero _mm512_setzero_ps
+#define vset1 _mm512_set1_ps
+#define vfma _mm512_fmadd_ps
+#define vload _mm512_load_ps
+#define vstore _mm512_store_ps
+#define vstoreu _mm512_storeu_ps
+/* codes of lanes [h * LANES, ..) of the panel at k (h is 0) */
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    (void)h;
+    if (bits == 4) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
+        __m128i q = _mm_unpacklo_epi64(_mm_and_si128(b, mask), _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+}
+/* codes at k and k + 1: 4-bit codes of both from one load and one split into low and high nibbles */
+INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
+    (void)h;
+    if (bits == 4) {
+        __m128i b = _mm_loadu_si128((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
+        __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        *at_k = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+        *next = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(lo, hi)));
+    } else {
+        *at_k = vcodes(c, bits, 0);
+        *next = vcodes(c + PANEL, bits, 0);
+    }
+}
+#define PAIRED_CODES 1
+INLINE V vparams(const void *base, i64 index, int f16) {
+    if (!base) return _mm512_setzero_ps();
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
+    return _mm512_loadu_ps((const float *)base + index);
+}
+#elif INTRINSICS
+#define LANES 8
+#define ROWS_X 4
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4)
+typedef __m256 V;
+#define vzero _mm256_setzero_ps
+#define vset1 _mm256_set1_ps
+#define vfma _mm256_fmadd_ps
+#define vload _mm256_load_ps
+#define vstore _mm256_store_ps
+#define vstoreu _mm256_storeu_ps
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    if (bits == 4) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)c);
+        if (h) b = _mm_srli_epi16(b, 4);
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F))));
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * h))));
+}
+INLINE V vparams(const void *base, i64 index, int f16) {
+    if (!base) return _mm256_setzero_ps();
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
+    return _mm256_loadu_ps((const float *)base + index);
+}
+#else
+#define LANES 8
+#define ROWS_X 4
+#define ALL_ROWS(F) F(1) F(2) F(3) F(4)
+typedef float V __attribute__((vector_size(32)));
+/* a * b + c in two roundings here (-ffp-contract=off); every build is consistent with itself, and the decode's
+ * q * scale is exact, so the weights are still gguf-py's bit for bit */
+#define vfma(a, b, c) ((a) * (b) + (c))
+INLINE V vzero(void) { return (V){0}; }
+INLINE V vset1(float x) { return (V){x, x, x, x, x, x, x, x}; }
+INLINE V vload(const float *p) { V v; memcpy(&v, p, sizeof v); return v; }
+INLINE void vstore(float *p, V v) { memcpy(p, &v, sizeof v); }
+#define vstoreu vstore
+INLINE V vcodes(const uint8_t *c, int bits, int h) {
+    V v;
+    for (int i = 0; i < 8; i++)
+        v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
+    return v;
+}
+INLINE V vparams(const void *base, i64 index, int f16) {
+    V v = {0};
+    if (!base) return v;
+    for (int i = 0; i < 8; i++)
+        v[i] = f16 ? (float)((const _Float16 *)base)[index + i] : ((const float *)base)[index + i];
+    return v;
+}
+#endif
+#ifndef PAIRED_CODES
+INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
+    *at_k = vcodes(c, bits, h);
+    *next = vcodes(c + PANEL * bits / 8, bits, h);
+}
+#endif
+
+typedef struct {
+    const uint8_t *codes;
+    const void *scales, *offsets;
+    i64 K, group, panel_code_bytes, panel_groups;
+    int bits, f16;
+} Weight;

@@ -1,0 +1,62 @@
+"""bfloat16 on the CPU for a GGUF kept in its blocks: fp32 around the matmuls, and products in bf16 on AMX tiles
+(backend/quant/cpu_amx.c) for matmuls of more than 16 rows, where the CPU has AMX; fp32 below that and without."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.kernels import native
+from backend.quant import cpu_native
+from backend.quant.formats import BY_NAME
+from tests.backend.conftest import prompts_of_lengths
+from tests.backend.quant_blocks import gguf_dequant, random_raw
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+
+
+def amx_cpu() -> bool:
+    return "amx_bf16" in native._cpu_key().split()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("m", [16, 17, 40])
+def test_bf16_products_past_16_rows(name, m):
+    """Past 16 rows: gguf-py's weights and x each rounded to bf16, their products summed in fp32 (on a CPU with
+    AMX; a CPU without keeps the fp32 kernel's bits); 16 rows or fewer: the fp32 kernel's bits."""
+    cols, rows = 3 * BY_NAME[name].block, 101  # weight rows: six panels of 16 and a part
+    raw = random_raw(name, rows, cols, seed=9)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    fp32 = cpu_native.matmul(x, codes, scales, offsets, layout, rows)
+    ours = cpu_native.matmul(x, codes, scales, offsets, dataclasses.replace(layout, bf16=True), rows)
+    if m <= 16 or not amx_cpu():
+        assert torch.equal(ours, fp32)
+        return
+    ref = x.bfloat16().double() @ gguf_dequant(raw, name).bfloat16().double().T
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+    assert not torch.equal(ours, fp32)  # the products were bf16's
+
+
+def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
+    """dtype bfloat16 on a GGUF: fp32 modules and cache, every step in the one-call C loop; a lone sequence's
+    steps (1 row, or a 12-token prompt) are the fp32 engine's bits; 20 prompts at once go through the bf16
+    products (on AMX) and stay within bf16's rounding of the fp32 engine."""
+    path, _ = tiny_gguf("llama")
+    bf16 = LLM(str(path), dtype="bfloat16", block_size=8)
+    fp32 = LLM(str(path), dtype="float32", block_size=8)
+    engine = bf16.engine
+    assert engine.bf16_products and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    alone = prompts_of_lengths(12)
+    assert bf16.generate(alone, greedy)[0].outputs[0].token_ids == fp32.generate(alone, greedy)[0].outputs[0].token_ids
+
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
+    prompts = prompts_of_lengths(*range(5, 25))
+    ours = [o.outputs[0].logprobs[0] for o in bf16.generate(prompts, first)]
+    theirs = [o.outputs[0].logprobs[0] for o in fp32.generate(prompts, first)]
+    assert [list(a) for a in ours] == [list(b) for b in theirs]  # the same greedy tokens (none is a near tie)
+    gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
+    assert max(gaps) < 0.15  # a random model's logits through bf16 products: measured up to 0.1
+    assert (max(gaps) > 0) == amx_cpu()
