@@ -62,12 +62,13 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
     if (M <= 16 || K % 32 || !amx_ready()) return 0;
     Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
+    int done = 1; /* 0 where a thread could not get its buffers: the caller's fp32 kernel then writes all of y */
 #pragma omp parallel num_threads(threads)
     {
         static __thread uint16_t *xb, *wb;
         static __thread size_t xb_size, wb_size;
         float tile[16 * 16] __attribute__((aligned(64)));
-        /* x in bf16, [padded][K], rows past M zero: each thread its own copy (no barrier) */
+        /* x in bf16, [padded][K], rows past M zero: each thread converts its own copy */
         if (xb_size < (size_t)(padded * K)) {
             free(xb);
             xb = aligned_alloc(64, (size_t)(padded * K) * 2);
@@ -78,7 +79,12 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
             wb = aligned_alloc(64, (size_t)(2 * K * PANEL) * 2);
             wb_size = wb ? (size_t)(2 * K * PANEL) : 0;
         }
-        if (xb && wb) {
+        if (!(xb && wb)) {
+#pragma omp atomic write
+            done = 0;
+        }
+#pragma omp barrier
+        if (done) { /* every thread or none: a worksharing loop must be met by all of them */
             for (i64 r = 0; r < padded; r++)
                 for (i64 k = 0; k < K; k += 16)
                     _mm256_storeu_si256((__m256i *)(xb + r * K + k),
@@ -125,7 +131,7 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
             _tile_release();
         }
     }
-    return 1;
+    return done;
 }
 #else
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,

@@ -88,9 +88,11 @@ def test_quantized_at_load_matches_transformers_on_the_same_weights(
     reference = hf_model(refs[mode])
     for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
         with torch.no_grad():
-            torch.testing.assert_close(
-                ours, reference(torch.tensor([prompt])).logits[0], atol=1e-4, rtol=1e-4
-            )
+            expected = reference(torch.tensor([prompt])).logits[0]
+        # fp32 sums in other orders (PyTorch's CPU matmuls pick kernels by shape and CPU): on Sapphire Rapids
+        # Mixtral's int4 logits (up to 12) came out 2.6e-4 apart, 2e-5 of their size
+        atol = max(1e-4, 3e-5 * expected.abs().max().item())
+        torch.testing.assert_close(ours, expected, atol=atol, rtol=1e-4)
     outs = llm.generate(
         PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False
     )
