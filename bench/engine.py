@@ -1,8 +1,8 @@
 """Engine vs transformers' generate on the same weights (SmolLM2-135M, fp32, CPU), greedy.
 
-Prints one JSON line: single-request decode speed, 32-request aggregate throughput, and
-time to first token with a 1,000-token cached prefix vs cold; then the same in bfloat16 (bf16_*: bf16
-products on AMX where the CPU has it) beside transformers in bfloat16. Run: python bench/engine.py
+Prints one JSON line: single-request decode speed, 32-request aggregate throughput, time to first
+token with a 1,000-token cached prefix vs cold, and decoding after a 2,000-token prompt (long_*); then
+the same in bfloat16 (bf16_*: bf16 products on AMX where the CPU has it) beside transformers in bfloat16.
 
 --quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
 our quantized path vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv).
@@ -62,6 +62,11 @@ def ours_generate(llm: LLM, prompts: list[list[int]], new_tokens: int) -> float:
     return elapsed
 
 
+def ours_decode_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
+    """Decode tokens/s of one request after its prompt (the prompt's time, a max_tokens=1 run's, taken out)."""
+    return new_tokens / (best(ours_generate, llm, [prompt], new_tokens + 1) - best(ours_generate, llm, [prompt], 1))
+
+
 def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -> dict:
     """One batch-1 decode step split into matmul time (the profiler's self time of every *mm* op, fp32 ones, plus
     the wall time of our quantized CPU kernel, which the profiler does not see: its calls from Python and those
@@ -99,6 +104,7 @@ def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -
                           if e.key.startswith("aten::") and "mm" in e.key.split("::", 1)[1])
         return profiled_us / 1000 + (kernel_s[0] + inside.value - before) * 1000
 
+    matmul_ms(1)  # the prompt in the prefix cache for both runs below (a long prompt before may have evicted it)
     per_step = (matmul_ms(steps + 1) - matmul_ms(1)) / steps  # the prompt's matmuls taken out
     return {"step_ms": round(step_ms, 2), "matmul_ms": round(per_step, 2), "other_ms": round(step_ms - per_step, 2)}
 
@@ -202,6 +208,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--prefix", type=int, default=1000)
+    parser.add_argument("--long-context", type=int, default=2000, help="prompt tokens of the long_* row")
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"),
                         help="the python of a venv with llama-cpp-python: adds llama.cpp's rows (--quantized)")
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
@@ -236,6 +243,9 @@ def main() -> None:
     time_to_first_token(llm, prefix + make_prompt(tokenizer, 24, 0))  # fills the cache
     cached = min(time_to_first_token(llm, prefix + make_prompt(tokenizer, 24, s)) for s in (1, 2))
 
+    long_prompt = make_prompt(tokenizer, args.long_context, 77)
+    ours_long = ours_decode_rate(llm, long_prompt, 64)
+    hf_long = 64 / (best(hf_generate, hf, [long_prompt], 65, pad) - best(hf_generate, hf, [long_prompt], 1, pad))
     bf16 = bf16_rows(args, single, batch, prefix, hf, pad)
     print(json.dumps({
         "bench": "engine", "model": "smollm2-135m", "dtype": "float32", "device": "cpu",
@@ -247,6 +257,8 @@ def main() -> None:
         "prefix_tokens": args.prefix, "ttft_cold_s": round(cold, 4), "ttft_cached_s": round(cached, 4),
         "ttft_speedup": round(cold / cached, 2),
         "decode_step_split": decode_split(llm, single[0], 1000 / ours_single),
+        "long_context": args.long_context, "long_tok_s": round(ours_long, 2),
+        "long_tok_s_transformers": round(hf_long, 2), "long_ratio": round(ours_long / hf_long, 2),
         **bf16,
     }))
 

@@ -133,6 +133,41 @@ def test_verification_rows_attend_bit_for_bit_as_decode_rows(window, impl):
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 300])
+def test_long_contexts_attend_in_spans_merged_exactly_enough(window, impl):
+    """Past 256 positions the C kernel cuts a row's context into spans of 256, one job each, merged by their top
+    scores: the dense attention's result (short rows beside them keep one job), and a verification run's rows
+    still get the decode rows' bits."""
+    g = torch.Generator().manual_seed(4)
+    hq, hkv, d, bs = 9, 3, 64, 16
+    lengths = [700, 5, 257, 256, 513]
+    k_cache, v_cache = torch.zeros(200, bs, hkv, d), torch.zeros(200, bs, hkv, d)
+    free = torch.randperm(200, generator=g).tolist()
+    tables, expected, qs, contexts = [], [], [], []
+    for length in lengths:
+        k, v = torch.randn(length, hkv, d, generator=g), torch.randn(length, hkv, d, generator=g)
+        table = [free.pop() for _ in range((length + bs - 1) // bs)]
+        store_kv(k, v, k_cache, v_cache, torch.tensor([table[p // bs] * bs + p % bs for p in range(length)]))
+        qs.append(torch.randn(1, hq, d, generator=g) * 3)  # peaked scores: the spans' tops differ
+        expected.append(dense_attention(qs[-1], k, v, [length - 1], window))
+        tables.append(table)
+        contexts.append((k, v))
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    ours = decode_attention(torch.cat(qs), k_cache, v_cache, block_tables, torch.tensor(lengths), 1 / math.sqrt(d),
+                            window)
+    torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
+
+    chunk, table = 6, torch.tensor(tables[0])
+    q = torch.randn(chunk, hq, d, generator=g)
+    rows = verify_attention(q, k_cache, v_cache, table, lengths[0], 1 / math.sqrt(d), window)
+    for i in range(chunk):
+        n = lengths[0] - chunk + i + 1
+        one = decode_attention(q[i:i + 1], k_cache, v_cache, table[None], torch.tensor([n]), 1 / math.sqrt(d),
+                               window, uniform_len=n)
+        assert torch.equal(rows[i:i + 1], one), i
+
+
 def test_fused_moe_matches_a_per_token_loop():
     g = torch.Generator().manual_seed(2)
     t, h, i, e, k = 13, 16, 24, 6, 2
