@@ -57,10 +57,14 @@ def compare(name: str, plain: LLM, spec: LLM, conversations, max_tokens: int, ba
     for _ in range(repeats):
         for runs, llm in ((base_runs, plain), (spec_runs, spec)):
             tps, tokens = zip(*(run(llm, group, max_tokens) for group in groups))
-            runs.append((statistics.mean(tps), [t for group in tokens for t in group]))
+            runs.append((tps, [t for group in tokens for t in group]))
         identical &= base_runs[-1][1] == spec_runs[-1][1]
-    base_tps = statistics.median(r[0] for r in base_runs)
-    spec_tps = statistics.median(r[0] for r in spec_runs)
+    base_tps = statistics.median(statistics.mean(r[0]) for r in base_runs)
+    spec_tps = statistics.median(statistics.mean(r[0]) for r in spec_runs)
+    # each group's own speedup and output length: which prompts the model really answers by copying
+    per_group = [round(statistics.median(r[0][g] for r in spec_runs) / statistics.median(r[0][g] for r in base_runs),
+                       3) for g in range(len(groups))]
+    lengths = [len(t) for t in spec_runs[-1][1]]
     after = spec.engine.stats()
     drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
@@ -68,7 +72,8 @@ def compare(name: str, plain: LLM, spec: LLM, conversations, max_tokens: int, ba
         "bench": "speculative", "workload": name, "batch": batch, "method": spec.engine.spec.method,
         "num_tokens": spec.engine.spec.num_tokens, "plain_tok_s": round(base_tps, 2),
         "speculative_tok_s": round(spec_tps, 2), "speedup": round(spec_tps / base_tps, 3),
-        "identical": identical, "drafted": drafted,
+        "identical": identical, "per_prompt_speedup": per_group if batch == 1 else None,
+        "output_tokens": lengths if batch == 1 else None, "drafted": drafted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
     }), flush=True)
 
