@@ -49,7 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (CPU: float32, exact; CUDA: the checkpoint's), float32, bfloat16 (CPU with AMX: "
+                             "bf16 products for batches and prompts, about 1.6x the throughput), float16")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
