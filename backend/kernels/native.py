@@ -26,7 +26,7 @@ log = logging.getLogger("backend")
 
 _QUANT = Path(__file__).parent.parent / "quant"
 SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"), _QUANT / "cpu_kernel.c",
-           _QUANT / "cpu_amx.c"]
+           _QUANT / "cpu_amx.c", _QUANT / "cpu_moe.c"]
 HEADERS = [_QUANT / "cpu_kernel.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -65,6 +65,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.qmm.restype = None
     lib.qmm_bf16.argtypes = lib.qmm.argtypes
     lib.qmm_bf16.restype = i32
+    lib.moe_token.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
+    lib.moe_token.restype = None
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]

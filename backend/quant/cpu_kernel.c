@@ -206,3 +206,11 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
         }
     }
 }
+
+/* One row of x against the panels [p, p + ROW_TILE_PANELS) of w, on the calling thread: a piece of a matmul for
+ * callers that run many matmuls in one parallel region (cpu_moe.c). */
+const i64 ROW_TILE_PANELS = PANELS_PER_TILE(1);
+
+void qmm_row_tile(const Weight *w, i64 p, const float *x, float *y, i64 N, i64 ldy) {
+    few_rows(w, p, x, 1, 1, y, N, ldy);
+}

@@ -1,15 +1,31 @@
 """A MoE layer's experts kept in GGUF blocks: gate [E, I, H], up [E, I, H], down [E, H, I].
 
 Computed as backend/kernels/moe.py computes float experts: on CUDA one fused pair of grouped GEMMs
-(quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert.
+(quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert; on the CPU with our kernels a
+single token's experts (a decode step at batch 1) in one C call (cpu_moe.c), with the same arithmetic.
 """
 
+import ctypes
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
+from backend.models.mlp import silu_mul
 from backend.quant.modules import QuantWeight
+
+
+class _ExpertStack(ctypes.Structure):  # cpu_moe.c's ExpertStack
+    _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
+                ("codes_stride", ctypes.c_int64), ("params_stride", ctypes.c_int64), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64)]
+
+
+def _stack(w: QuantWeight) -> _ExpertStack:
+    lay = w.layout
+    return _ExpertStack(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
+                        w.codes.stride(0) * w.codes.element_size(), w.scales.stride(0) * w.scales.element_size(),
+                        w.rows, w.cols, lay.group, lay.bits, int(lay.f16))
 
 
 class QuantExperts(nn.Module):
@@ -48,6 +64,8 @@ class QuantExperts(nn.Module):
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
                 (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
+        if tensors is None and x.shape[0] == 1 and native.usable(x, topk_weights) and self._packed():
+            return self._one_token(x, topk_weights, topk_ids)
         top_k = topk_ids.shape[1]
         flat_ids = topk_ids.flatten()
         order = torch.argsort(flat_ids, stable=True)
@@ -62,9 +80,23 @@ class QuantExperts(nn.Module):
             start += count
             tokens = pairs // top_k
             xe = x[tokens]
-            h = F.silu(self.gate.matmul(xe, expert, g)) * self.up.matmul(xe, expert, u)
+            h = silu_mul(torch.cat([self.gate.matmul(xe, expert, g), self.up.matmul(xe, expert, u)], dim=-1))
             y = self.down.matmul(h, expert, d) * weights[pairs, None]
             out.index_add_(0, tokens, y.to(out.dtype))
+        return out
+
+    def _packed(self) -> bool:
+        return all(w.layout is not None and w.codes is not None for w in self.weights())
+
+    def _one_token(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """x [1, H]: its experts in ascending order, as the loop above visits them, in one call."""
+        ids, order = topk_ids[0].sort()
+        ids, weights = ids.contiguous(), topk_weights[0][order].contiguous()
+        out = x.new_empty(1, self.down.rows)
+        x = x.contiguous()
+        native.library().moe_token(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), ids.numel(),
+                                   *(ctypes.byref(_stack(w)) for w in self.weights()), out.data_ptr(),
+                                   torch.get_num_threads())
         return out
 
     def nbytes(self) -> int:

@@ -4,6 +4,7 @@ the float experts' fused_moe on the same weights dequantized."""
 import pytest
 import torch
 
+from backend.kernels import native
 from backend.kernels.moe import fused_moe, route
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
@@ -56,3 +57,25 @@ def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatc
     monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
     torch.testing.assert_close(module(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
+def test_one_tokens_experts_in_one_call_are_the_loops_bits(formats, monkeypatch):
+    """A single token's experts go through one C call (cpu_moe.c), a batch's through the per-expert loop: each
+    token gets the same bits either way (a decode step and a draft's verification rows agree, speculation stays
+    exact), and the call is really taken."""
+    module, _, _ = experts(formats)
+    for w in module.weights():
+        w.pack_for_cpu()
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(6, H, generator=g)
+    weights, ids = route(torch.randn(6, E, generator=g), 3, True)  # three terms a token: their order shows
+    batch = module(x, weights, ids)
+    calls = []
+    lib = native.library()
+    monkeypatch.setattr(native, "library", lambda: type("Spy", (), {
+        "moe_token": lambda self, *a: calls.append(1) or lib.moe_token(*a)})())
+    for t in range(6):
+        assert torch.equal(module(x[t:t + 1], weights[t:t + 1], ids[t:t + 1]), batch[t:t + 1]), t
+    assert len(calls) == 6
