@@ -95,7 +95,7 @@ def _heads_contiguous(q: torch.Tensor) -> bool:
 
 def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
                  lens: torch.Tensor, scale: float, sliding_window: int | None) -> torch.Tensor:
-    """Our C kernel (cpu_ops.c): each row of q as one sequence's decoding token, reading the cache in place."""
+    """Our C kernel (cpu_attention.c): each row of q as one sequence's decoding token, reading the cache in place."""
     out = q.new_empty(q.shape)
     rows, hq, d = q.shape
     native.library().decode_attention_rows(

@@ -1,5 +1,5 @@
-"""Our C kernels for the CPU (backend/kernels/cpu_ops.c and cpu_decoder.c, backend/quant/cpu_kernel.c and its AMX
-sibling cpu_amx.c), built into one library.
+"""Our C kernels for the CPU (backend/kernels/cpu_ops.c, cpu_attention.c and cpu_decoder.c, backend/quant/cpu_kernel.c
+with its AMX and MoE siblings cpu_amx.c and cpu_moe.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -25,9 +25,10 @@ from backend.home import cache_dir
 log = logging.getLogger("backend")
 
 _QUANT = Path(__file__).parent.parent / "quant"
-SOURCES = [Path(__file__).with_name("cpu_ops.c"), Path(__file__).with_name("cpu_decoder.c"), _QUANT / "cpu_kernel.c",
+_HERE = Path(__file__).parent
+SOURCES = [_HERE / "cpu_ops.c", _HERE / "cpu_attention.c", _HERE / "cpu_decoder.c", _QUANT / "cpu_kernel.c",
            _QUANT / "cpu_amx.c", _QUANT / "cpu_moe.c"]
-HEADERS = [_QUANT / "cpu_kernel.h"]
+HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 
