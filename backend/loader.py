@@ -106,15 +106,18 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
 
 
 def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:
-    """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF kept in its blocks, whose
-    layers our C kernels run (all of a step in one call, which needs fp32 around the matmuls), products in bf16 on
-    AMX tiles for steps of more than 16 rows (a batch, a prompt chunk: 2.7x fp32 at 32 rows) and in fp32 below
-    that (a decode step or a draft's verification is as fast there, and exact); without AMX every product is
-    fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
+    """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF whose layers stay in their
+    blocks (some of them: not an F16/BF16 file, nor one of types expanded at load), which our C kernels run (all of
+    a step in one call, which needs fp32 around the matmuls). Steps of more than 16 rows (a batch, a prompt chunk)
+    multiply in bf16 on AMX tiles (2.7x fp32 at 32 rows); steps of 16 or fewer (a sequence's decode step, alone or
+    with its drafts' verification rows) in fp32, exactly as a float32 engine; without AMX every product is fp32.
+    Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
     from backend.quant import cpu_native
+    from backend.quant.formats import FORMATS
 
     return (device.type == "cpu" and dtype == torch.bfloat16 and reader is not None and quantization != "dequantize"
-            and cpu_native.enabled())
+            and cpu_native.enabled()
+            and any(int(t.tensor_type) in FORMATS and not t.name.endswith(".bias") for t in reader.tensors))
 
 
 @contextlib.contextmanager

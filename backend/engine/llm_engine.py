@@ -114,7 +114,8 @@ class LLMEngine:
             self.model_config, reader = read_config(self.source)
         draft = None
         if self.spec is not None and self.spec.method == "draft":
-            draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len)
+            draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len,
+                               self.bf16_products)
         if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
             recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
             self.moe_gpu_experts = pick_gpu_experts(self.config, self.shape, self.model_config,

@@ -36,14 +36,16 @@ class DraftState:
         return len(self.token_ids)
 
 
-def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int):
-    """The draft model's weights (loaded before the KV cache is sized, so its memory is counted)."""
+def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
+               bf16: bool = False):
+    """The draft model's weights (loaded before the KV cache is sized, so its memory is counted), in the target's
+    dtype (its KV cache is made in it); bf16: its quantized layers' products as the target's (loader.bf16_products)."""
     source = locate(model)
     config, reader = read_config(source)
     if config.vocab_size != target.vocab_size:
         raise ModelLoadError(f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
                              f"{target.vocab_size}; a draft must share the target's vocabulary")
-    return load_model(source, config, reader, dtype, device, max_model_len)
+    return load_model(source, config, reader, dtype, device, max_model_len, bf16=bf16)
 
 
 class DraftProposer:

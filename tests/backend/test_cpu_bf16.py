@@ -60,3 +60,15 @@ def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
     gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
     assert max(gaps) < 0.15  # a random model's logits through bf16 products: measured up to 0.1
     assert (max(gaps) > 0) == amx_cpu()
+
+
+def test_bfloat16_is_bf16_modules_for_a_gguf_without_quantized_layers(tiny_gguf):
+    """An F16 GGUF has no blocks for our kernels: bfloat16 stays PyTorch's bf16 modules (half the memory of fp32)."""
+    kinds = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    path, _ = tiny_gguf("llama", "f16", policy=dict.fromkeys(kinds, "F16"))
+    engine = LLM(str(path), dtype="bfloat16", block_size=8).engine
+    assert not engine.bf16_products and engine.dtype == torch.bfloat16
+    floats = {n: t for n, t in [*engine.model.named_parameters(), *engine.model.named_buffers()]
+              if t.is_floating_point() and n != "cos_sin"}  # the rotary table is fp32 in every dtype
+    assert floats and all(t.dtype == torch.bfloat16 for t in floats.values())
+
