@@ -1,7 +1,9 @@
 """bfloat16 on the CPU for a GGUF kept in its blocks: fp32 around the matmuls, and products in bf16 on AMX tiles
 (backend/quant/cpu_amx.c) for matmuls of more than 16 rows, where the CPU has AMX; fp32 below that and without."""
 
+import ctypes
 import dataclasses
+import platform
 
 import pytest
 import torch
@@ -17,7 +19,12 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler 
 
 
 def amx_cpu() -> bool:
-    return "amx_bf16" in native._cpu_key().split()
+    """The CPU has AMX and the kernel lets this process use its tiles (arch_prctl ARCH_REQ_XCOMP_PERM for
+    XTILEDATA, Linux 5.16 and later: an older kernel leaves AMX unusable however new the CPU)."""
+    if "amx_bf16" not in native._cpu_key().split() or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
