@@ -7,10 +7,10 @@
  * another order. A weight tile holds 32 k's by 16 rows of w in VNNI order (k pairs side by side); two panels of
  * w and two tiles of 16 rows of x make four accumulator tiles, all eight tiles in use.
  *
- * qmm_bf16 returns 0 where it does not run: 16 rows of x or fewer (a step of one sequence, its drafts' verification
- * rows included: the fp32 kernel is as fast there, and exact; a larger step's rows, speculative or not, take
- * bf16 products, as a GPU's batch-dependent kernels would), no AMX in this build or CPU, the kernel refusing the permission, K not a
- * multiple of 32. The caller then takes the fp32 path.
+ * qmm_bf16 returns 0 where it does not run: 16 rows of x or fewer (a step of one sequence, its drafts'
+ * verification rows included: the fp32 kernel is as fast there, and exact; a larger step's rows, speculative or
+ * not, take bf16 products, as a GPU's batch-dependent kernels would), no AMX in this build or CPU, the kernel
+ * refusing the permission, K not a multiple of 32. The caller then takes the fp32 path.
  */
 #include "cpu_kernel.h"
 
