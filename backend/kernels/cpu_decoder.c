@@ -18,7 +18,7 @@
 typedef int64_t i64;
 
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+         int bits, i64 group, int f16, int bf16, float *y, i64 ldy, int threads);
 void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
                    i64 cols, float eps);
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
@@ -28,13 +28,10 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                            const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
                            i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads);
 
-int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
-
 typedef struct {
     const uint8_t *codes;
     const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16, bf16; /* bf16: products in bf16 where qmm_bf16 runs */
+    i64 rows, cols, group, bits, f16, bf16; /* bf16: as qmm's */
 } QuantMatrix;
 
 /* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
@@ -62,10 +59,8 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
     double start = omp_get_wtime();
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
-        if (!(p->bf16 && qmm_bf16(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group,
-                                  (int)p->f16, y + col, w->rows, threads)))
-            qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16, y + col,
-                w->rows, threads);
+        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16,
+            (int)p->bf16, y + col, w->rows, threads);
     }
     if (w->bias)  /* added after the matmul, as the module adds it */
         for (i64 r = 0; r < M; r++)

@@ -62,10 +62,8 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, ptr, i64, i32]
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, i32, ptr, i64, i32]
     lib.qmm.restype = None
-    lib.qmm_bf16.argtypes = lib.qmm.argtypes
-    lib.qmm_bf16.restype = i32
     lib.moe_token.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_token.restype = None
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]

@@ -61,25 +61,17 @@ static void store_tile(const float *tile, float *y, i64 ldy, i64 rows, i64 cols)
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     if (M <= 16 || K % 32 || !amx_ready()) return 0;
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
     int done = 1; /* 0 where a thread could not get its buffers: the caller's fp32 kernel then writes all of y */
 #pragma omp parallel num_threads(threads)
     {
-        static __thread uint16_t *xb, *wb;
+        static __thread void *xb_buf, *wb_buf;
         static __thread size_t xb_size, wb_size;
         float tile[16 * 16] __attribute__((aligned(64)));
         /* x in bf16, [padded][K], rows past M zero: each thread converts its own copy */
-        if (xb_size < (size_t)(padded * K)) {
-            free(xb);
-            xb = aligned_alloc(64, (size_t)(padded * K) * 2);
-            xb_size = xb ? (size_t)(padded * K) : 0;
-        }
-        if (wb_size < (size_t)(2 * K * PANEL)) {
-            free(wb);
-            wb = aligned_alloc(64, (size_t)(2 * K * PANEL) * 2);
-            wb_size = wb ? (size_t)(2 * K * PANEL) : 0;
-        }
+        uint16_t *xb = grown(&xb_buf, &xb_size, (size_t)(padded * K) * 2);
+        uint16_t *wb = grown(&wb_buf, &wb_size, (size_t)(2 * K * PANEL) * 2);
         if (!(xb && wb)) {
 #pragma omp atomic write
             done = 0;

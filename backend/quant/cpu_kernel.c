@@ -168,34 +168,29 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
-/* Grown on demand and kept: an allocation of this size per call would be an mmap and its page faults. */
-static float *buffer(float **buf, size_t *size, size_t floats) {
-    if (*size < floats) {
-        free(*buf);
-        *buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        *size = *buf ? floats : 0;
-    }
-    return *buf;
-}
-
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns) */
+int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+
+/* bf16: products in bf16 on AMX tiles where qmm_bf16 runs (cpu_amx.c), else this kernel's fp32 */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
+         int bits, i64 group, int f16, int bf16, float *y, i64 ldy, int threads) {
+    if (bf16 && qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)) return;
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
 #pragma omp parallel num_threads(threads)
     {
         /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X], by each thread for itself (no barrier): a
          * tile's broadcasts then read one pointer at fixed offsets (a pointer per row would not fit the general
          * registers); one row is its own transpose */
-        static __thread float *xt_buf, *decoded_buf;
+        static __thread void *xt_buf, *decoded_buf;
         static __thread size_t xt_size, decoded_size;
-        float *xt = M > 1 ? buffer(&xt_buf, &xt_size, (size_t)(tiles * K * ROWS_X)) : NULL;
+        float *xt = M > 1 ? grown(&xt_buf, &xt_size, (size_t)(tiles * K * ROWS_X) * sizeof(float)) : NULL;
         for (i64 t = 0; xt && t < tiles; t++)
             for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
                 for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
         if (M > ROWS_X) {
-            float *decoded = buffer(&decoded_buf, &decoded_size, (size_t)K * PANEL * MANY_PANELS);
+            float *decoded = grown(&decoded_buf, &decoded_size, (size_t)K * PANEL * MANY_PANELS * sizeof(float));
             i64 groups = (panels + MANY_PANELS - 1) / MANY_PANELS;
 #pragma omp for schedule(static)
             for (i64 g = 0; g < groups; g++) many_rows(&w, g * MANY_PANELS, xt, M, y, N, ldy, decoded);

@@ -124,3 +124,21 @@ typedef struct {
     i64 K, group, panel_code_bytes, panel_groups;
     int bits, f16;
 } Weight;
+
+/* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale. */
+INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
+                        int f16) {
+    Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
+    return w;
+}
+
+/* A thread's scratch, grown on demand and kept: an allocation of this size per call would be an mmap and its page
+ * faults. NULL where memory ran out. */
+INLINE void *grown(void **buf, size_t *size, size_t bytes) {
+    if (*size < bytes) {
+        free(*buf);
+        *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        *size = *buf ? bytes : 0;
+    }
+    return *buf;
+}

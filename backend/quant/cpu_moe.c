@@ -22,10 +22,9 @@ typedef struct {
 } ExpertStack;
 
 static Weight expert(const ExpertStack *s, i64 e) {
-    Weight w = {s->codes + e * s->codes_stride, s->scales + e * s->params_stride,
-                s->offsets ? s->offsets + e * s->params_stride : NULL, s->cols, s->group,
-                s->cols * 16 * s->bits / 8, s->cols / s->group, (int)s->bits, (int)s->f16};
-    return w;
+    return weight_of(s->codes + e * s->codes_stride, s->scales + e * s->params_stride,
+                     s->offsets ? s->offsets + e * s->params_stride : NULL, s->cols, s->group, (int)s->bits,
+                     (int)s->f16);
 }
 
 /* out [H] = sum over k of weights[k] * down_e(silu(gate_e x) * up_e x), e = experts[k] (ascending). */

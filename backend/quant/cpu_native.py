@@ -92,10 +92,8 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
         x2 = x2.float().contiguous()
     m = x2.shape[0]
     y = torch.empty(m, rows)
-    args = (x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.group, layout.f16, y.data_ptr(), rows, torch.get_num_threads())
-    if not (layout.bf16 and lib.qmm_bf16(*args)):
-        lib.qmm(*args)
+    lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
+            rows, cols, layout.bits, layout.group, layout.f16, layout.bf16, y.data_ptr(), rows, torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)
