@@ -9,6 +9,7 @@ class EngineConfig:
     tokenizer: str | None = None  # a Hugging Face directory with the tokenizer; None: the model's own
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # the model's; on the CPU float16 or bfloat16 halve the cache (loader.pick_kv_dtype)
     max_num_seqs: int = 64
     max_n: int = 16  # sequences one request may ask for (its n)
     max_model_len: int | None = None  # None: the model's context length, capped at 8192

@@ -105,6 +105,21 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
     return chosen
 
 
+def pick_kv_dtype(kv_cache_dtype: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype: the model's ("auto"), or on the CPU float16 / bfloat16 for a float32 model, which halves
+    the cache (twice the tokens in the same memory) and what decode attention reads a step (llama.cpp's default is
+    an f16 cache). Keys and values are rounded once, when stored; the arithmetic stays fp32."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    chosen = DTYPES.get(kv_cache_dtype)
+    if chosen is None:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use auto, float16 or bfloat16")
+    if chosen != dtype and device.type != "cpu":
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is for the CPU; on {device.type} the KV cache takes the "
+                         f"model's dtype ({str(dtype).removeprefix('torch.')}): leave kv_cache_dtype as auto")
+    return chosen
+
+
 def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:
     """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF whose layers stay in their
     blocks (some of them: not an F16/BF16 file, nor one of types expanded at load), which our C kernels run (all of

@@ -1,8 +1,8 @@
 """Engine vs transformers' generate on the same weights (SmolLM2-135M, fp32, CPU), greedy.
 
 Prints one JSON line: single-request decode speed, 32-request aggregate throughput, time to first
-token with a 1,000-token cached prefix vs cold, and decoding after a 2,000-token prompt (long_*); then
-the same in bfloat16 (bf16_*: bf16 products on AMX where the CPU has it) beside transformers in bfloat16.
+token with a 1,000-token cached prefix vs cold, and decoding after a 2,000-token prompt (long_*, and with
+kv_cache_dtype float16: long_kv_f16_*); then the same in bfloat16 (bf16_*: bf16 products on AMX where the CPU has it) beside transformers in bfloat16.
 
 --quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
 our quantized path vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv).
@@ -246,6 +246,9 @@ def main() -> None:
     long_prompt = make_prompt(tokenizer, args.long_context, 77)
     ours_long = ours_decode_rate(llm, long_prompt, 64)
     hf_long = 64 / (best(hf_generate, hf, [long_prompt], 65, pad) - best(hf_generate, hf, [long_prompt], 1, pad))
+    half_cache = LLM("smollm2", dtype="float32", kv_cache_dtype="float16")
+    ours_long_f16 = ours_decode_rate(half_cache, long_prompt, 64)
+    del half_cache
     bf16 = bf16_rows(args, single, batch, prefix, hf, pad)
     print(json.dumps({
         "bench": "engine", "model": "smollm2-135m", "dtype": "float32", "device": "cpu",
@@ -259,6 +262,7 @@ def main() -> None:
         "decode_step_split": decode_split(llm, single[0], 1000 / ours_single),
         "long_context": args.long_context, "long_tok_s": round(ours_long, 2),
         "long_tok_s_transformers": round(hf_long, 2), "long_ratio": round(ours_long / hf_long, 2),
+        "long_kv_f16_tok_s": round(ours_long_f16, 2), "long_kv_f16_vs_fp32_cache": round(ours_long_f16 / ours_long, 2),
         **bf16,
     }))
 

@@ -72,14 +72,15 @@ class LLMEngine:
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
-        self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens)
         self.sampler = Sampler(config.seed, self.device)
         self.proposer = self.speculator = None
         if self.spec is not None:
             if draft_model is not None:
-                self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size)
+                self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size,
+                                              self.shape.kv_dtype)
                 # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
                 # (parameters would miss quantized weights, which are buffers of blocks).
                 cost = module_bytes(draft_model) / module_bytes(self.model)

@@ -12,6 +12,7 @@ from backend.config import EngineConfig
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
+from backend.loader import pick_kv_dtype
 from backend.model_config import ModelConfig
 from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
@@ -109,6 +110,7 @@ class CacheShape:
 
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the KV cache's: dtype, or what kv_cache_dtype asks for
     max_model_len: int
     max_num_batched_tokens: int
     logit_rows: int  # the most rows one step samples (a full decode batch with its drafts)
@@ -120,13 +122,14 @@ class CacheShape:
         max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)
         drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
-        return cls(device, dtype, max_model_len, tokens, min(config.max_num_seqs * (1 + drafts), tokens))
+        kv_dtype = pick_kv_dtype(config.kv_cache_dtype, device, dtype)
+        return cls(device, dtype, kv_dtype, max_model_len, tokens, min(config.max_num_seqs * (1 + drafts), tokens))
 
 
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     """Blocks for the KV cache of `models` (the target, then a draft that keeps a cache of the same size)."""
     block_size = config.block_size
-    per_block = sum(kv_bytes_per_block(m.config, block_size, shape.dtype) for m in models)
+    per_block = sum(kv_bytes_per_block(m.config, block_size, shape.kv_dtype) for m in models)
     needed_per_seq = (shape.max_model_len + block_size - 1) // block_size
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks
@@ -165,7 +168,7 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     # The target's throwaway cache: the larger of the two warm-ups, so activations are not undercounted.
-    warm_cache = kv_bytes_per_block(models[0].config, config.block_size, shape.dtype) * warm_blocks
+    warm_cache = kv_bytes_per_block(models[0].config, config.block_size, shape.kv_dtype) * warm_blocks
     return kv_cache_blocks(allowed_bytes(config.gpu_memory_utilization, total), weights, peak, warm_cache, free,
                            per_block, config.gpu_memory_utilization)
 
@@ -222,10 +225,10 @@ def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, 
     """moe_gpu_experts="auto" for a model of these weights, before it is loaded (a draft already is)."""
     if not cfg.is_moe:
         return None
-    per_block = kv_bytes_per_block(cfg, config.block_size, shape.dtype)
+    per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
     reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype)
     if draft is not None:
-        per_block += kv_bytes_per_block(draft.config, config.block_size, shape.dtype)
+        per_block += kv_bytes_per_block(draft.config, config.block_size, shape.kv_dtype)
         reserved += module_bytes(draft)
     reserved += min_kv_bytes(config, per_block, shape.max_model_len)
     return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)

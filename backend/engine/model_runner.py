@@ -16,11 +16,13 @@ SHORT_CONTEXT = 256
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
+                 kv_dtype: torch.dtype | None = None):
         self.model = model
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
+        self.kv_dtype = kv_dtype or dtype  # the KV cache's (kv_cache_dtype; the model's by default)
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
         # Our C kernels run this runner's decode steps: verification runs as decode rows, and the one-call step
         self.cpu_kernels = device.type == "cpu" and dtype == torch.float32 and native.enabled()
@@ -35,8 +37,8 @@ class ModelRunner:
         shape = (num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         # Zeroed: decode attention reads (and masks) slots past each sequence's end, which must be finite.
         for module in self._attention_modules():
-            module.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            module.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            module.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            module.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
 
     def copy_block(self, source: int, target: int) -> None:

@@ -46,13 +46,14 @@ class AttentionMetadata:
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots."""
+    """Write key/value [num_tokens, num_kv_heads, head_dim] into their cache slots (rounded to the cache's dtype,
+    where kv_cache_dtype made it narrower than the model's: to nearest even, as cpu_decoder.c stores them too)."""
     if use_triton(key):
         from backend.kernels import triton_kernels
 
         return triton_kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -71,13 +72,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     zero-initialised so they always hold finite numbers. With uniform_len (every context that long, as a
     single sequence's always is) they are sliced off instead: no mask to build, a faster attention.
     """
-    if native.usable(q, k_cache, v_cache) and _heads_contiguous(q):
+    if _native(q, k_cache, v_cache):
         return _native_rows(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     blocks = block_tables.flatten()
-    k = k_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(b, -1, hkv, d).transpose(1, 2)
+    k = k_cache.index_select(0, blocks).to(q.dtype).view(b, -1, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).to(q.dtype).view(b, -1, hkv, d).transpose(1, 2)
     if uniform_len is not None and sliding_window is None:
         k, v = k[:, :, :uniform_len], v[:, :, :uniform_len]
         return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
@@ -89,8 +90,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale).squeeze(2)
 
 
-def _heads_contiguous(q: torch.Tensor) -> bool:
-    return q.stride(2) == 1 and q.stride(1) == q.shape[2]
+def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether our C kernel runs these rows: fp32 queries, heads contiguous, a CPU cache of a dtype it reads."""
+    return (native.usable(q) and q.stride(2) == 1 and q.stride(1) == q.shape[2] and k_cache.is_cpu
+            and k_cache.dtype in native.KV_KINDS and v_cache.dtype == k_cache.dtype)
 
 
 def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
@@ -100,7 +103,7 @@ def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     rows, hq, d = q.shape
     native.library().decode_attention_rows(
         q.data_ptr(), q.stride(0), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.shape[1], tables.data_ptr(), tables.stride(0), lens.data_ptr(), sliding_window or 0, scale,
+        native.KV_KINDS[k_cache.dtype], k_cache.shape[1], tables.data_ptr(), tables.stride(0), lens.data_ptr(), sliding_window or 0, scale,
         tables.shape[1] * k_cache.shape[1], torch.get_num_threads())
     return out
 
@@ -116,8 +119,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     block_size = k_cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
     blocks = block_table[:num_blocks]
-    k = k_cache.index_select(0, blocks).view(-1, hkv, d)[:context_len].transpose(0, 1)
-    v = v_cache.index_select(0, blocks).view(-1, hkv, d)[:context_len].transpose(0, 1)
+    k = k_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len].transpose(0, 1)
+    v = v_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len].transpose(0, 1)
     mask = None  # plain causal: the chunk is the whole context
     if s != context_len or sliding_window is not None:
         q_pos = torch.arange(context_len - s, context_len, device=q.device)[:, None]
@@ -136,7 +139,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sequence's token at that position: the same kernel on the same shapes, so that greedy speculation accepts
     exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently)."""
     s, hq, d = q.shape
-    if native.usable(q, k_cache, v_cache) and _heads_contiguous(q):
+    if _native(q, k_cache, v_cache):
         lens = torch.arange(context_len - s + 1, context_len + 1)
         return _native_rows(q, k_cache, v_cache, block_table.expand(s, -1), lens, scale, sliding_window)
     out = torch.empty_like(q)
@@ -148,8 +151,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     hkv = k_cache.shape[2]
     blocks = block_table[:(context_len + k_cache.shape[1] - 1) // k_cache.shape[1]]
-    k = k_cache.index_select(0, blocks).view(1, -1, hkv, d).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(1, -1, hkv, d).transpose(1, 2)
+    k = k_cache.index_select(0, blocks).to(q.dtype).view(1, -1, hkv, d).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).to(q.dtype).view(1, -1, hkv, d).transpose(1, 2)
     rows = q.unsqueeze(2)  # [S, Hq, 1, D]: row i as decode's [1, Hq, 1, D]
     for i in range(s):
         n = context_len - s + i + 1

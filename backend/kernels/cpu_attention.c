@@ -1,27 +1,31 @@
 /* Decode attention on the CPU: single query rows (decode steps, a draft's verification rows, short prompt chunks)
- * over the paged KV cache, in place. fp32; its torch reference is attention.decode_attention's fallback, which
- * the tests hold it to. Compiled with -ffp-contract=off like cpu_ops.c. */
+ * over the paged KV cache, in place. fp32 arithmetic over a cache of fp32, fp16 or bf16 elements (kv_cache_dtype:
+ * each read as the float it holds); its torch reference is attention.decode_attention's fallback, which the tests
+ * hold it to. Compiled with -ffp-contract=off like cpu_ops.c. */
 #include "cpu_vectors.h"
 
-static float dot(const float *a, const float *b, i64 n) {
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* q . the key at element `at` of the cache */
+ALWAYS_INLINE float dot(const float *a, const void *cache, i64 at, i64 n, const int kind) {
     V8 acc = v8_set1(0.0f);
     i64 i = 0;
-    for (; i + 8 <= n; i += 8) acc = v8_fma(v8_loadu(a + i), v8_loadu(b + i), acc);
+    for (; i + 8 <= n; i += 8) acc = v8_fma(v8_loadu(a + i), v8_load_kv(cache, at + i, kind), acc);
     float sum = hsum8(acc);
-    for (; i < n; i++) sum += a[i] * b[i];
+    for (; i < n; i++) sum += a[i] * kv_at(cache, at + i, kind);
     return sum;
 }
 
 /* q . k_j for 8 keys at once (dim a multiple of 8), for one query head or two (q2 NULL: one) sharing the keys'
  * loads: the 8 partial-sum vectors of each reduced together. */
-static inline __attribute__((always_inline)) void dot8(const float *q, const float *q2, const float *const k[8],
-                                                       i64 dim, V8 *out, V8 *out2) {
+ALWAYS_INLINE void dot8(const float *q, const float *q2, const void *k_cache, const i64 k[8], i64 dim, V8 *out,
+                        V8 *out2, const int kind) {
     V8 a[8], b[8];
     for (int j = 0; j < 8; j++) a[j] = b[j] = v8_set1(0.0f);
     for (i64 i = 0; i < dim; i += 8) {
         V8 qv = v8_loadu(q + i), qv2 = q2 ? v8_loadu(q2 + i) : qv;
         for (int j = 0; j < 8; j++) {
-            V8 kv = v8_loadu(k[j] + i);
+            V8 kv = v8_load_kv(k_cache, k[j] + i, kind);
             a[j] = v8_fma(qv, kv, a[j]);
             if (q2) b[j] = v8_fma(qv2, kv, b[j]);
         }
@@ -33,17 +37,15 @@ static inline __attribute__((always_inline)) void dot8(const float *q, const flo
 /* o[i] = sum over t of p[t] * v_t[i] in t order from 0, the sums held in registers (a loop over o in memory
  * loads and stores every o[i] once per position); with p2 (dim 64), o2 likewise for a second query head from the
  * same value loads. */
-static inline __attribute__((always_inline)) void weigh_values(const float *p, const float *p2, i64 n, const i64 *at,
-                                                               const float *v_cache, const i64 dim, float *o,
-                                                               float *o2) {
+ALWAYS_INLINE void weigh_values(const float *p, const float *p2, i64 n, const i64 *at, const void *v_cache,
+                                const i64 dim, float *o, float *o2, const int kind) {
     V8 acc[16], acc2[8];
     for (i64 i = 0; i < dim / 8; i++) acc[i] = v8_set1(0.0f);
     for (i64 i = 0; i < 8; i++) acc2[i] = v8_set1(0.0f);  /* all 8 (dim 64 with p2): no warning of a maybe unset one */
     for (i64 t = 0; t < n; t++) {
-        const float *v = v_cache + at[t];
         V8 pt = v8_set1(p[t]), pt2 = p2 ? v8_set1(p2[t]) : pt;
         for (i64 i = 0; i < dim / 8; i++) {
-            V8 vv = v8_loadu(v + 8 * i);
+            V8 vv = v8_load_kv(v_cache, at[t] + 8 * i, kind);
             acc[i] = v8_fma(pt, vv, acc[i]);
             if (p2) acc2[i] = v8_fma(pt2, vv, acc2[i]);
         }
@@ -56,30 +58,32 @@ static inline __attribute__((always_inline)) void weigh_values(const float *p, c
  * sit at at[0..n) in the caches. Without m: o = softmax(q k / sqrt) v, final. With m: the span's part of a longer
  * context, o = sum of e^(score - m) v unnormalised, m its top score and l the sum of its e^(score - m), per head
  * (merged by merge_spans). scores: group x stride floats of scratch. */
-static void attend_span(const float *qr, i64 group, i64 dim, const float *k_cache, const float *v_cache,
-                        const i64 *at, i64 n, float scale, float *scores, i64 stride, float *o, float *m, float *l) {
+ALWAYS_INLINE void attend_span(const float *qr, i64 group, i64 dim, const void *k_cache, const void *v_cache,
+                               const i64 *at, i64 n, float scale, float *scores, i64 stride, float *o, float *m,
+                               float *l, const int kind) {
+    const char *kb = k_cache, *vb = v_cache;
+    const i64 size = kv_size(kind);
     i64 t = 0;
     if (dim % 8 == 0)  /* 8 keys at a time, each loaded once for two query heads that share it */
         for (; t + 8 <= n; t += 8) {
-            const float *k[8];
-            for (int j = 0; j < 8; j++) k[j] = k_cache + at[t + j];
+            const i64 *k = at + t;
             /* the caches outgrow the CPU's caches past a few sequences: the next keys, and the values read
              * after the softmax, fetched while these are scored (at batch 32 and 96 positions, 8.1 -> 5.1 ms a
              * step, measured) */
             for (int j = 0; j < 8 && t + 16 + j < n; j++)
-                for (i64 b = 0; b < dim; b += 16) __builtin_prefetch(k_cache + at[t + 16 + j] + b);
+                for (i64 b = 0; b < dim * size; b += 64) __builtin_prefetch(kb + at[t + 16 + j] * size + b);
             for (int j = 0; j < 8; j++)
-                for (i64 b = 0; b < dim; b += 16) __builtin_prefetch(v_cache + at[t + j] + b);
+                for (i64 b = 0; b < dim * size; b += 64) __builtin_prefetch(vb + at[t + j] * size + b);
             for (i64 g = 0; g < group; g += 2) {
                 const float *q2 = g + 1 < group ? qr + (g + 1) * dim : NULL;
                 V8 s1, s2;
-                dot8(qr + g * dim, q2, k, dim, &s1, &s2);
+                dot8(qr + g * dim, q2, k_cache, k, dim, &s1, &s2, kind);
                 v8_storeu(scores + g * stride + t, s1 * v8_set1(scale));
                 if (q2) v8_storeu(scores + (g + 1) * stride + t, s2 * v8_set1(scale));
             }
         }
     for (; t < n; t++)
-        for (i64 g = 0; g < group; g++) scores[g * stride + t] = dot(qr + g * dim, k_cache + at[t], dim) * scale;
+        for (i64 g = 0; g < group; g++) scores[g * stride + t] = dot(qr + g * dim, k_cache, at[t], dim, kind) * scale;
     for (i64 g = 0; g < group; g++) {
         float *sc = scores + g * stride, top = -INFINITY;
         for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
@@ -100,17 +104,28 @@ static void attend_span(const float *qr, i64 group, i64 dim, const float *k_cach
     for (i64 g = 0; g < group; g++) {
         const float *p = scores + g * stride;
         if (dim == 64 && g + 1 < group) {
-            weigh_values(p, p + stride, n, at, v_cache, 64, o + g * dim, o + (g + 1) * dim);
+            weigh_values(p, p + stride, n, at, v_cache, 64, o + g * dim, o + (g + 1) * dim, kind);
             g++;
         } else if (dim == 64) {
-            weigh_values(p, NULL, n, at, v_cache, 64, o + g * dim, NULL);
+            weigh_values(p, NULL, n, at, v_cache, 64, o + g * dim, NULL, kind);
         } else if (dim == 128) {
-            weigh_values(p, NULL, n, at, v_cache, 128, o + g * dim, NULL);
+            weigh_values(p, NULL, n, at, v_cache, 128, o + g * dim, NULL, kind);
         } else {
             for (t = 0; t < n; t++)
-                for (i64 i = 0; i < dim; i++) o[g * dim + i] += p[t] * v_cache[at[t] + i];
+                for (i64 i = 0; i < dim; i++) o[g * dim + i] += p[t] * kv_at(v_cache, at[t] + i, kind);
         }
     }
+}
+
+/* attend_span compiled for each kind of cache element */
+static void attend(const float *qr, i64 group, i64 dim, const void *k_cache, const void *v_cache, const i64 *at,
+                   i64 n, float scale, float *scores, i64 stride, float *o, float *m, float *l, int kind) {
+    if (kind == KV_F16)
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_F16);
+    else if (kind == KV_BF16)
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_BF16);
+    else
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_F32);
 }
 
 /* One head's output from its spans' parts (attend_span with m), in span order: the parts rescaled to the top
@@ -136,14 +151,15 @@ static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float
 
 /* Attention of single query rows over a paged cache, each row as one decoding sequence's token: row r attends
  * to its sequence's positions [max(0, len_r - window), len_r) (window 0: all), the key of position t in slot
- * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim]; the hq / hkv query heads
+ * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim] (elements of `kind`); the hq / hkv query heads
  * of a kv head together, so each key and value is read once. q [rows, hq, dim] (row stride ldq), out [rows, hq,
  * dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's verification rows). A
  * row's arithmetic is the same whatever the other rows (speculation exact): a context of more than SPAN
  * positions is cut into spans of SPAN by its own length alone, each a job, merged in order. */
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
-                           const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
-                           i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads) {
+                           const void *k_cache, const void *v_cache, int kind, i64 block_size,
+                           const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
+                           i64 max_len, int threads) {
     const i64 group = hq / hkv, part_stride = dim + 2;
     /* jobs: row r's kv heads, each in spans[r] spans; first[r]: r's first job; parts for the split rows */
     i64 *first = malloc((size_t)(rows + 1) * sizeof(i64)), *part_at = malloc((size_t)rows * sizeof(i64));
@@ -183,11 +199,11 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
             }
             const float *qr = q + r * ldq + kv * group * dim;
             if (spans == 1) {
-                attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, max_len,
-                            out + (r * hq + kv * group) * dim, NULL, NULL);
+                attend(qr, group, dim, k_cache, v_cache, at, n, scale, scores, max_len,
+                       out + (r * hq + kv * group) * dim, NULL, NULL, kind);
             } else {
                 float o[group * dim], m[group], l[group];
-                attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, width, o, m, l);
+                attend(qr, group, dim, k_cache, v_cache, at, n, scale, scores, width, o, m, l, kind);
                 for (i64 g = 0; g < group; g++) {  /* part of (row, head kv * group + g, span) */
                     float *pc = part + (part_at[r] + ((kv * group + g) * spans + span)) * part_stride;
                     memcpy(pc, o + g * dim, (size_t)dim * sizeof(float));

@@ -11,11 +11,8 @@
  * q|k|v).
  */
 #include <omp.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-typedef int64_t i64;
+#include "cpu_vectors.h"
 
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
          int bits, i64 group, int f16, int bf16, float *y, i64 ldy, int threads);
@@ -25,8 +22,9 @@ void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64
                  const float *sin, i64 ldc);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
-                           const float *k_cache, const float *v_cache, i64 block_size, const int64_t *tables,
-                           i64 table_stride, const int64_t *lens, i64 window, float scale, i64 max_len, int threads);
+                           const void *k_cache, const void *v_cache, int kind, i64 block_size,
+                           const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
+                           i64 max_len, int threads);
 
 typedef struct {
     const uint8_t *codes;
@@ -44,13 +42,14 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
     Linear qkv, o, gate_up, down;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache; /* elements of Shape's kv_kind */
 } Layer;
 
 typedef struct {
     i64 layers, hidden, heads, kv_heads, head_dim, inter, block_size, window;
     float eps, scale;
     const float *final_norm;
+    i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
 } Shape;
 
 double matmul_seconds; /* wall time in the matmuls, for bench/engine.py's split of a step */
@@ -78,6 +77,7 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
     static __thread size_t work_floats;
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     const i64 qkv_cols = (hq + 2 * hkv) * D, qk_cols = (hq + hkv) * D;
+    const int kind = (int)s->kv_kind;
     size_t need = (size_t)M * (3 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter);
     if (work_floats < need) {
         free(work);
@@ -104,11 +104,11 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
         rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
         for (i64 r = 0; r < M; r++) {
             if (slots[r] < 0) continue;
-            memcpy(L->k_cache + slots[r] * hkv * D, qk + r * qk_cols + hq * D, (size_t)(hkv * D) * sizeof(float));
-            memcpy(L->v_cache + slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, (size_t)(hkv * D) * sizeof(float));
+            store_kv_elements(L->k_cache, slots[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
+            store_kv_elements(L->v_cache, slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
         }
-        decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, s->block_size, tables,
-                              table_stride, lens, s->window, s->scale, max_len, threads);
+        decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
+                              tables, table_stride, lens, s->window, s->scale, max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
         matmul(&L->gate_up, h, M, gate_up, threads);

@@ -58,3 +58,7 @@ void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) {
         for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
+
+/* x [n] stored as a KV cache of `kind` stores keys and values (cpu_decoder.c): its tests compare it with PyTorch's
+ * rounding. */
+void kv_store(void *cache, const float *x, i64 n, int kind) { store_kv_elements(cache, 0, x, n, kind); }

@@ -88,3 +88,75 @@ static inline V8 exp8(V8 x) {
     y = v8_fma(y, r * r, r) + v8_set1(1.0f);
     return y * v8_pow2(n);
 }
+
+/* KV cache elements: fp32, or fp16 / bf16 (kv_cache_dtype), stored as PyTorch's .to() rounds (to nearest, ties to
+ * even) and read back exactly. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+static inline float f32_of_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t bits_of_f32(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0) /* zero or subnormal: mant * 2^-24, exact */
+        return f32_of_bits(sign | bits_of_f32((float)mant * 0x1p-24f));
+    if (exp == 0x1f) return f32_of_bits(sign | 0x7f800000 | mant << 13);
+    return f32_of_bits(sign | (exp + 112) << 23 | mant << 13);
+}
+
+/* Rounds to nearest even in the float unit: scaled so that fp16's last place is fp32's, the sum of the value and
+ * a power of two at the right exponent leaves the rounded mantissa in the low bits (subnormals included);
+ * overflow becomes infinity. */
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t u = bits_of_f32(f), twice = u + u, sign = (u >> 16) & 0x8000;
+    if (twice > 0xff000000u) return (uint16_t)(sign | 0x7e00); /* NaN */
+    float base = (fabsf(f) * 0x1p+112f) * 0x1p-110f;
+    uint32_t bias = twice & 0xff000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t b = bits_of_f32(f32_of_bits((bias >> 1) + 0x07800000u) + base);
+    return (uint16_t)(sign | (((b >> 13) & 0x7c00) + (b & 0x0fff)));
+}
+
+static inline float bf16_to_f32(uint16_t h) { return f32_of_bits((uint32_t)h << 16); }
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = bits_of_f32(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* element at of a cache of this kind */
+static inline float kv_at(const void *cache, i64 at, int kind) {
+    if (kind == KV_F16) return f16_to_f32(((const uint16_t *)cache)[at]);
+    if (kind == KV_BF16) return bf16_to_f32(((const uint16_t *)cache)[at]);
+    return ((const float *)cache)[at];
+}
+
+/* 8 elements from at */
+static inline V8 v8_load_kv(const void *cache, i64 at, int kind) {
+    if (kind == KV_F32) return v8_loadu((const float *)cache + at);
+    const uint16_t *h = (const uint16_t *)cache + at;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m128i raw = _mm_loadu_si128((const __m128i *)h);
+    if (kind == KV_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+#ifdef __F16C__
+    return _mm256_cvtph_ps(raw);
+#endif
+#endif
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = kind == KV_F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+    return v8_loadu(f);
+}
+
+/* n floats into a cache of this kind from element at */
+static inline void store_kv_elements(void *cache, i64 at, const float *x, i64 n, int kind) {
+    if (kind == KV_F32) {
+        memcpy((float *)cache + at, x, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + at;
+    for (i64 i = 0; i < n; i++) h[i] = kind == KV_F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+}
+
+/* bytes of one element */
+static inline i64 kv_size(int kind) { return kind == KV_F32 ? 4 : 2; }

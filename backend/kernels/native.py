@@ -37,6 +37,10 @@ def enabled() -> bool:
     return os.environ.get("SCRIPTORIUM_CPU_KERNELS", "native") != "torch" and library() is not None
 
 
+# KV cache element types our attention reads and the one-call step writes (cpu_vectors.h's KV_F32, KV_F16, KV_BF16)
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
 def usable(*tensors) -> bool:
     """Whether these tensors can go through the C kernels: fp32, on the CPU, rows contiguous (checked by callers
     where a view is fine)."""
@@ -70,10 +74,12 @@ def load(path: Path) -> ctypes.CDLL:
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
     f32 = ctypes.c_float
-    lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, i64, f32, i64,
-                                          i32]
+    lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
+                                          i64, i32]
+    lib.kv_store.argtypes = [ptr, ptr, i64, i32]
     lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
-    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.decode_layers):
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
+               lib.decode_layers):
         fn.restype = None
     return lib
 

@@ -37,7 +37,7 @@ class _Layer(ctypes.Structure):
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
                 ("inter", i64), ("block_size", i64), ("window", i64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("final_norm", ptr)]
+                ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64)]
 
 
 def _linear(linear) -> _Linear | None:
@@ -91,7 +91,7 @@ class CpuDecoder:
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        cfg.intermediate_size, first.k_cache.shape[1], cfg.sliding_window or 0, cfg.rms_norm_eps,
-                       first.scale, model.model.norm.weight.data_ptr())
+                       first.scale, model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype])
         return cls(model, layers, shape)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -40,13 +40,13 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
     dtype = pick_dtype(config.dtype, torch.device("meta"), cfg.torch_dtype)
     spec = SpeculativeConfig.parse(config.speculative)
     shape = CacheShape.of(config, cfg, spec, torch.device("meta"), dtype)
-    per_block = kv_bytes_per_block(cfg, config.block_size, dtype)
+    per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
     weights = disk_bytes(config.model)
     if spec is not None and spec.model:
         # The draft keeps a cache of the target's length beside its own weights.
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
-        per_block += kv_bytes_per_block(draft_cfg, config.block_size, dtype)
+        per_block += kv_bytes_per_block(draft_cfg, config.block_size, shape.kv_dtype)
     return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, shape.max_model_len),
                      activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len)
 

@@ -37,7 +37,7 @@ def engine_bytes(engine: LLMEngine) -> int:
     models = [engine.model] + ([engine.proposer.model] if hasattr(engine.proposer, "model") else [])
     weights = sum(t.numel() * t.element_size() for m in models if m is not None
                   for t in (*m.parameters(), *m.buffers()))
-    per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.dtype) for m in models if m)
+    per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.shape.kv_dtype) for m in models if m)
     return weights + engine.num_kv_blocks * per_block
 
 

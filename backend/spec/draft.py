@@ -49,10 +49,11 @@ def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: tor
 
 
 class DraftProposer:
-    def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int):
+    def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
+                 kv_dtype: torch.dtype | None = None):
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype, kv_dtype)
         self.states: dict[int, DraftState] = {}
 
     def sleep(self, level: int) -> None:
