@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]  # the CPU's choices of kv_cache_dtype (loader.pick_kv_dtype)
+
 
 @dataclass
 class EngineConfig:

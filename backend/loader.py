@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from backend.config import KV_CACHE_DTYPES
 from backend.gguf_config import gguf_config
 from backend.home import cache_dir
 from backend.model_config import ModelConfig, ModelLoadError, as_id_list, from_hf_config
@@ -106,18 +107,21 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, config_dtype: str
 
 
 def pick_kv_dtype(kv_cache_dtype: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's dtype: the model's ("auto"), or on the CPU float16 / bfloat16 for a float32 model, which halves
-    the cache (twice the tokens in the same memory) and what decode attention reads a step (llama.cpp's default is
-    an f16 cache). Keys and values are rounded once, when stored; the arithmetic stays fp32."""
+    """The KV cache's dtype: the model's ("auto"), or on the CPU float16 / bfloat16 for a float32 engine, which
+    halves the cache (twice the tokens in the same memory) and what decode attention reads a step (llama.cpp's
+    default is an f16 cache). Keys and values are rounded once, when stored; the arithmetic stays fp32."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use {', '.join(KV_CACHE_DTYPES)}")
     if kv_cache_dtype == "auto":
         return dtype
-    chosen = DTYPES.get(kv_cache_dtype)
-    if chosen is None:
-        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use auto, float16 or bfloat16")
-    if chosen != dtype and device.type != "cpu":
+    model_dtype = str(dtype).removeprefix("torch.")
+    if device.type != "cpu":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is for the CPU; on {device.type} the KV cache takes the "
-                         f"model's dtype ({str(dtype).removeprefix('torch.')}): leave kv_cache_dtype as auto")
-    return chosen
+                         f"model's dtype ({model_dtype}): leave kv_cache_dtype as auto")
+    if dtype != torch.float32:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is for a float32 engine; this one runs in {model_dtype}, "
+                         "whose KV cache is already 16-bit: leave kv_cache_dtype as auto")
+    return DTYPES[kv_cache_dtype]
 
 
 def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:

@@ -80,7 +80,7 @@ def kv_cache_blocks(allowed: int, weights: int, peak: int, warm_cache: int, free
 
 
 def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
-            dtype: torch.dtype, logit_rows: int = 1) -> int:
+            dtype: torch.dtype, logit_rows: int = 1, kv_dtype: torch.dtype | None = None) -> int:
     """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache, then the
     logits of the most rows one step can sample (a full decode batch, drafts included: 256 rows of a
     152k vocabulary are 230 MB). Returns the throwaway cache's size in blocks (part of the measured peak)."""
@@ -88,7 +88,7 @@ def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: tor
     while sum(lengths) < tokens:
         lengths.append(min(max_model_len - 1, tokens - sum(lengths)))
     blocks = sum((n + block_size - 1) // block_size for n in lengths)
-    runner = ModelRunner(model, blocks, block_size, device, dtype)
+    runner = ModelRunner(model, blocks, block_size, device, dtype, kv_dtype)
     batch, next_block = [], 0
     for n in lengths:
         seq = Sequence(seq_id=-1, request_id="warm-up", index=0, token_ids=[0] * n, num_prompt_tokens=n,
@@ -162,7 +162,7 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
     torch.cuda.reset_peak_memory_stats(device)
     weights = torch.cuda.memory_allocated(device)
     warm_blocks = max(warm_up(m, shape.max_num_batched_tokens, shape.max_model_len, config.block_size, device,
-                              shape.dtype, shape.logit_rows) for m in models)
+                              shape.dtype, shape.logit_rows, shape.kv_dtype) for m in models)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
     torch.cuda.empty_cache()

@@ -39,7 +39,8 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
     # The dtype a GPU gets, without asking one: pick_dtype's rules for a device that is neither CPU nor CUDA.
     dtype = pick_dtype(config.dtype, torch.device("meta"), cfg.torch_dtype)
     spec = SpeculativeConfig.parse(config.speculative)
-    shape = CacheShape.of(config, cfg, spec, torch.device("meta"), dtype)
+    # a GPU's cache takes the model's dtype (kv_cache_dtype is the CPU's)
+    shape = CacheShape.of(replace(config, kv_cache_dtype="auto"), cfg, spec, torch.device("meta"), dtype)
     per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
     weights = disk_bytes(config.model)
     if spec is not None and spec.model:

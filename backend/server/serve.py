@@ -7,7 +7,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from backend.config import EngineConfig
+from backend.config import KV_CACHE_DTYPES, EngineConfig
 from common.sizes import parse_memory
 
 
@@ -52,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="auto (CPU: float32, exact; CUDA: the checkpoint's), float32, bfloat16 (CPU with AMX: "
                              "bf16 products for batches and prompts, about 1.6x the throughput), float16")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float16", "bfloat16"],
-                        help="auto: the model's dtype; CPU: float16 or bfloat16 halve the KV cache and what attention "
-                             "reads a step (long contexts decode faster; keys and values rounded once, when stored)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the model's dtype; CPU (float32): float16 or bfloat16 halve the KV cache and what "
+                             "attention reads a step (long contexts decode faster; keys and values rounded once, when "
+                             "stored; bfloat16 keeps fp32's range, float16 more precision)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
@@ -116,7 +117,8 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
     if memory is not None and memory > 1:
         memory = int(memory)
     return EngineConfig(
-        model=model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
+        model=model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,

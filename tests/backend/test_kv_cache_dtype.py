@@ -33,12 +33,14 @@ def test_the_c_store_rounds_as_torch_does(dtype, c_kernels):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("window", [None, 300])
-def test_attention_over_a_half_cache_is_attention_over_the_rounded_keys_and_values(dtype, window, impl):  # noqa: F811
+@pytest.mark.parametrize(("window", "d"), [(None, 64), (300, 64), (None, 128), (300, 20)])
+def test_attention_over_a_half_cache_is_attention_over_the_rounded_keys_and_values(dtype, window, d,
+                                                                                    impl):  # noqa: F811
     """Decode rows (short and past one span of 256), verification rows and a prompt chunk over a 16-bit cache: the
-    dense attention of the rounded keys and values, and verification rows keep decode rows' bits."""
+    dense attention of the rounded keys and values, and verification rows keep decode rows' bits (head dims: the
+    C kernel's two-head and one-head value sums, and its scalar loop)."""
     g = torch.Generator().manual_seed(5)
-    hq, hkv, d, bs = 9, 3, 64, 16
+    hq, hkv, bs = 9, 3, 16
     lengths = [700, 5, 257, 40]
     k_cache, v_cache = torch.zeros(120, bs, hkv, d, dtype=dtype), torch.zeros(120, bs, hkv, d, dtype=dtype)
     free = torch.randperm(120, generator=g).tolist()
@@ -112,14 +114,20 @@ def test_an_engine_with_a_half_cache(tiny_gguf, dtype):
     assert spec.engine.stats()["spec_accepted_tokens"] > 0
 
 
-def test_kv_cache_dtype_settings():
+def test_kv_cache_dtype_settings(tiny_gguf):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert pick_kv_dtype("auto", cpu, torch.float32) == torch.float32
+    assert pick_kv_dtype("auto", cuda, torch.bfloat16) == torch.bfloat16
     assert pick_kv_dtype("float16", cpu, torch.float32) == torch.float16
     assert pick_kv_dtype("bfloat16", cpu, torch.float32) == torch.bfloat16
-    assert pick_kv_dtype("bfloat16", cuda, torch.bfloat16) == torch.bfloat16
-    with pytest.raises(ValueError, match="kv_cache_dtype=float16 is for the CPU; on cuda the KV cache takes the "
-                                         "model's dtype \\(bfloat16\\)"):
-        pick_kv_dtype("float16", cuda, torch.bfloat16)
-    with pytest.raises(ValueError, match="kv_cache_dtype 'fp8' is not supported; use auto, float16 or bfloat16"):
-        pick_kv_dtype("fp8", cpu, torch.float32)
+    with pytest.raises(ValueError, match="kv_cache_dtype=bfloat16 is for the CPU; on cuda the KV cache takes the "
+                                         "model's dtype \\(bfloat16\\): leave kv_cache_dtype as auto"):
+        pick_kv_dtype("bfloat16", cuda, torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp16' is not supported; use auto, float16, bfloat16"):
+        pick_kv_dtype("fp16", cpu, torch.float32)
+    with pytest.raises(ValueError, match="kv_cache_dtype 'float32' is not supported"):
+        pick_kv_dtype("float32", cpu, torch.float32)
+    path, reference = tiny_gguf("llama")
+    with pytest.raises(ValueError, match="kv_cache_dtype=float16 is for a float32 engine; this one runs in bfloat16, "
+                                         "whose KV cache is already 16-bit"):
+        LLM(str(reference), dtype="bfloat16", kv_cache_dtype="float16")
