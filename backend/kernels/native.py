@@ -68,8 +68,8 @@ def load(path: Path) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, i32, ptr, i64, i32]
     lib.qmm.restype = None
-    lib.moe_token.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
-    lib.moe_token.restype = None
+    lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
+    lib.moe_tokens.restype = i32
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]

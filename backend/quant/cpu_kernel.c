@@ -202,10 +202,11 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
     }
 }
 
-/* One row of x against the panels [p, p + ROW_TILE_PANELS) of w, on the calling thread: a piece of a matmul for
- * callers that run many matmuls in one parallel region (cpu_moe.c). */
-const i64 ROW_TILE_PANELS = PANELS_PER_TILE(1);
+/* M <= ROWS_X rows of x against the panels [p, p + tile_panels(M)) of w, on the calling thread: a piece of a matmul
+ * for callers that run many matmuls in one parallel region (cpu_moe.c). xt: x transposed, [K][ROWS_X] (one row:
+ * the row itself), as qmm lays a tile out, so each row gets qmm's bits. */
+i64 tile_panels(i64 M) { return PANELS_PER_TILE(M); }
 
-void qmm_row_tile(const Weight *w, i64 p, const float *x, float *y, i64 N, i64 ldy) {
-    few_rows(w, p, x, 1, 1, y, N, ldy);
+void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy) {
+    few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
 }

@@ -1,8 +1,9 @@
 """A MoE layer's experts kept in GGUF blocks: gate [E, I, H], up [E, I, H], down [E, H, I].
 
 Computed as backend/kernels/moe.py computes float experts: on CUDA one fused pair of grouped GEMMs
-(quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert; on the CPU with our kernels a
-single token's experts (a decode step at batch 1) in one C call (cpu_moe.c), with the same arithmetic.
+(quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert; on the CPU with our kernels the
+experts of a few tokens (a decode step of up to FEW_TOKENS sequences) in one C call (cpu_moe.c), with the same
+arithmetic.
 """
 
 import ctypes
@@ -13,6 +14,10 @@ from torch import nn
 from backend.kernels import native, use_triton
 from backend.models.mlp import silu_mul
 from backend.quant.modules import QuantWeight
+
+# Tokens a step may have for its experts to go through one C call (cpu_moe.c): a decode batch. A prompt's chunk
+# takes the per-expert loop, whose matmuls of many rows decode each weight once for all of them.
+FEW_TOKENS = 64
 
 
 class _ExpertStack(ctypes.Structure):  # cpu_moe.c's ExpertStack
@@ -64,8 +69,10 @@ class QuantExperts(nn.Module):
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
                 (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
-        if tensors is None and x.shape[0] == 1 and native.usable(x, topk_weights) and self._packed():
-            return self._one_token(x, topk_weights, topk_ids)
+        if tensors is None and x.shape[0] <= FEW_TOKENS and native.usable(x, topk_weights) and self._packed():
+            out = self._few_tokens(x, topk_weights, topk_ids)
+            if out is not None:
+                return out
         top_k = topk_ids.shape[1]
         flat_ids = topk_ids.flatten()
         order = torch.argsort(flat_ids, stable=True)
@@ -88,16 +95,16 @@ class QuantExperts(nn.Module):
     def _packed(self) -> bool:
         return all(w.layout is not None and w.codes is not None for w in self.weights())
 
-    def _one_token(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """x [1, H]: its experts in ascending order, as the loop above visits them, in one call."""
-        ids, order = topk_ids[0].sort()
-        ids, weights = ids.contiguous(), topk_weights[0][order].contiguous()
-        out = x.new_empty(1, self.down.rows)
+    def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor) -> torch.Tensor | None:
+        """x [T, H]: the loop's result in one call (None where it found no memory: the loop runs instead)."""
+        ids, weights = topk_ids.to(torch.int64).contiguous(), topk_weights.float().contiguous()
+        out = x.new_empty(x.shape[0], self.down.rows)
         x = x.contiguous()
-        native.library().moe_token(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), ids.numel(),
-                                   *(ctypes.byref(_stack(w)) for w in self.weights()), out.data_ptr(),
-                                   torch.get_num_threads())
-        return out
+        done = native.library().moe_tokens(
+            x.data_ptr(), x.shape[0], ids.data_ptr(), weights.data_ptr(), ids.shape[1], self.num_experts,
+            *(ctypes.byref(_stack(w)) for w in self.weights()), out.data_ptr(), torch.get_num_threads())
+        return out if done else None
 
     def nbytes(self) -> int:
         return sum(w.nbytes() for w in self.weights())

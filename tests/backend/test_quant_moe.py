@@ -6,6 +6,7 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.moe import fused_moe, route
+from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
 from backend.quant.modules import QuantWeight
@@ -61,21 +62,23 @@ def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatc
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 @pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
-def test_one_tokens_experts_in_one_call_are_the_loops_bits(formats, monkeypatch):
-    """A single token's experts go through one C call (cpu_moe.c), a batch's through the per-expert loop: each
-    token gets the same bits either way (a decode step and a draft's verification rows agree, speculation stays
-    exact), and the call is really taken."""
+def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, monkeypatch):
+    """A decode batch's experts go through one C call (cpu_moe.c), a prompt chunk's through the per-expert loop:
+    each token gets the loop's bits, alone or beside others (a decode step and a draft's verification rows agree,
+    speculation stays exact), with experts meeting 1 to 40 rows (chunks of 16), and the call is really taken."""
     module, _, _ = experts(formats)
     for w in module.weights():
         w.pack_for_cpu()
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(6, H, generator=g)
-    weights, ids = route(torch.randn(6, E, generator=g), 3, True)  # three terms a token: their order shows
-    batch = module(x, weights, ids)
+    x = torch.randn(60, H, generator=g)
+    weights, ids = route(torch.randn(60, E, generator=g), 3, True)  # three terms a token: their order shows
+    monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
+    loop = module(x, weights, ids)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
     calls = []
     lib = native.library()
     monkeypatch.setattr(native, "library", lambda: type("Spy", (), {
-        "moe_token": lambda self, *a: calls.append(1) or lib.moe_token(*a)})())
-    for t in range(6):
-        assert torch.equal(module(x[t:t + 1], weights[t:t + 1], ids[t:t + 1]), batch[t:t + 1]), t
-    assert len(calls) == 6
+        "moe_tokens": lambda self, *a: calls.append(a[1]) or lib.moe_tokens(*a)})())
+    for rows in (slice(0, 60), slice(3, 5), slice(7, 8), slice(10, 23)):
+        assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
+    assert calls == [60, 2, 1, 13]
