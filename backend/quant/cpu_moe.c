@@ -54,8 +54,9 @@ static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, i64 *j
     return n;
 }
 
-/* out [T, H]: token t's sum over its k experts e = ids[t, j] (distinct, in [0, experts)), in ascending order, of
- * weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t). Returns 0 (out untouched) where memory ran out. */
+/* out [T, H]: token t's sum over its k experts e = ids[t, j] (distinct), in ascending order, of weights[t, j] *
+ * down_e(silu(gate_e x_t) * up_e x_t). Returns 1; 0 (out untouched) where memory ran out, -1 for an id outside
+ * [0, experts). */
 int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
                const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads) {
     const i64 P = T * k, I = gate->rows, H = down->rows, widest = I > H ? I : H;
@@ -67,6 +68,12 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     float *act = malloc((size_t)(P * I) * sizeof(float)), *gate_up = malloc((size_t)(P * 2 * I) * sizeof(float));
     float *y = malloc((size_t)(P * widest) * sizeof(float)), *xt = NULL;
     i64 count = 0, used = 0;
+    for (i64 i = 0; i < P; i++)
+        if (ids[i] < 0 || ids[i] >= experts) {
+            free(start), free(filled), free(order), free(at), free(up_jobs), free(down_jobs), free(chunks);
+            free(act), free(gate_up), free(y);
+            return -1;
+        }
     if (start && filled && order && at && chunks) {
         /* the pairs i = t * k + j sorted by expert, then by token: a counting sort */
         for (i64 i = 0; i < P; i++) start[ids[i] + 1]++;

@@ -15,9 +15,13 @@ from backend.kernels import native, use_triton
 from backend.models.mlp import silu_mul
 from backend.quant.modules import QuantWeight
 
-# Tokens a step may have for its experts to go through one C call (cpu_moe.c): a decode batch. A prompt's chunk
-# takes the per-expert loop, whose matmuls of many rows decode each weight once for all of them.
+# Tokens a step may have for its experts to go through one C call (cpu_moe.c): a decode batch, a short prompt. A
+# longer prompt's chunk takes the per-expert loop, whose matmuls of many rows decode each weight once for all.
 FEW_TOKENS = 64
+# With bf16 products (loader.bf16_products) a matmul of more than 16 rows runs on AMX tiles, which the C call
+# does not: it takes only steps whose experts meet 16 rows at most (a token routes to an expert once), so a
+# token gets the loop's bits either way.
+FEW_TOKENS_BF16 = 16
 
 
 class _ExpertStack(ctypes.Structure):  # cpu_moe.c's ExpertStack
@@ -69,7 +73,8 @@ class QuantExperts(nn.Module):
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
                 (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
-        if tensors is None and x.shape[0] <= FEW_TOKENS and native.usable(x, topk_weights) and self._packed():
+        if tensors is None and native.usable(x, topk_weights) and self._packed() and x.shape[0] <= (
+                FEW_TOKENS_BF16 if any(w.layout.bf16 for w in self.weights()) else FEW_TOKENS):
             out = self._few_tokens(x, topk_weights, topk_ids)
             if out is not None:
                 return out
@@ -104,6 +109,8 @@ class QuantExperts(nn.Module):
         done = native.library().moe_tokens(
             x.data_ptr(), x.shape[0], ids.data_ptr(), weights.data_ptr(), ids.shape[1], self.num_experts,
             *(ctypes.byref(_stack(w)) for w in self.weights()), out.data_ptr(), torch.get_num_threads())
+        if done < 0:
+            raise IndexError(f"an expert id outside this layer's {self.num_experts} experts")
         return out if done else None
 
     def nbytes(self) -> int:

@@ -62,7 +62,7 @@ def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatc
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 @pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
-def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, monkeypatch):
+def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels, monkeypatch):
     """A decode batch's experts go through one C call (cpu_moe.c), a prompt chunk's through the per-expert loop:
     each token gets the loop's bits, alone or beside others (a decode step and a draft's verification rows agree,
     speculation stays exact), with experts meeting 1 to 40 rows (chunks of 16), and the call is really taken."""
@@ -82,3 +82,24 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, monkeypatc
     for rows in (slice(0, 60), slice(3, 5), slice(7, 8), slice(10, 23)):
         assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
     assert calls == [60, 2, 1, 13]
+    with pytest.raises(IndexError, match="an expert id outside this layer's 4 experts"):
+        module(x[:2], weights[:2], torch.tensor([[0, 1, 2], [1, 3, 4]]))
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+def test_bf16_products_keep_the_loops_bits_for_moe(monkeypatch):
+    """With bf16 products a matmul of more than 16 rows takes AMX tiles (where the CPU has them), which the one-call
+    path does not: steps of more than 16 tokens take the loop, fewer the call, both the loop's bits."""
+    module, _, _ = experts(("Q4_K", "Q4_K", "Q6_K"))
+    for w in module.weights():
+        w.pack_for_cpu(bf16=True)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(40, H, generator=g)
+    weights, ids = route(torch.randn(40, E, generator=g), 2, True)  # 20 rows an expert on average
+    monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 0)
+    loop = [module(x, weights, ids), module(x[:16], weights[:16], ids[:16])]
+    monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 16)
+    assert torch.equal(module(x, weights, ids), loop[0])
+    assert torch.equal(module(x[:16], weights[:16], ids[:16]), loop[1])
