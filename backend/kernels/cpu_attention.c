@@ -151,11 +151,11 @@ static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float
 
 /* Attention of single query rows over a paged cache, each row as one decoding sequence's token: row r attends
  * to its sequence's positions [max(0, len_r - window), len_r) (window 0: all), the key of position t in slot
- * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim] (elements of `kind`); the hq / hkv query heads
- * of a kv head together, so each key and value is read once. q [rows, hq, dim] (row stride ldq), out [rows, hq,
- * dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's verification rows). A
- * row's arithmetic is the same whatever the other rows (speculation exact): a context of more than SPAN
- * positions is cut into spans of SPAN by its own length alone, each a job, merged in order. */
+ * table_r[t / block_size] * block_size + t % block_size of k_cache [slots, hkv, dim] (elements of `kind`); the
+ * hq / hkv query heads of a kv head together, so each key and value is read once. q [rows, hq, dim] (row stride
+ * ldq), out [rows, hq, dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's
+ * verification rows). A row's arithmetic is the same whatever the other rows (speculation exact): a context of
+ * more than SPAN positions is cut into spans of SPAN by its own length alone, each a job, merged in order. */
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
                            const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,

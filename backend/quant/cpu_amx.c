@@ -58,19 +58,34 @@ static void store_tile(const float *tile, float *y, i64 ldy, i64 rows, i64 cols)
     for (i64 r = 0; r < rows; r++) memcpy(y + r * ldy, tile + r * 16, (size_t)cols * sizeof(float));
 }
 
+/* row r of x [M, K] in bf16 at xb + r * K (zeros past M) */
+static void bf16_row(const float *x, i64 r, i64 M, i64 K, uint16_t *xb) {
+    for (i64 k = 0; k < K; k += 16)
+        _mm256_storeu_si256((__m256i *)(xb + r * K + k),
+                            r < M ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * K + k))
+                                  : _mm256_setzero_si256());
+}
+
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     if (M <= 16 || K % 32 || !amx_ready()) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
+    /* x in bf16, [padded][K], rows past M zero. A prompt's chunk is converted once, a share of the rows by each
+     * thread, into the calling thread's scratch (a copy per thread was all of x again per thread); a decode batch's
+     * few rows by each thread for itself (sharing them cost a barrier more than the copy: 2% at batch 32) */
+    const int share = padded > 64;
+    static __thread void *shared_buf;
+    static __thread size_t shared_size;
+    uint16_t *shared = share ? grown(&shared_buf, &shared_size, (size_t)(padded * K) * 2) : NULL;
+    if (share && !shared) return 0;
     int done = 1; /* 0 where a thread could not get its buffers: the caller's fp32 kernel then writes all of y */
 #pragma omp parallel num_threads(threads)
     {
         static __thread void *xb_buf, *wb_buf;
         static __thread size_t xb_size, wb_size;
         float tile[16 * 16] __attribute__((aligned(64)));
-        /* x in bf16, [padded][K], rows past M zero: each thread converts its own copy */
-        uint16_t *xb = grown(&xb_buf, &xb_size, (size_t)(padded * K) * 2);
+        uint16_t *xb = share ? shared : grown(&xb_buf, &xb_size, (size_t)(padded * K) * 2);
         uint16_t *wb = grown(&wb_buf, &wb_size, (size_t)(2 * K * PANEL) * 2);
         if (!(xb && wb)) {
 #pragma omp atomic write
@@ -78,11 +93,12 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         }
 #pragma omp barrier
         if (done) { /* every thread or none: a worksharing loop must be met by all of them */
-            for (i64 r = 0; r < padded; r++)
-                for (i64 k = 0; k < K; k += 16)
-                    _mm256_storeu_si256((__m256i *)(xb + r * K + k),
-                                        r < M ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * K + k))
-                                              : _mm256_setzero_si256());
+            if (share) {
+#pragma omp for schedule(static)
+                for (i64 r = 0; r < padded; r++) bf16_row(x, r, M, K, xb);
+            } else {
+                for (i64 r = 0; r < padded; r++) bf16_row(x, r, M, K, xb);
+            }
             TileConfig cfg = {.palette = 1};
             for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.bytes_per_row[t] = 64;
             _tile_loadconfig(&cfg);

@@ -168,6 +168,12 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
+/* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X] */
+static void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {
+    for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
+        for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
+}
+
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns) */
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
@@ -178,17 +184,33 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
     if (bf16 && qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)) return;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
+    /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed
+     * offsets (a pointer per row would not fit the general registers); one row is its own transpose. Several
+     * tiles (a batch, a prompt chunk) are transposed once, a share by each thread, into the calling thread's
+     * scratch (a copy per thread was the whole x again per thread: 117 MB each for a 2,048-row chunk of a
+     * 14,336-wide layer, and as much transposing as the matmul's arithmetic per thread on a 64-core CPU); one
+     * tile by each thread for itself, with no barrier (a decode step). */
+    static __thread void *shared_buf;
+    static __thread size_t shared_size;
+    float *shared =
+        M > ROWS_X ? grown(&shared_buf, &shared_size, (size_t)(tiles * K * ROWS_X) * sizeof(float)) : NULL;
+    if (M > ROWS_X && !shared) { /* out of memory: say so in y rather than compute from garbage */
+        for (i64 r = 0; r < M; r++)
+            for (i64 c = 0; c < N; c++) y[r * ldy + c] = __builtin_nanf("");
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
-        /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X], by each thread for itself (no barrier): a
-         * tile's broadcasts then read one pointer at fixed offsets (a pointer per row would not fit the general
-         * registers); one row is its own transpose */
         static __thread void *xt_buf, *decoded_buf;
         static __thread size_t xt_size, decoded_size;
-        float *xt = M > 1 ? grown(&xt_buf, &xt_size, (size_t)(tiles * K * ROWS_X) * sizeof(float)) : NULL;
-        for (i64 t = 0; xt && t < tiles; t++)
-            for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
-                for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
+        float *xt = shared;
+        if (shared) {
+#pragma omp for schedule(static)
+            for (i64 t = 0; t < tiles; t++) transpose_tile(x, t, M, K, xt);
+        } else if (M > 1) {
+            xt = grown(&xt_buf, &xt_size, (size_t)(K * ROWS_X) * sizeof(float));
+            if (xt) transpose_tile(x, 0, M, K, xt);
+        }
         if (M > ROWS_X) {
             float *decoded = grown(&decoded_buf, &decoded_size, (size_t)K * PANEL * MANY_PANELS * sizeof(float));
             i64 groups = (panels + MANY_PANELS - 1) / MANY_PANELS;

@@ -28,7 +28,7 @@ def amx_cpu() -> bool:
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
-@pytest.mark.parametrize("m", [16, 17, 40])
+@pytest.mark.parametrize("m", [16, 17, 40, 100])
 def test_bf16_products_past_16_rows(name, m):
     """Past 16 rows: gguf-py's weights and x each rounded to bf16, their products summed in fp32 (on a CPU with
     AMX; a CPU without keeps the fp32 kernel's bits); 16 rows or fewer: the fp32 kernel's bits."""
