@@ -1,6 +1,6 @@
 """MoE decode on the CPU: a Qwen3-30B-A3B-shaped model of random Q4_K layers (cut to fewer layers and experts so it
 fits a small machine, and to a vocabulary of 8,192: a random model's output layer stays fp32, whose 1.2 GB at the
-full 151,936 would be most of a step), greedy, at batch 1 to 16, with the experts of a decode step in one C call (cpu_moe.c) vs
+full 151,936 would be most of a step), greedy, at batch 1 to 64, with the experts of a decode step in one C call (cpu_moe.c) vs
 the per-expert loop (one quantized matmul per expert and projection), interleaved in one run. One JSON line per
 batch. Run: python bench/moe_cpu.py [--layers 12 --experts 32]
 """
@@ -35,19 +35,20 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     args = parser.parse_args()
     shape = dict(SHAPES["qwen3-30b-a3b-like"], num_hidden_layers=args.layers, num_experts=args.experts,
                  vocab_size=8192)
     with tempfile.TemporaryDirectory() as root:
-        llm = LLM(model_dir(Path(root), "qwen3-30b-a3b-like", shape, "Q4_K"), max_model_len=256, max_num_seqs=16)
-        loop_limit = experts.FEW_TOKENS
-        for batch in (1, 2, 4, 8, 16):
+        llm = LLM(model_dir(Path(root), "qwen3-30b-a3b-like", shape, "Q4_K"), max_model_len=256, max_num_seqs=64)
+        shipped = experts.FEW_TOKENS, experts.FEW_TOKENS_NARROW
+        for batch in map(int, args.batches.split(",")):
             rates = {"one_call": [], "loop": []}
             for _ in range(args.repeats):
-                for name, limit in (("one_call", loop_limit), ("loop", 0)):
-                    experts.FEW_TOKENS = limit
+                for name, limit in (("one_call", batch), ("loop", 0)):  # the call whatever the build's tiles
+                    experts.FEW_TOKENS = experts.FEW_TOKENS_NARROW = limit
                     rates[name].append(decode_rate(llm, batch, args.new_tokens))
-            experts.FEW_TOKENS = loop_limit
+            experts.FEW_TOKENS, experts.FEW_TOKENS_NARROW = shipped
             one, loop = statistics.median(rates["one_call"]), statistics.median(rates["loop"])
             print(json.dumps({"bench": "moe_cpu", "model": f"qwen3-30b-a3b-like/{args.layers}L/{args.experts}E",
                               "format": "Q4_K", "batch": batch, "one_call_tok_s": round(one, 2),

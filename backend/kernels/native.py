@@ -52,6 +52,11 @@ def usable(*tensors) -> bool:
     return True
 
 
+def tile_rows() -> int:
+    """Rows of x a tile of the quantized kernel meets: 16 with AVX-512, 4 in the AVX2 and portable builds."""
+    return ctypes.c_int64.in_dll(library(), "ROWS_PER_TILE").value
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (logged once) where it cannot be built here."""

@@ -229,6 +229,8 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
  * the row itself), as qmm lays a tile out, so each row gets qmm's bits. */
 i64 tile_panels(i64 M) { return PANELS_PER_TILE(M); }
 
+const i64 ROWS_PER_TILE = ROWS_X; /* for callers choosing between tiles and qmm's decode-once path (experts.py) */
+
 void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy) {
     few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
 }

@@ -73,15 +73,31 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels,
     x = torch.randn(60, H, generator=g)
     weights, ids = route(torch.randn(60, E, generator=g), 3, True)  # three terms a token: their order shows
     monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 0)
     loop = module(x, weights, ids)
     monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 64)  # 4-row tiles (AVX2, portable) take the call too
     calls = []
     lib = native.library()
-    monkeypatch.setattr(native, "library", lambda: type("Spy", (), {
-        "moe_tokens": lambda self, *a: calls.append(a[1]) or lib.moe_tokens(*a)})())
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def moe_tokens(self, *args):
+            calls.append(args[1])
+            return lib.moe_tokens(*args)
+
+    monkeypatch.setattr(native, "library", Spy)
     for rows in (slice(0, 60), slice(3, 5), slice(7, 8), slice(10, 23)):
         assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
     assert calls == [60, 2, 1, 13]
+    # as shipped: where a tile meets 4 rows, steps of more than 16 tokens take the loop (it decodes weights once)
+    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 16)
+    calls.clear()
+    for rows in (slice(0, 20), slice(20, 36)):
+        assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
+    assert calls == ([20, 16] if c_kernels == "native" and native.tile_rows() == 16 else [16])
     with pytest.raises(IndexError, match="an expert id outside this layer's 4 experts"):
         module(x[:2], weights[:2], torch.tensor([[0, 1, 2], [1, 3, 4]]))
 
