@@ -168,12 +168,6 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
-/* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X] */
-static void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {
-    for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
-        for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
-}
-
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns) */
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads);

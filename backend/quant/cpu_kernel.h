@@ -132,6 +132,12 @@ INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *of
     return w;
 }
 
+/* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X], as the kernel's tiles read x */
+INLINE void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {
+    for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
+        for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
+}
+
 /* A thread's scratch, grown on demand and kept: an allocation of this size per call would be an mmap and its page
  * faults. NULL where memory ran out. */
 INLINE void *grown(void **buf, size_t *size, size_t bytes) {

@@ -36,12 +36,8 @@ typedef struct {
 
 /* rows of x [rows][K] laid out as qmm_rows_tile reads them: [K][ROWS_X], or one row as it is */
 static void transpose_rows(const float *x, i64 rows, i64 K, float *xt) {
-    if (rows == 1) {
-        memcpy(xt, x, (size_t)K * sizeof(float));
-        return;
-    }
-    for (i64 r = 0; r < rows; r++)
-        for (i64 k = 0; k < K; k++) xt[k * ROWS_X + r] = x[r * K + k];
+    if (rows == 1) memcpy(xt, x, (size_t)K * sizeof(float));
+    else transpose_tile(x, 0, rows, K, xt);
 }
 
 /* One matmul per chunk as (chunk, part, panel) jobs: `parts` matrices of `rows` (gate and up, or down) */
@@ -60,6 +56,8 @@ static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, i64 *j
 int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
                const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads) {
     const i64 P = T * k, I = gate->rows, H = down->rows, widest = I > H ? I : H;
+    for (i64 i = 0; i < P; i++)
+        if (ids[i] < 0 || ids[i] >= experts) return -1;
     const size_t most_jobs = (size_t)(2 * P * (widest / PANEL + 1));
     i64 *start = calloc((size_t)experts + 1, sizeof(i64)), *filled = calloc((size_t)T, sizeof(i64));
     i64 *order = malloc((size_t)P * sizeof(i64)), *at = malloc((size_t)P * sizeof(i64));
@@ -68,12 +66,6 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     float *act = malloc((size_t)(P * I) * sizeof(float)), *gate_up = malloc((size_t)(P * 2 * I) * sizeof(float));
     float *y = malloc((size_t)(P * widest) * sizeof(float)), *xt = NULL;
     i64 count = 0, used = 0;
-    for (i64 i = 0; i < P; i++)
-        if (ids[i] < 0 || ids[i] >= experts) {
-            free(start), free(filled), free(order), free(at), free(up_jobs), free(down_jobs), free(chunks);
-            free(act), free(gate_up), free(y);
-            return -1;
-        }
     if (start && filled && order && at && chunks) {
         /* the pairs i = t * k + j sorted by expert, then by token: a counting sort */
         for (i64 i = 0; i < P; i++) start[ids[i] + 1]++;

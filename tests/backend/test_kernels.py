@@ -52,6 +52,23 @@ def paged(k, v, block_size, num_blocks, generator):
     return k_cache, v_cache, table
 
 
+def paged_contexts(lengths: list[int], hkv: int, d: int, bs: int, blocks: int, generator,
+                   dtype: torch.dtype = torch.float32):
+    """Random keys and values of each length stored at random blocks of a zeroed cache of `dtype`: the caches, the
+    block tables (as lists, and padded into one tensor), and each context's keys and values as the cache holds them."""
+    k_cache, v_cache = torch.zeros(blocks, bs, hkv, d, dtype=dtype), torch.zeros(blocks, bs, hkv, d, dtype=dtype)
+    free = torch.randperm(blocks, generator=generator).tolist()
+    tables, contexts = [], []
+    for length in lengths:
+        k, v = torch.randn(length, hkv, d, generator=generator), torch.randn(length, hkv, d, generator=generator)
+        table = [free.pop() for _ in range((length + bs - 1) // bs)]
+        store_kv(k, v, k_cache, v_cache, torch.tensor([table[p // bs] * bs + p % bs for p in range(length)]))
+        tables.append(table)
+        contexts.append((k.to(dtype).float(), v.to(dtype).float()))
+    width = max(len(t) for t in tables)
+    return k_cache, v_cache, tables, torch.tensor([t + [0] * (width - len(t)) for t in tables]), contexts
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_prefill_attention_over_a_cached_prefix(window):
     g = torch.Generator().manual_seed(0)
@@ -141,19 +158,9 @@ def test_long_contexts_attend_in_spans_merged_exactly_enough(window, impl):
     g = torch.Generator().manual_seed(4)
     hq, hkv, d, bs = 9, 3, 64, 16
     lengths = [700, 5, 257, 256, 513]
-    k_cache, v_cache = torch.zeros(200, bs, hkv, d), torch.zeros(200, bs, hkv, d)
-    free = torch.randperm(200, generator=g).tolist()
-    tables, expected, qs, contexts = [], [], [], []
-    for length in lengths:
-        k, v = torch.randn(length, hkv, d, generator=g), torch.randn(length, hkv, d, generator=g)
-        table = [free.pop() for _ in range((length + bs - 1) // bs)]
-        store_kv(k, v, k_cache, v_cache, torch.tensor([table[p // bs] * bs + p % bs for p in range(length)]))
-        qs.append(torch.randn(1, hq, d, generator=g) * 3)  # peaked scores: the spans' tops differ
-        expected.append(dense_attention(qs[-1], k, v, [length - 1], window))
-        tables.append(table)
-        contexts.append((k, v))
-    width = max(len(t) for t in tables)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    k_cache, v_cache, tables, block_tables, contexts = paged_contexts(lengths, hkv, d, bs, 200, g)
+    qs = [torch.randn(1, hq, d, generator=g) * 3 for _ in lengths]  # peaked scores: the spans' tops differ
+    expected = [dense_attention(q, k, v, [n - 1], window) for q, (k, v), n in zip(qs, contexts, lengths)]
     ours = decode_attention(torch.cat(qs), k_cache, v_cache, block_tables, torch.tensor(lengths), 1 / math.sqrt(d),
                             window)
     torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)

@@ -8,10 +8,10 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.kernels import native
-from backend.kernels.attention import decode_attention, prefill_attention, store_kv, verify_attention
+from backend.kernels.attention import decode_attention, prefill_attention, verify_attention
 from backend.loader import pick_kv_dtype
 from tests.backend.conftest import prompts_of_lengths
-from tests.backend.test_kernels import dense_attention, impl  # noqa: F401 (impl: a fixture)
+from tests.backend.test_kernels import dense_attention, impl, paged_contexts  # noqa: F401 (impl: a fixture)
 
 HALVES = [torch.float16, torch.bfloat16]
 
@@ -42,20 +42,10 @@ def test_attention_over_a_half_cache_is_attention_over_the_rounded_keys_and_valu
     g = torch.Generator().manual_seed(5)
     hq, hkv, bs = 9, 3, 16
     lengths = [700, 5, 257, 40]
-    k_cache, v_cache = torch.zeros(120, bs, hkv, d, dtype=dtype), torch.zeros(120, bs, hkv, d, dtype=dtype)
-    free = torch.randperm(120, generator=g).tolist()
-    tables, expected, qs, contexts = [], [], [], []
-    for length in lengths:
-        k, v = torch.randn(length, hkv, d, generator=g), torch.randn(length, hkv, d, generator=g)
-        table = [free.pop() for _ in range((length + bs - 1) // bs)]
-        store_kv(k, v, k_cache, v_cache, torch.tensor([table[p // bs] * bs + p % bs for p in range(length)]))
-        k, v = k.to(dtype).float(), v.to(dtype).float()  # what the cache holds
-        qs.append(torch.randn(1, hq, d, generator=g) * 3)
-        expected.append(dense_attention(qs[-1], k, v, [length - 1], window))
-        tables.append(table)
-        contexts.append((k, v))
-    width = max(len(t) for t in tables)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    # contexts: the keys and values as the 16-bit cache holds them
+    k_cache, v_cache, tables, block_tables, contexts = paged_contexts(lengths, hkv, d, bs, 120, g, dtype)
+    qs = [torch.randn(1, hq, d, generator=g) * 3 for _ in lengths]
+    expected = [dense_attention(q, k, v, [n - 1], window) for q, (k, v), n in zip(qs, contexts, lengths)]
     scale = 1 / math.sqrt(d)
     ours = decode_attention(torch.cat(qs), k_cache, v_cache, block_tables, torch.tensor(lengths), scale, window)
     torch.testing.assert_close(ours, torch.cat(expected), atol=1e-5, rtol=1e-5)
