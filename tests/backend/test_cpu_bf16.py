@@ -46,6 +46,23 @@ def test_bf16_products_past_16_rows(name, m):
     assert not torch.equal(ours, fp32)  # the products were bf16's
 
 
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_bf16_products_do_not_depend_on_the_rows_beside(name):
+    """A row's bf16 products have the same bits whatever the step's other rows: up to 32 rows the kernel decodes
+    32 k's at a time between tile products, past 32 each panel once for all rows (cpu_amx.c)."""
+    block = BY_NAME[name].block
+    cols, rows = block * max(2, 256 // block), 70  # 8 or more blocks of 32 k: sums whose order shows
+    raw = random_raw(name, rows, cols, seed=4)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    layout = dataclasses.replace(layout, bf16=True)
+    x = torch.randn(100, cols, generator=torch.Generator().manual_seed(5))
+    whole = cpu_native.matmul(x, codes, scales, offsets, layout, rows)
+    for m in (17, 31, 32, 33, 64):
+        assert torch.equal(cpu_native.matmul(x[:m], codes, scales, offsets, layout, rows), whole[:m]), m
+        tail = x[100 - m:]
+        assert torch.equal(cpu_native.matmul(tail, codes, scales, offsets, layout, rows), whole[100 - m:]), m
+
+
 def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
     """dtype bfloat16 on a GGUF: fp32 modules and cache, every step in the one-call C loop; a lone sequence's
     steps (1 row, or a 12-token prompt) are the fp32 engine's bits; 20 prompts at once go through the bf16
