@@ -15,6 +15,7 @@ from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
 from backend.models.mlp import MLP
 from backend.models.transformer import CausalLM
+from backend.quant import cpu_native
 from backend.quant.modules import QuantLinear
 
 i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -103,5 +104,5 @@ class CpuDecoder:
         native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-            tables.shape[1] * self.shape.block_size, torch.get_num_threads())
+            tables.shape[1] * self.shape.block_size, cpu_native.bf16_from_rows.get(), torch.get_num_threads())
         return x

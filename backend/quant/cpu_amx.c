@@ -9,10 +9,9 @@
  * decode batch) the two panels are decoded 32 k's at a time between the tiles' products, so they are still in L1
  * (15% less time at 32 rows, measured); past 32, once each for every 32 rows.
  *
- * qmm_bf16 returns 0 where it does not run: 16 rows of x or fewer (a step of one sequence, its drafts'
- * verification rows included: the fp32 kernel is as fast there, and exact; a larger step's rows, speculative or
- * not, take bf16 products, as a GPU's batch-dependent kernels would), no AMX in this build or CPU, the kernel
- * refusing the permission, K not a multiple of 32. The caller then takes the fp32 path.
+ * qmm calls it from the number of rows its caller chose (cpu_native.BF16_FROM_ROWS: fewer rows keep the fp32
+ * kernel, exact and as fast for a row or two). It returns 0 where it does not run: no AMX in this build or CPU,
+ * the kernel refusing the permission, K not a multiple of 32. The caller then takes the fp32 path.
  */
 #include "cpu_kernel.h"
 
@@ -113,7 +112,7 @@ static void bf16_row(const float *x, i64 r, i64 M, i64 K, uint16_t *xb) {
 
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    if (M <= 16 || K % 32 || !amx_ready()) return 0;
+    if (K % 32 || !amx_ready()) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
     /* x in bf16, [padded][K], rows past M zero. A prompt's chunk is converted once, a share of the rows by each

@@ -172,10 +172,12 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
 
-/* bf16: products in bf16 on AMX tiles where qmm_bf16 runs (cpu_amx.c), else this kernel's fp32 */
+/* bf16_rows: from this many rows of x (0: never) the products are bf16's on AMX tiles where qmm_bf16 runs
+ * (cpu_amx.c); else this kernel's fp32 */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int bf16, float *y, i64 ldy, int threads) {
-    if (bf16 && qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)) return;
+         int bits, i64 group, int f16, i64 bf16_rows, float *y, i64 ldy, int threads) {
+    if (bf16_rows && M >= bf16_rows && qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads))
+        return;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
     /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed

@@ -10,14 +10,15 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
-A layout flagged bf16 (a bfloat16 engine, loader.bf16_products) sends matmuls of more than 16 rows to AMX tiles
-(cpu_amx.c): bf16 products summed in fp32, where the CPU has them.
+A layout flagged bf16 (a bfloat16 engine, loader.bf16_products) sends matmuls of many rows to AMX tiles
+(cpu_amx.c): bf16 products summed in fp32, where the CPU has them; how many rows is bf16_from_rows's.
 
 The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
 reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
 """
 
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,17 @@ class Layout:
     group: int  # weights per scale: 16 or 32
     f16: bool  # scales (and offsets) stored as fp16
     offsets: bool
-    bf16: bool = False  # products in bf16 on AMX tiles past 16 rows (cpu_amx.c), where the CPU has them
+    bf16: bool = False  # products in bf16 on AMX tiles from bf16_from_rows rows (cpu_amx.c), where the CPU has them
+
+
+# Rows of x from which a bf16 layout's matmul takes AMX tiles; fewer keep the fp32 kernel's exact products.
+# A step of decode rows alone (one token of each of several sequences) from 7, where the tiles overtake the fp32
+# kernel (SmolLM2: 1.41x the tokens a second at 16 sequences, 1.08x at 8, measured); any other step from 17, so
+# that a lone sequence's prompt chunks and verification runs of up to 16 rows keep the fp32 engine's bits (its
+# speculation stays identical to its plain decoding). The runner sets it per step (ModelRunner.execute).
+BF16_FROM_ROWS = 17
+BF16_FROM_ROWS_DECODE = 7
+bf16_from_rows: ContextVar[int] = ContextVar("bf16_from_rows", default=BF16_FROM_ROWS)
 
 
 def enabled() -> bool:
@@ -93,7 +104,8 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
     m = x2.shape[0]
     y = torch.empty(m, rows)
     lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.group, layout.f16, layout.bf16, y.data_ptr(), rows, torch.get_num_threads())
+            rows, cols, layout.bits, layout.group, layout.f16, bf16_from_rows.get() if layout.bf16 else 0, y.data_ptr(),
+            rows, torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)

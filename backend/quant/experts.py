@@ -13,6 +13,7 @@ from torch import nn
 
 from backend.kernels import native, use_triton
 from backend.models.mlp import silu_mul
+from backend.quant import cpu_native
 from backend.quant.modules import QuantWeight
 
 # Tokens a step may have for its experts to go through one C call (cpu_moe.c): a decode batch, a short prompt. A
@@ -21,9 +22,9 @@ from backend.quant.modules import QuantWeight
 # (Qwen3-30B-A3B-shaped, 32 experts, AVX2 build: 1.18x the loop at 16, 0.98x at 32, 0.89x at 64; AVX-512 1.10x at 64).
 FEW_TOKENS = 64
 FEW_TOKENS_NARROW = 16
-# With bf16 products (loader.bf16_products) a matmul of more than 16 rows runs on AMX tiles, which the C call
-# does not: it takes only steps whose experts meet 16 rows at most (a token routes to an expert once), so a
-# token gets the loop's bits either way.
+# With bf16 products (loader.bf16_products) a matmul of cpu_native.bf16_from_rows rows or more runs on AMX tiles,
+# which the C call does not: it takes only steps of up to 16 tokens whose experts each meet fewer rows, so a token
+# gets the loop's bits either way.
 FEW_TOKENS_BF16 = 16
 
 
@@ -76,7 +77,7 @@ class QuantExperts(nn.Module):
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
                 (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
-        if tensors is None and native.usable(x, topk_weights) and self._packed() and x.shape[0] <= self._few():
+        if tensors is None and native.usable(x, topk_weights) and self._packed() and self._call_takes(x, topk_ids):
             out = self._few_tokens(x, topk_weights, topk_ids)
             if out is not None:
                 return out
@@ -102,11 +103,12 @@ class QuantExperts(nn.Module):
     def _packed(self) -> bool:
         return all(w.layout is not None and w.codes is not None for w in self.weights())
 
-    def _few(self) -> int:
-        """The most tokens whose experts go through one C call."""
+    def _call_takes(self, x: torch.Tensor, topk_ids: torch.Tensor) -> bool:
+        """Whether these tokens' experts go through one C call."""
         if any(w.layout.bf16 for w in self.weights()):
-            return FEW_TOKENS_BF16
-        return FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW
+            return x.shape[0] <= FEW_TOKENS_BF16 and \
+                int(torch.bincount(topk_ids.flatten()).max()) < cpu_native.bf16_from_rows.get()
+        return x.shape[0] <= (FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW)
 
     def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor) -> torch.Tensor | None:

@@ -46,6 +46,29 @@ def test_bf16_products_past_16_rows(name, m):
     assert not torch.equal(ours, fp32)  # the products were bf16's
 
 
+@pytest.mark.parametrize("m", [6, 7, 16])
+def test_a_decode_step_takes_bf16_products_from_7_rows(m):
+    """In a step of decode rows alone (the runner sets bf16_from_rows) 7 rows take the tiles; fewer stay fp32."""
+    cols, rows = 8 * BY_NAME["Q4_1"].block, 40
+    raw = random_raw("Q4_1", rows, cols, seed=2)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME["Q4_1"], cols)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    fp32 = cpu_native.matmul(x, codes, scales, offsets, layout, rows)
+    bf16 = dataclasses.replace(layout, bf16=True)
+    assert torch.equal(cpu_native.matmul(x, codes, scales, offsets, bf16, rows), fp32)  # any other step: from 17
+    token = cpu_native.bf16_from_rows.set(cpu_native.BF16_FROM_ROWS_DECODE)
+    try:
+        ours = cpu_native.matmul(x, codes, scales, offsets, bf16, rows)
+    finally:
+        cpu_native.bf16_from_rows.reset(token)
+    if m < 7 or not amx_cpu():
+        assert torch.equal(ours, fp32)
+        return
+    ref = x.bfloat16().double() @ gguf_dequant(raw, "Q4_1").bfloat16().double().T
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5 * ref.abs().max().item(), rtol=1e-5)
+    assert not torch.equal(ours, fp32)
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_bf16_products_do_not_depend_on_the_rows_beside(name):
     """A row's bf16 products have the same bits whatever the step's other rows: up to 32 rows the kernel decodes
@@ -84,6 +107,31 @@ def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
     gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
     assert max(gaps) < 0.15  # a random model's logits through bf16 products: measured up to 0.1
     assert (max(gaps) > 0) == amx_cpu()
+
+
+def test_a_bfloat16_engine_decoding_7_sequences_takes_the_tiles(tiny_gguf):
+    """A step of 7 sequences' decode tokens (here one-token prompts) multiplies in bf16 on AMX, in the one-call
+    loop and the output layer; 6 stay the fp32 engine's bits, and a lone sequence's verification runs of up to 16
+    rows keep its plain decoding's."""
+    path, _ = tiny_gguf("llama")
+    bf16 = LLM(str(path), dtype="bfloat16", block_size=8)
+    fp32 = LLM(str(path), dtype="float32", block_size=8)
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
+    for n in (6, 7):
+        prompts = [[t] for t in range(3, 3 + n)]
+        ours = [o.outputs[0].logprobs[0] for o in bf16.generate(prompts, first)]
+        theirs = [o.outputs[0].logprobs[0] for o in fp32.generate(prompts, first)]
+        assert [list(a) for a in ours] == [list(b) for b in theirs]
+        gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
+        assert (max(gaps) > 0) == (n == 7 and amx_cpu()), n
+    spec = LLM(str(path), dtype="bfloat16", block_size=8,
+               speculative={"method": "ngram", "num_tokens": 15, "prompt_lookup_min": 1})
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
+    repeating = [prompts_of_lengths(30)[0] * 2]  # the n-gram lookup finds its drafts
+    ours, plain = spec.generate(repeating, greedy)[0].outputs[0], bf16.generate(repeating, greedy)[0].outputs[0]
+    assert ours.token_ids == plain.token_ids and ours.logprobs == plain.logprobs  # the same bits
+    stats = spec.engine.stats()  # some runs of 7 rows or more (6 drafts a run on average, or more)
+    assert stats["spec_draft_tokens"] >= 6 * stats["spec_verifications"] > 0
 
 
 def test_bfloat16_is_bf16_modules_for_a_gguf_without_quantized_layers(tiny_gguf):

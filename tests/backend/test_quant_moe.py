@@ -6,6 +6,7 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.moe import fused_moe, route
+from backend.quant import cpu_native
 from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
@@ -102,16 +103,21 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels,
         module(x[:2], weights[:2], torch.tensor([[0, 1, 2], [1, 3, 4]]))
 
 
+def bf16_experts(tokens: int, seed: int):
+    """Experts packed for bf16 products, and `tokens` random tokens routed top-2 to them."""
+    module, _, _ = experts(("Q4_K", "Q4_K", "Q6_K"))
+    for w in module.weights():
+        w.pack_for_cpu(bf16=True)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g)
+    return module, x, *route(torch.randn(tokens, E, generator=g), 2, True)
+
+
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 def test_bf16_products_keep_the_loops_bits_for_moe(monkeypatch):
     """With bf16 products a matmul of more than 16 rows takes AMX tiles (where the CPU has them), which the one-call
     path does not: steps of more than 16 tokens take the loop, fewer the call, both the loop's bits."""
-    module, _, _ = experts(("Q4_K", "Q4_K", "Q6_K"))
-    for w in module.weights():
-        w.pack_for_cpu(bf16=True)
-    g = torch.Generator().manual_seed(8)
-    x = torch.randn(40, H, generator=g)
-    weights, ids = route(torch.randn(40, E, generator=g), 2, True)  # 20 rows an expert on average
+    module, x, weights, ids = bf16_experts(40, seed=8)  # 20 rows an expert on average
     monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
     monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 0)
     loop = [module(x, weights, ids), module(x[:16], weights[:16], ids[:16])]
@@ -119,3 +125,25 @@ def test_bf16_products_keep_the_loops_bits_for_moe(monkeypatch):
     monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 16)
     assert torch.equal(module(x, weights, ids), loop[0])
     assert torch.equal(module(x[:16], weights[:16], ids[:16]), loop[1])
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+def test_bf16_products_in_a_decode_step_keep_the_loops_bits_for_moe(monkeypatch):
+    """In a step of decode rows alone the loop's matmuls take AMX tiles from 7 rows (cpu_native.bf16_from_rows): the
+    call takes only tokens whose experts each meet fewer, and every token gets the loop's bits."""
+    module, x, weights, ids = bf16_experts(16, seed=3)  # 8 rows an expert on average
+    spread = torch.arange(6).remainder(E).view(3, 2)  # 3 tokens: no expert meets more than 2 rows
+    token = cpu_native.bf16_from_rows.set(cpu_native.BF16_FROM_ROWS_DECODE)
+    try:
+        monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 0)
+        loop = [module(x, weights, ids), module(x[:3], weights[:3], spread)]
+        monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 16)
+        calls = []
+        call = experts_module.QuantExperts._few_tokens
+        monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens",
+                            lambda self, *a: calls.append(a[0].shape[0]) or call(self, *a))
+        assert torch.equal(module(x, weights, ids), loop[0])
+        assert torch.equal(module(x[:3], weights[:3], spread), loop[1])
+    finally:
+        cpu_native.bf16_from_rows.reset(token)
+    assert calls == [3]  # the 16 tokens' experts met 7 rows or more: the loop
