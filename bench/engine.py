@@ -249,7 +249,7 @@ def main() -> None:
     half_cache = LLM("smollm2", dtype="float32", kv_cache_dtype="float16")
     ours_long_f16 = ours_decode_rate(half_cache, long_prompt, 64)
     del half_cache
-    bf16 = bf16_rows(args, single, batch, prefix, hf, pad)
+    bf16 = bf16_rows(args, llm, single, batch, prefix, hf, pad)
     print(json.dumps({
         "bench": "engine", "model": "smollm2-135m", "dtype": "float32", "device": "cpu",
         "threads": torch.get_num_threads(), "new_tokens": args.new_tokens,
@@ -267,9 +267,10 @@ def main() -> None:
     }))
 
 
-def bf16_rows(args, single, batch, prefix, hf, pad) -> dict:
-    """dtype bfloat16: ours (bf16 products on AMX past 16 rows, where the CPU has it) vs transformers in bf16
-    (oneDNN, AMX too) and in fp32; the same prompts."""
+def bf16_rows(args, fp32: LLM, single, batch, prefix, hf, pad) -> dict:
+    """dtype bfloat16: ours (bf16 products on AMX where the CPU has it: decode steps of 7 sequences or more, steps
+    of more than 16 rows) vs transformers in bf16 (oneDNN, AMX too) and in fp32, the same prompts; and 16
+    sequences, ours in bf16 and fp32."""
     llm = LLM("smollm2", dtype="bfloat16", max_num_seqs=max(64, args.concurrency), enable_prefix_caching=False)
     hf_bf16 = hf.to(torch.bfloat16)
     ours_generate(llm, single, 8)
@@ -278,10 +279,14 @@ def bf16_rows(args, single, batch, prefix, hf, pad) -> dict:
     ours_single = args.new_tokens / best(ours_generate, llm, single, args.new_tokens)
     ours_batch = total / best(ours_generate, llm, batch, args.new_tokens)
     hf_batch = total / best(hf_generate, hf_bf16, batch, args.new_tokens, pad)
+    sixteen = batch[:16]
+    ours_16 = len(sixteen) * args.new_tokens / best(ours_generate, llm, sixteen, args.new_tokens)
+    fp32_16 = len(sixteen) * args.new_tokens / best(ours_generate, fp32, sixteen, args.new_tokens)
     cold = min(time_to_first_token(llm, prefix + make_prompt(llm.tokenizer, 24, s)) for s in (1, 2))
     return {"bf16_amx": "amx_bf16" in open("/proc/cpuinfo").read(), "bf16_single_tok_s": round(ours_single, 2),
             "bf16_batch_tok_s": round(ours_batch, 2), "bf16_batch_tok_s_transformers": round(hf_batch, 2),
             "bf16_batch_vs_transformers_bf16": round(ours_batch / hf_batch, 2),
+            "bf16_batch16_tok_s": round(ours_16, 2), "fp32_batch16_tok_s": round(fp32_16, 2),
             "bf16_ttft_cold_s": round(cold, 4)}
 
 

@@ -42,8 +42,10 @@ def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_l
     if seq.matcher is not None and not seq.matcher.accept_token(token):
         raise RuntimeError(f"token {token} does not continue the output's grammar")
     p = seq.params
-    if seq.logprobs and tokenizer is not None:
-        for tid, lp in seq.logprobs[-1].items():
+    # this token's entry: a verification step records every accepted draft's before the first is appended
+    at = seq.num_output_tokens - 1
+    if seq.logprobs and tokenizer is not None and at < len(seq.logprobs):
+        for tid, lp in seq.logprobs[at].items():
             lp.decoded_token = tokenizer.decode([tid])
     delta = seq.detokenizer.add(token) if seq.detokenizer is not None else ""
     stop_token = token in p.stop_token_ids or (token in eos_token_ids and not p.ignore_eos)

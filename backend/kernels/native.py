@@ -52,6 +52,11 @@ def usable(*tensors) -> bool:
     return True
 
 
+def amx() -> bool:
+    """Whether matmuls with bf16 products run on AMX tiles here (this build, this CPU, the kernel's permission)."""
+    return bool(library().amx_usable())
+
+
 def tile_rows() -> int:
     """Rows of x a tile of the quantized kernel meets: 16 with AVX-512, 4 in the AVX2 and portable builds."""
     return ctypes.c_int64.in_dll(library(), "ROWS_PER_TILE").value

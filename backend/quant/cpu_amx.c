@@ -110,6 +110,9 @@ static void bf16_row(const float *x, i64 r, i64 M, i64 K, uint16_t *xb) {
                                   : _mm256_setzero_si256());
 }
 
+/* whether qmm_bf16 runs here (experts.py: bf16 products change what a token's experts compute only then) */
+int amx_usable(void) { return amx_ready(); }
+
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     if (K % 32 || !amx_ready()) return 0;
@@ -174,6 +177,8 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
     return done;
 }
 #else
+int amx_usable(void) { return 0; }
+
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     (void)x, (void)M, (void)codes, (void)scales, (void)offsets, (void)N, (void)K, (void)bits, (void)group, (void)f16,

@@ -104,10 +104,12 @@ class QuantExperts(nn.Module):
         return all(w.layout is not None and w.codes is not None for w in self.weights())
 
     def _call_takes(self, x: torch.Tensor, topk_ids: torch.Tensor) -> bool:
-        """Whether these tokens' experts go through one C call."""
-        if any(w.layout.bf16 for w in self.weights()):
-            return x.shape[0] <= FEW_TOKENS_BF16 and \
-                int(torch.bincount(topk_ids.flatten()).max()) < cpu_native.bf16_from_rows.get()
+        """Whether these tokens' experts go through one C call (which raises the IndexError for bad expert ids)."""
+        if any(w.layout.bf16 for w in self.weights()) and native.amx():
+            ids = topk_ids.flatten()
+            return x.shape[0] <= FEW_TOKENS_BF16 and (
+                ids.numel() == 0 or int(ids.min()) < 0
+                or int(torch.bincount(ids).max()) < cpu_native.bf16_from_rows.get())
         return x.shape[0] <= (FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW)
 
     def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,

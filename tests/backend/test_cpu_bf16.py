@@ -1,5 +1,6 @@
 """bfloat16 on the CPU for a GGUF kept in its blocks: fp32 around the matmuls, and products in bf16 on AMX tiles
-(backend/quant/cpu_amx.c) for matmuls of more than 16 rows, where the CPU has AMX; fp32 below that and without."""
+(backend/quant/cpu_amx.c) where the CPU has AMX, for matmuls of more than 16 rows, or of 7 or more in a step of
+decode rows alone (cpu_native.bf16_from_rows); fp32 below that and without."""
 
 import ctypes
 import dataclasses

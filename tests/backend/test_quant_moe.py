@@ -130,7 +130,8 @@ def test_bf16_products_keep_the_loops_bits_for_moe(monkeypatch):
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 def test_bf16_products_in_a_decode_step_keep_the_loops_bits_for_moe(monkeypatch):
     """In a step of decode rows alone the loop's matmuls take AMX tiles from 7 rows (cpu_native.bf16_from_rows): the
-    call takes only tokens whose experts each meet fewer, and every token gets the loop's bits."""
+    call takes only tokens whose experts each meet fewer, and every token gets the loop's bits; no tokens, and bad
+    expert ids (the call's IndexError), as without bf16 products."""
     module, x, weights, ids = bf16_experts(16, seed=3)  # 8 rows an expert on average
     spread = torch.arange(6).remainder(E).view(3, 2)  # 3 tokens: no expert meets more than 2 rows
     token = cpu_native.bf16_from_rows.set(cpu_native.BF16_FROM_ROWS_DECODE)
@@ -146,4 +147,8 @@ def test_bf16_products_in_a_decode_step_keep_the_loops_bits_for_moe(monkeypatch)
         assert torch.equal(module(x[:3], weights[:3], spread), loop[1])
     finally:
         cpu_native.bf16_from_rows.reset(token)
-    assert calls == [3]  # the 16 tokens' experts met 7 rows or more: the loop
+    # the 16 tokens' experts met 7 rows or more: the loop, where AMX would take them (elsewhere all is fp32)
+    assert calls == ([3] if native.amx() else [16, 3])
+    assert module(x[:0], weights[:0], ids[:0]).shape == (0, H)
+    with pytest.raises(IndexError, match="an expert id outside"):
+        module(x[:2], weights[:2], torch.tensor([[0, -1], [1, 2]]))

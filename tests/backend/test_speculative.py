@@ -76,6 +76,7 @@ def test_stop_strings_max_tokens_penalties_and_logprobs_hold(tiny_dir):
             for x, y in zip(a.logprobs, b.logprobs):
                 assert x.keys() == y.keys()
                 assert all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x)
+                assert all(y[t].decoded_token == x[t].decoded_token is not None for t in x)  # accepted drafts' too
     assert spec.engine.stats()["spec_accepted_tokens"] > 0
 
 
