@@ -147,7 +147,7 @@ def serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from backend.loader import locate
+    from backend.loader import locate, pick_dtype
     from backend.server.app import build_app
     from backend.server.registry import Budget
     from backend.spec.config import SpeculativeConfig
@@ -158,6 +158,8 @@ def serve(args: argparse.Namespace) -> int:
     if spec is not None and spec.model:
         locate(spec.model)
     cuda = config.device.startswith("cuda") if config.device is not None else torch.cuda.is_available()
+    if config.dtype != "auto":  # what no model makes right (float16 on the CPU); the rest is checked at load
+        pick_dtype(config.dtype, torch.device("cuda" if cuda else "cpu"), None)
     if len(models) > 1 and cuda and config.kv_cache_memory is None and config.num_kv_blocks is None:
         # Sized from what the card has left, the first model's KV cache would leave none for the next.
         raise ValueError("several models on a GPU need a KV cache of a fixed size each: pass --kv-cache-memory "

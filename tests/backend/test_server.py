@@ -290,6 +290,10 @@ def test_bad_model_exits_nonzero_with_a_message(tmp_path):
     result = subprocess.run([sys.executable, "-m", "backend", "serve", "--model", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "neither a known alias" in result.stderr
+    # a dtype no model can take, refused before the port is taken (the model is found first)
+    result = subprocess.run([sys.executable, "-m", "backend", "serve", "--device", "cpu", "--dtype", "float16"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "dtype float16 is not supported on the CPU" in result.stderr
 
 
 def test_speculative_server_reports_acceptance(model_dir):
