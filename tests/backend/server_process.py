@@ -1,6 +1,8 @@
-"""Start `python -m backend serve` as a real process on a free port, for tests and benchmarks."""
+"""Start `python -m backend serve` as a real process on a free port, for tests and benchmarks, and read what it
+serves (its metrics, its error bodies)."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,3 +57,18 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def metric(server, name: str, **labels: str) -> float:
+    """The sample of `name` for the served model "tiny" (every sample carries its model) and `labels`."""
+    text = httpx.get(f"{server.url}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in {"model": "tiny", **labels}.items())
+    match = re.search(rf"^{re.escape(name)}{{{re.escape(want)}}} ([0-9.e+-]+)$", text, re.M)
+    assert match or name.endswith("_total"), f"no {name}{{{want}}} in /metrics"  # a counter not yet counted is 0
+    return float(match.group(1)) if match else 0.0
+
+
+def error_of(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
