@@ -66,10 +66,9 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
 
                 async def one(i: int):
                     nonlocal done
-                    await asyncio.sleep(i * 0.02)
                     try:
-                        # Long enough (the chats with no early end token) that the victim holds two at once before
-                        # 40 are done: with 32 tokens that may not happen on fast kernels.
+                        # Long enough (the chats with no early end token) that the victim still holds some when
+                        # the poll below sees them.
                         if i % 4 == 3:
                             try:
                                 return "stream", "".join([d async for d in router.stream_chat(PROMPT, max_tokens=128)])
@@ -79,13 +78,16 @@ def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path
                     finally:
                         done += 1
 
-                tasks = [asyncio.create_task(one(i)) for i in range(40)]
-                while done < 8 or pool[urls[1]].served < 1 or pool[urls[1]].in_flight < 2:
+                # A first wave completes on all three; then 32 at once, so that each upstream holds about ten
+                # whatever the kernels' speed (staggered starts let fast kernels finish each before the next).
+                first = await asyncio.gather(*(one(i) for i in range(8)))
+                tasks = [asyncio.create_task(one(i)) for i in range(8, 40)]
+                while pool[urls[1]].in_flight < 2:
                     assert done < 40, "the run ended before the kill"
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.005)
                 sent = {url: up.picks for url, up in pool.items()}  # the victim has requests in flight now
                 os.killpg(victim.proc.pid, signal.SIGKILL)
-                results = await asyncio.gather(*tasks)
+                results = first + await asyncio.gather(*tasks)
                 victim.proc.wait()
 
                 # every non-streamed request completed; every stream completed or said it is incomplete
