@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
 from backend.quant import cpu_native
 from backend.quant.formats import Format, dequantize, row_bytes
 
@@ -50,7 +50,11 @@ class QuantWeight(nn.Module):
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
         packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
-        self.layout = dataclasses.replace(packs[0][3], bf16=bf16)
+        # a bf16 engine's 4-bit codes in the AMX tiles' order, where they run: all its products are then bf16's
+        pairs_order = bf16 and packs[0][3].bits == 4 and self.cols % 32 == 0 and native.enabled() and native.amx()
+        if pairs_order:
+            packs = [(cpu_native.pair_order(p[0]), *p[1:]) for p in packs]
+        self.layout = dataclasses.replace(packs[0][3], bf16=bf16, pairs_order=pairs_order)
         for i, name in enumerate(("codes", "scales", "offsets")):
             if packs[0][i] is not None:
                 setattr(self, name, torch.stack([p[i] for p in packs]).reshape(*self.lead, *packs[0][i].shape))

@@ -1,6 +1,8 @@
 """bfloat16 on the CPU for a GGUF kept in its blocks: fp32 around the matmuls, and products in bf16 on AMX tiles
-(backend/quant/cpu_amx.c) where the CPU has AMX, for matmuls of more than 16 rows, or of 7 or more in a step of
-decode rows alone (cpu_native.bf16_from_rows); fp32 below that and without."""
+where the CPU has AMX: for 4-bit codes (stored in the tiles' order) every matmul, up to 16 rows from the codes
+themselves (cpu_amx_codes.c), more from weights rounded to bf16 (cpu_amx.c); for 8-bit codes matmuls of more than
+16 rows, or of 7 or more in a step of decode rows alone (cpu_native.bf16_from_rows), fp32 below that. Without AMX
+every product is fp32."""
 
 import ctypes
 import dataclasses
@@ -47,6 +49,54 @@ def test_bf16_products_past_16_rows(name, m):
     assert not torch.equal(ours, fp32)  # the products were bf16's
 
 
+FOUR_BIT = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K"]
+
+
+def pair_ordered(name: str, rows: int, cols: int, seed: int):
+    raw = random_raw(name, rows, cols, seed=seed)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    paired = (cpu_native.pair_order(codes), scales, offsets,
+              dataclasses.replace(layout, bf16=True, pairs_order=True))
+    return raw, (codes, scales, offsets, dataclasses.replace(layout, bf16=True)), paired
+
+
+@pytest.mark.skipif(not amx_cpu(), reason="codes in the tiles' order are for AMX only")
+@pytest.mark.parametrize("name", FOUR_BIT)
+def test_4_bit_codes_on_the_tiles_up_to_16_rows(name):
+    """Up to 16 rows: x rounded to bf16 times gguf-py's weights exactly (the codes, not weights rounded to bf16),
+    summed in fp32; a row's bits the same whatever the rows beside it. Past 16: the bf16-weight tiles' bits, read
+    from the same codes."""
+    cols, rows = 512, 101  # groups of 16 or 32 k (one tile product each) in sums whose order shows
+    raw, plain, paired = pair_ordered(name, rows, cols, seed=11)
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(1))
+    w = gguf_dequant(raw, name).double()
+    exact, rounded = x.bfloat16().double() @ w.T, x.bfloat16().double() @ w.bfloat16().double().T
+    sixteen = cpu_native.matmul(x[:16], *paired, rows)
+    err, err_rounded = ((sixteen.double() - exact[:16]).abs().max(), (rounded - exact).abs().max())
+    assert err < 1e-5 * exact.abs().max() and err < err_rounded / 50, (err, err_rounded)
+    for m in (1, 2, 7, 15):
+        assert torch.equal(cpu_native.matmul(x[:m], *paired, rows), sixteen[:m]), m
+        assert torch.equal(cpu_native.matmul(x[16 - m:16], *paired, rows), sixteen[16 - m:]), m
+    token = cpu_native.bf16_from_rows.set(1)
+    try:
+        for m in (17, 40):
+            assert torch.equal(cpu_native.matmul(x[:m], *paired, rows), cpu_native.matmul(x[:m], *plain, rows)), m
+    finally:
+        cpu_native.bf16_from_rows.reset(token)
+
+
+def test_pair_order_moves_the_codes_where_the_tiles_read_them():
+    """Word i of a weight tile's row r (32 bytes for rows 2c and 2c + 1) is column i // 2 at k = 2r + i % 2."""
+    raw = random_raw("Q4_1", 32, 64, seed=3)
+    codes, *_ = cpu_native.pack(torch.from_numpy(raw), BY_NAME["Q4_1"], 64)
+    q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panel, k, row of the panel]
+    paired = cpu_native.pair_order(codes)
+    assert paired.shape == (codes.shape[0], 16, 32) and paired.dtype == torch.uint8
+    for p, c, i in [(0, 0, 0), (0, 0, 1), (1, 3, 17), (3, 15, 31), (2, 7, 6)]:
+        for half, r in ((0, 2 * c), (1, 2 * c + 1)):
+            assert (int(paired[p, c, i]) >> (4 * half)) & 15 == int(q[p, 2 * r + i % 2, i // 2])
+
+
 @pytest.mark.parametrize("m", [6, 7, 16])
 def test_a_decode_step_takes_bf16_products_from_7_rows(m):
     """In a step of decode rows alone (the runner sets bf16_from_rows) 7 rows take the tiles; fewer stay fp32."""
@@ -88,33 +138,41 @@ def test_bf16_products_do_not_depend_on_the_rows_beside(name):
 
 
 def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
-    """dtype bfloat16 on a GGUF: fp32 modules and cache, every step in the one-call C loop; a lone sequence's
-    steps (1 row, or a 12-token prompt) are the fp32 engine's bits; 20 prompts at once go through the bf16
-    products (on AMX) and stay within bf16's rounding of the fp32 engine."""
+    """dtype bfloat16 on a GGUF: fp32 modules and cache, every step in the one-call C loop; a lone sequence (a
+    12-token prompt, then one row a step) and 20 prompts at once stay within bf16's rounding of the fp32 engine,
+    through the 4-bit layers' bf16 products on AMX even alone; without AMX a lone sequence is the fp32 engine's."""
     path, _ = tiny_gguf("llama")
     bf16 = LLM(str(path), dtype="bfloat16", block_size=8)
     fp32 = LLM(str(path), dtype="float32", block_size=8)
     engine = bf16.engine
     assert engine.bf16_products and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
+    paired = [m.layout.pairs_order for m in engine.model.modules() if getattr(m, "layout", None) is not None]
+    assert any(paired) == amx_cpu() and not all(paired)  # 4-bit codes in the tiles' order; 8-bit ones not
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
     alone = prompts_of_lengths(12)
-    assert bf16.generate(alone, greedy)[0].outputs[0].token_ids == fp32.generate(alone, greedy)[0].outputs[0].token_ids
+    if not amx_cpu():
+        assert bf16.generate(alone, greedy)[0].outputs[0].token_ids == \
+            fp32.generate(alone, greedy)[0].outputs[0].token_ids
 
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
-    prompts = prompts_of_lengths(*range(5, 25))
-    ours = [o.outputs[0].logprobs[0] for o in bf16.generate(prompts, first)]
-    theirs = [o.outputs[0].logprobs[0] for o in fp32.generate(prompts, first)]
-    assert [list(a) for a in ours] == [list(b) for b in theirs]  # the same greedy tokens (none is a near tie)
-    gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
-    assert max(gaps) < 0.15  # a random model's logits through bf16 products: measured up to 0.1
-    assert (max(gaps) > 0) == amx_cpu()
+    for prompts in (alone, prompts_of_lengths(*range(5, 25))):
+        ours = [o.outputs[0].logprobs[0] for o in bf16.generate(prompts, first)]
+        theirs = [o.outputs[0].logprobs[0] for o in fp32.generate(prompts, first)]
+        assert [list(a) for a in ours] == [list(b) for b in theirs]  # the same greedy tokens (none is a near tie)
+        gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
+        assert max(gaps) < 0.15  # a random model's logits through bf16 products: measured up to 0.1
+        assert (max(gaps) > 0) == amx_cpu()
+
+
+EIGHT_BIT = {"token_embd": "Q8_0", "output": "Q6_K", "attn_q": "Q8_0", "attn_k": "Q5_1", "attn_v": "Q8_0",
+             "attn_output": "Q5_0", "ffn_gate": "Q8_0", "ffn_up": "Q6_K", "ffn_down": "Q5_0"}
 
 
 def test_a_bfloat16_engine_decoding_7_sequences_takes_the_tiles(tiny_gguf):
-    """A step of 7 sequences' decode tokens (here one-token prompts) multiplies in bf16 on AMX, in the one-call
-    loop and the output layer; 6 stay the fp32 engine's bits, and a lone sequence's verification runs of up to 16
-    rows keep its plain decoding's."""
-    path, _ = tiny_gguf("llama")
+    """8-bit codes: a step of 7 sequences' decode tokens (here one-token prompts) multiplies in bf16 on AMX, in the
+    one-call loop and the output layer; 6 stay the fp32 engine's bits. With 4-bit layers too, a lone sequence's
+    verification runs of up to 16 rows keep its plain decoding's bits."""
+    path, _ = tiny_gguf("llama", "eight-bit", policy=EIGHT_BIT)
     bf16 = LLM(str(path), dtype="bfloat16", block_size=8)
     fp32 = LLM(str(path), dtype="float32", block_size=8)
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
@@ -125,12 +183,14 @@ def test_a_bfloat16_engine_decoding_7_sequences_takes_the_tiles(tiny_gguf):
         assert [list(a) for a in ours] == [list(b) for b in theirs]
         gaps = [abs(next(iter(a.values())).logprob - next(iter(b.values())).logprob) for a, b in zip(ours, theirs)]
         assert (max(gaps) > 0) == (n == 7 and amx_cpu()), n
+    path, _ = tiny_gguf("llama")
     spec = LLM(str(path), dtype="bfloat16", block_size=8,
                speculative={"method": "ngram", "num_tokens": 15, "prompt_lookup_min": 1})
+    plain = LLM(str(path), dtype="bfloat16", block_size=8)
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
     repeating = [prompts_of_lengths(30)[0] * 2]  # the n-gram lookup finds its drafts
-    ours, plain = spec.generate(repeating, greedy)[0].outputs[0], bf16.generate(repeating, greedy)[0].outputs[0]
-    assert ours.token_ids == plain.token_ids and ours.logprobs == plain.logprobs  # the same bits
+    ours, theirs = spec.generate(repeating, greedy)[0].outputs[0], plain.generate(repeating, greedy)[0].outputs[0]
+    assert ours.token_ids == theirs.token_ids and ours.logprobs == theirs.logprobs  # the same bits
     stats = spec.engine.stats()  # some runs of 7 rows or more (6 drafts a run on average, or more)
     assert stats["spec_draft_tokens"] >= 6 * stats["spec_verifications"] > 0
 

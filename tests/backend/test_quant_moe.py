@@ -104,8 +104,9 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels,
 
 
 def bf16_experts(tokens: int, seed: int):
-    """Experts packed for bf16 products, and `tokens` random tokens routed top-2 to them."""
-    module, _, _ = experts(("Q4_K", "Q4_K", "Q6_K"))
+    """Experts of 8-bit codes packed for bf16 products (4-bit ones take the tiles' order on AMX, and the loop:
+    test_4_bit_experts_in_the_tiles_order_take_the_loop), and `tokens` random tokens routed top-2 to them."""
+    module, _, _ = experts(("Q8_0", "Q5_1", "Q6_K"))
     for w in module.weights():
         w.pack_for_cpu(bf16=True)
     g = torch.Generator().manual_seed(seed)
@@ -152,3 +153,20 @@ def test_bf16_products_in_a_decode_step_keep_the_loops_bits_for_moe(monkeypatch)
     assert module(x[:0], weights[:0], ids[:0]).shape == (0, H)
     with pytest.raises(IndexError, match="an expert id outside"):
         module(x[:2], weights[:2], torch.tensor([[0, -1], [1, 2]]))
+
+
+@pytest.mark.skipif(native.library() is None or not native.amx(), reason="codes in the tiles' order are for AMX only")
+def test_4_bit_experts_in_the_tiles_order_take_the_loop(monkeypatch):
+    """4-bit experts of a bf16 engine on AMX keep their codes in the tiles' order, which the one C call cannot read:
+    every step takes the loop, whose bf16 products stay within bf16's rounding of the float experts."""
+    module, w_gate_up, w_down = experts(("Q4_K", "Q4_0", "Q4_1"))
+    for w in module.weights():
+        w.pack_for_cpu(bf16=True)
+    assert all(w.layout.pairs_order for w in module.weights())
+    calls = []
+    monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1))
+    for tokens in (1, 7, 40):
+        x, weights, ids = routed(tokens)
+        ref = fused_moe(x.bfloat16().float(), w_gate_up, w_down, weights, ids)
+        torch.testing.assert_close(module(x, weights, ids), ref, atol=5e-3 * ref.abs().max().item(), rtol=0)  # measured 2.5e-3
+    assert calls == []
