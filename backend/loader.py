@@ -127,12 +127,10 @@ def pick_kv_dtype(kv_cache_dtype: str, device: torch.device, dtype: torch.dtype)
 def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:
     """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF whose layers stay in their
     blocks (some of them: not an F16/BF16 file, nor one of types expanded at load), which our C kernels run (all of
-    a step in one call, which needs fp32 around the matmuls), on AMX tiles where the CPU has them. 4-bit layers
-    multiply in bf16 at every step: up to 16 rows from the codes themselves (faster than fp32 from one row, and a
-    draft's verification row nearly free), more from bf16-rounded weights. 8-bit layers do so for steps of 7 or more
-    sequences' decode tokens and any step of more than 16 rows (2.7x fp32 at 32 rows), a lone sequence's steps of 16
-    rows or fewer staying fp32 (cpu_native.bf16_from_rows). A lone sequence's speculation stays identical to its
-    plain decoding either way. Without AMX every product is fp32.
+    a step in one call, which needs fp32 around the matmuls). Where the CPU has AMX the codes are stored in the
+    tiles' order and every product is bf16's: up to 16 rows fed the codes themselves (faster than fp32 from one
+    row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32 at 32 rows); a
+    sequence's speculation stays identical to its plain decoding. Without AMX every product is fp32.
     Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
     from backend.quant import cpu_native
     from backend.quant.formats import FORMATS

@@ -268,8 +268,8 @@ def main() -> None:
 
 
 def bf16_rows(args, fp32: LLM, single, batch, prefix, hf, pad) -> dict:
-    """dtype bfloat16: ours (bf16 products on AMX where the CPU has it: decode steps of 7 sequences or more, steps
-    of more than 16 rows) vs transformers in bf16 (oneDNN, AMX too) and in fp32, the same prompts; and 16
+    """dtype bfloat16: ours (bf16 products on AMX where the CPU has it: the codes themselves up to 16 rows, weights
+    rounded to bf16 past that) vs transformers in bf16 (oneDNN, AMX too) and in fp32, the same prompts; and 16
     sequences, ours in bf16 and fp32."""
     llm = LLM("smollm2", dtype="bfloat16", max_num_seqs=max(64, args.concurrency), enable_prefix_caching=False)
     hf_bf16 = hf.to(torch.bfloat16)

@@ -7,7 +7,6 @@ from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
-from backend.quant import cpu_native
 
 # Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where the model
 # has a one-call step (CpuDecoder): per row it saves the module path's overhead but attends alone (every key read
@@ -193,15 +192,6 @@ class ModelRunner:
                 item.hidden_rows = slice(row, row + 1)
             _assign_logit_rows(plan)
             return self.model.compute_logits(hidden)
-        # a bfloat16 engine's products on the CPU: bf16 from fewer rows when every row is a sequence's decode token
-        decoding = all(item.num_tokens == 1 for item in plan)
-        token = cpu_native.bf16_from_rows.set(cpu_native.BF16_FROM_ROWS_DECODE if decoding else cpu_native.BF16_FROM_ROWS)
-        try:
-            return self._forward(plan)
-        finally:
-            cpu_native.bf16_from_rows.reset(token)
-
-    def _forward(self, plan: StepPlan) -> torch.Tensor:
         input_ids, positions, meta, sample_rows = self.prepare(plan)
         if self.cpu_decoder is not None and not meta.prefills:
             hidden = self.cpu_decoder(input_ids, positions, meta)

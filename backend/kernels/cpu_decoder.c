@@ -15,7 +15,7 @@
 #include "cpu_vectors.h"
 
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, i64 bf16_rows, int pairs_order, float *y, i64 ldy, int threads);
+         int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads);
 void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
                    i64 cols, float eps);
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
@@ -29,7 +29,7 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
 typedef struct {
     const uint8_t *codes;
     const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16, bf16, pairs_order; /* bf16 (products from bf16_rows), pairs_order: as qmm's */
+    i64 rows, cols, group, bits, f16, pairs_order; /* as qmm's */
 } QuantMatrix;
 
 /* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
@@ -54,13 +54,12 @@ typedef struct {
 
 double matmul_seconds; /* wall time in the matmuls, for bench/engine.py's split of a step */
 
-/* bf16_rows: as qmm's, for the parts flagged bf16 */
-static void matmul(const Linear *w, const float *x, i64 M, float *y, i64 bf16_rows, int threads) {
+static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
     double start = omp_get_wtime();
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
         qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16,
-            p->bf16 ? bf16_rows : 0, (int)p->pairs_order, y + col, w->rows, threads);
+            (int)p->pairs_order, y + col, w->rows, threads);
     }
     if (w->bias)  /* added after the matmul, as the module adds it */
         for (i64 r = 0; r < M; r++)
@@ -73,7 +72,7 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, i64 bf16_ro
  * them (max_len: the longest context a table can hold). */
 void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                    const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
-                   i64 bf16_rows, int threads) {
+                   int threads) {
     static __thread float *work;
     static __thread size_t work_floats;
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
@@ -96,7 +95,7 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
         } else {
             rms_norm_rows(out, residual, L->input_norm, residual, h, M, H, s->eps);
         }
-        matmul(&L->qkv, h, M, qkv, bf16_rows, threads);
+        matmul(&L->qkv, h, M, qkv, threads);
         for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head at a time: each row's sum comes first */
             float *row = qkv + r * qkv_cols;
             rms_norm_rows(row, NULL, L->q_norm, NULL, row, hq, D, s->eps);
@@ -110,11 +109,11 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
         }
         decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
                               tables, table_stride, lens, s->window, s->scale, max_len, threads);
-        matmul(&L->o, attn, M, out, bf16_rows, threads);
+        matmul(&L->o, attn, M, out, threads);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
-        matmul(&L->gate_up, h, M, gate_up, bf16_rows, threads);
+        matmul(&L->gate_up, h, M, gate_up, threads);
         silu_mul_rows(gate_up, act, M, s->inter);
-        matmul(&L->down, act, M, out, bf16_rows, threads);
+        matmul(&L->down, act, M, out, threads);
     }
     rms_norm_rows(out, residual, s->final_norm, residual, x, M, H, s->eps);
     if (M > 64) {  /* a prompt's worth of rows: not kept for the decode steps that follow */

@@ -76,7 +76,7 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, i64, i32, ptr, i64, i32]
+    lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, i32, ptr, i64, i32]
     lib.qmm.restype = None
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
@@ -87,7 +87,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
                                           i64, i32]
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
-    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64, i32]
+    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
     for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
                lib.decode_layers):
         fn.restype = None

@@ -15,7 +15,6 @@ from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
 from backend.models.mlp import MLP
 from backend.models.transformer import CausalLM
-from backend.quant import cpu_native
 from backend.quant.modules import QuantLinear
 
 i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -23,7 +22,7 @@ i64, ptr = ctypes.c_int64, ctypes.c_void_p
 
 class _QuantMatrix(ctypes.Structure):
     _fields_ = [("codes", ptr), ("scales", ptr), ("offsets", ptr), ("rows", i64), ("cols", i64), ("group", i64),
-                ("bits", i64), ("f16", i64), ("bf16", i64), ("pairs_order", i64)]
+                ("bits", i64), ("f16", i64), ("pairs_order", i64)]
 
 
 class _Linear(ctypes.Structure):
@@ -55,7 +54,7 @@ def _linear(linear) -> _Linear | None:
         lay = w.layout
         offsets = w.offsets.data_ptr() if lay.offsets else None
         parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), offsets, w.rows, w.cols, lay.group,
-                                  lay.bits, int(lay.f16), int(lay.bf16), int(lay.pairs_order)))
+                                  lay.bits, int(lay.f16), int(lay.pairs_order)))
     return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features,
                    bias.data_ptr() if bias is not None else None)
 
@@ -104,5 +103,5 @@ class CpuDecoder:
         native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-            tables.shape[1] * self.shape.block_size, cpu_native.bf16_from_rows.get(), torch.get_num_threads())
+            tables.shape[1] * self.shape.block_size, torch.get_num_threads())
         return x

@@ -1,6 +1,7 @@
 /* Quantized matmul with bf16 products on AMX (Intel's tile matrix units, Sapphire Rapids and later): what a
- * bfloat16 engine on the CPU uses for steps of many rows (batches, prompt chunks), where the tiles beat fp32 FMA
- * several times over (SmolLM2's layers at 32 rows: 285 GFLOP/s fp32, 2 cores).
+ * bfloat16 engine on the CPU uses for steps of more than 16 rows (batches, prompt chunks), where the tiles beat
+ * fp32 FMA several times over (SmolLM2's layers at 32 rows: 285 GFLOP/s fp32, 2 cores). Up to 16 rows take
+ * cpu_amx_codes.c, which reads the same layout: the codes in the tiles' pair order.
  *
  * Each weight is decoded as cpu_kernel.c decodes it (fma(q, scale, offset) in fp32) and rounded to bf16, x is
  * rounded to bf16, and the tiles sum the products in fp32: torch's x.bfloat16() @ w.bfloat16().T, summed in
@@ -9,10 +10,8 @@
  * decode batch) the two panels are decoded 32 k's at a time between the tiles' products, so they are still in L1
  * (15% less time at 32 rows, measured); past 32, once each for every 32 rows.
  *
- * qmm calls it from the number of rows its caller chose (cpu_native.BF16_FROM_ROWS: fewer rows keep the fp32
- * kernel, exact and as fast for a row or two), or, for 4-bit codes in the tiles' pair order (cpu_amx_codes.c),
- * past 16 rows. It returns 0 where it does not run: no AMX in this build or CPU, the kernel refusing the
- * permission, K not a multiple of 32. The caller then takes the fp32 path (or, for the pair order, reports it).
+ * It returns 0 where it does not run: no AMX in this build or CPU, the kernel refusing the permission, K not a
+ * multiple of 32, no memory for its buffers (the loader makes the layout only where the tiles run).
  */
 #include "cpu_amx.h"
 
@@ -32,48 +31,32 @@ int amx_ready(void) {
 }
 
 /* Weights k0 .. k1 of panel p as [(k1 - k0) / 2][16][2] bf16: row k / 2 of a weight tile holds k and k + 1 of each
- * of the 16 weight rows. k0 and k1 are multiples of 32, the largest group. */
+ * of the 16 weight rows. k0 and k1 are multiples of 32, the largest group. From the codes in the tiles' pair order
+ * (cpu_amx_codes.c's layout): 4-bit, 32 bytes hold two tile rows, the low nibbles one, the high the next; bytes
+ * (bits 7 and 8: q + 64 and q + 128), 32 bytes a row. Word i of a row is column i / 2 at k + i % 2. */
 static void vnni_rows(const Weight *w, i64 p, i64 k0, i64 k1, uint16_t *out) {
-    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const uint8_t *codes = w->codes + p * w->panel_code_bytes;
-    const i64 step = PANEL * w->bits / 8;
-    for (i64 g = k0 / w->group; g < k1 / w->group; g++) {
-        i64 at = (p * w->panel_groups + g) * PANEL;
-        V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
-        /* the next pair's codes, as tile() in cpu_kernel.c does (about 10% at 32 rows, measured) */
-        const uint8_t *next = codes + 2 * w->panel_code_bytes + g * w->group * step;
-        for (i64 b = 0; b < w->group * step; b += 64) PREFETCH(next + b);
-        for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
-            V lo, hi;
-            vcodes2(codes + k * step, w->bits, 0, &lo, &hi);
-            __m512bh both = _mm512_cvtne2ps_pbh(vfma(hi, s, o), vfma(lo, s, o)); /* k's 16, then k + 1's */
-            _mm512_storeu_si512(out + (k - k0) * PANEL, _mm512_permutexvar_epi16(pairs, (__m512i)both));
-        }
-    }
-}
-
-/* The same from 4-bit codes already in the tiles' pair order (cpu_amx_codes.c's layout): 32 bytes hold two
- * tile rows, the low nibbles one, the high the next; word i of a row is column i / 2 at k + i % 2. */
-static void vnni_rows_of_pairs(const Weight *w, i64 p, i64 k0, i64 k1, uint16_t *out) {
     const __m512i low_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i high_cols = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    const i64 code_bytes = w->bits == 4 ? 8 : 16; /* a k's */
+    const __m512i shift = _mm512_set1_epi32(w->bits == 4 ? 0 : w->bits == 7 ? 64 : 128);
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
     for (i64 g = k0 / w->group; g < k1 / w->group; g++) {
         i64 at = (p * w->panel_groups + g) * PANEL;
         V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
         V s0 = _mm512_permutexvar_ps(low_cols, s), s1 = _mm512_permutexvar_ps(high_cols, s);
         V o0 = _mm512_permutexvar_ps(low_cols, o), o1 = _mm512_permutexvar_ps(high_cols, o);
-        const uint8_t *next = codes + 2 * w->panel_code_bytes + g * w->group * 8;
-        for (i64 b = 0; b < w->group * 8; b += 64) PREFETCH(next + b);
-        for (i64 k = g * w->group; k < (g + 1) * w->group; k += 4) {
-            __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + k * 8)));
-            __m512i rows[2] = {_mm512_and_si512(both, _mm512_set1_epi16(15)), _mm512_srli_epi16(both, 4)};
-            for (int j = 0; j < 2; j++) {
-                V a = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(rows[j])));
-                V b = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(rows[j], 1)));
-                __m512bh both_bf16 = _mm512_cvtne2ps_pbh(vfma(b, s1, o1), vfma(a, s0, o0));
-                _mm512_storeu_si512(out + (k - k0 + 2 * j) * PANEL, (__m512i)both_bf16);
+        const uint8_t *next = codes + 2 * w->panel_code_bytes + g * w->group * code_bytes;
+        for (i64 b = 0; b < w->group * code_bytes; b += 64) PREFETCH(next + b);
+        for (i64 k = g * w->group; k < (g + 1) * w->group; k += 32 / code_bytes) { /* 32 bytes */
+            __m512i u = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + k * code_bytes)));
+            __m512i rows[2] = {u, u};
+            if (w->bits == 4) rows[0] = _mm512_and_si512(u, _mm512_set1_epi16(15)), rows[1] = _mm512_srli_epi16(u, 4);
+            for (int j = 0; j < (w->bits == 4 ? 2 : 1); j++) {
+                __m512i a = _mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(rows[j])), shift);
+                __m512i b = _mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(rows[j], 1)), shift);
+                __m512bh both = _mm512_cvtne2ps_pbh(vfma(_mm512_cvtepi32_ps(b), s1, o1),
+                                                    vfma(_mm512_cvtepi32_ps(a), s0, o0));
+                _mm512_storeu_si512(out + (k - k0 + 2 * j) * PANEL, (__m512i)both);
             }
         }
     }
@@ -126,11 +109,9 @@ static void store_tiles(float *tile, float *y, i64 ldy, i64 M, i64 N, i64 m0, i6
 /* whether qmm_bf16 runs here (experts.py: bf16 products change what a token's experts compute only then) */
 int amx_usable(void) { return amx_ready(); }
 
-/* pairs_order: 4-bit codes in the tiles' pair order (cpu_native.pair_order), else cpu_kernel.c's layout */
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads) {
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     if (K % 32 || !amx_ready()) return 0;
-    void (*decode)(const Weight *, i64, i64, i64, uint16_t *) = pairs_order ? vnni_rows_of_pairs : vnni_rows;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
     /* x in bf16, [padded][K], rows past M zero. A prompt's chunk is converted once, a share of the rows by each
@@ -171,14 +152,14 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
                 if (padded <= 32) { /* one block of rows: 32 k's decoded at a time, still in L1 for the tiles */
                     zero_tiles();
                     for (i64 k = 0; k < K; k += 32) {
-                        decode(&w, 2 * pp, k, k + 32, w0 + k * PANEL);
-                        decode(&w, 2 * pp + 1, k, k + 32, w1 + k * PANEL);
+                        vnni_rows(&w, 2 * pp, k, k + 32, w0 + k * PANEL);
+                        vnni_rows(&w, 2 * pp + 1, k, k + 32, w1 + k * PANEL);
                         products(w0 + k * PANEL, w1 + k * PANEL, xb, K, 0, padded > 16, k, k + 32);
                     }
                     store_tiles(tile, y, ldy, M, N, 0, 2 * pp * PANEL, padded > 16);
                 } else { /* many: the two panels decoded once, for every block of rows */
-                    decode(&w, 2 * pp, 0, K, w0);
-                    decode(&w, 2 * pp + 1, 0, K, w1);
+                    vnni_rows(&w, 2 * pp, 0, K, w0);
+                    vnni_rows(&w, 2 * pp + 1, 0, K, w1);
                     for (i64 m0 = 0; m0 < padded; m0 += 32) {
                         zero_tiles();
                         products(w0, w1, xb, K, m0, m0 + 16 < padded, 0, K);
@@ -195,9 +176,9 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
 int amx_usable(void) { return 0; }
 
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads) {
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     (void)x, (void)M, (void)codes, (void)scales, (void)offsets, (void)N, (void)K, (void)bits, (void)group, (void)f16,
-        (void)pairs_order, (void)y, (void)ldy, (void)threads;
+        (void)y, (void)ldy, (void)threads;
     return 0;
 }
 #endif

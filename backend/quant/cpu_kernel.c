@@ -168,32 +168,29 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
-/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns) */
-int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads);
+/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns), from
+ * codes in AMX tiles' pair order: up to 16 rows (cpu_amx_codes.c), more (cpu_amx.c); 0 where they did not run */
 int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              i64 group, int f16, float *y, i64 ldy, int threads);
+              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
 
 INLINE void no_memory(float *y, i64 M, i64 N, i64 ldy) { /* say so in y rather than compute from garbage */
     for (i64 r = 0; r < M; r++)
         for (i64 c = 0; c < N; c++) y[r * ldy + c] = __builtin_nanf("");
 }
 
-/* bf16_rows: from this many rows of x (0: never) the products are bf16's on AMX tiles where qmm_bf16 runs
- * (cpu_amx.c); else this kernel's fp32. pairs_order: 4-bit codes in the tiles' pair order (cpu_native.pair_order,
- * only where AMX runs), whose products are all bf16's: up to 16 rows from the codes (cpu_amx_codes.c), more from
- * weights rounded to bf16 (cpu_amx.c); this kernel cannot read that layout. */
+/* pairs_order: a bfloat16 engine's codes on an AMX CPU (cpu_native.pair_order), which this kernel cannot read:
+ * bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to bf16 past that. Only the
+ * loader makes that layout, where the tiles run; should they not (no memory for their buffers), y is NaN. */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, i64 bf16_rows, int pairs_order, float *y, i64 ldy, int threads) {
+         int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads) {
     if (pairs_order) {
-        if (M > 0 && !(M <= 16 ? qmm_codes(x, M, codes, scales, offsets, N, K, group, f16, y, ldy, threads)
-                               : qmm_bf16(x, M, codes, scales, offsets, N, K, 4, group, f16, 1, y, ldy, threads)))
+        if (M > 0 && !(M <= 16 ? qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)
+                               : qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)))
             no_memory(y, M, N, ldy);
         return;
     }
-    if (bf16_rows && M >= bf16_rows &&
-        qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, 0, y, ldy, threads))
-        return;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
     /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed

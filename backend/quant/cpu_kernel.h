@@ -125,10 +125,11 @@ typedef struct {
     int bits, f16;
 } Weight;
 
-/* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale. */
+/* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale.
+ * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c). */
 INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
                         int f16) {
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * bits / 8, K / group, bits, f16};
+    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 ? 4 : 8) / 8, K / group, bits, f16};
     return w;
 }
 

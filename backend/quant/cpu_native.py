@@ -10,18 +10,16 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
-A layout flagged bf16 (a bfloat16 engine, loader.bf16_products) multiplies in bf16 on AMX tiles, summed in fp32,
-where the CPU has them. 4-bit codes are then stored in the tiles' pair order (pair_order) and every matmul takes
-the tiles: up to 16 rows fed the codes themselves (cpu_amx_codes.c, faster than fp32 from one row, and a verification
-row nearly free), more from weights rounded to bf16 (cpu_amx.c). 8-bit codes keep this layout, and matmuls of
-bf16_from_rows rows or more take the tiles (cpu_amx.c).
+A bfloat16 engine (loader.bf16_products) on a CPU with AMX tiles stores the codes in the tiles' pair order instead
+(pair_order), and every matmul multiplies in bf16 on the tiles, summing in fp32: up to 16 rows fed the codes
+themselves (cpu_amx_codes.c: faster than fp32 from one row, and a verification row nearly free), more from weights
+rounded to bf16 (cpu_amx.c). Without AMX a bfloat16 engine keeps this layout and fp32.
 
 The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
 reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
 """
 
 import os
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -39,22 +37,11 @@ TILE_PANELS = 4  # the most panels a tile of the kernel reads at once: rows are 
 
 @dataclass(frozen=True)
 class Layout:
-    bits: int  # 4 or 8
+    bits: int  # 4 or 8 (pairs_order: 4, 7 or 8, paired_bits's)
     group: int  # weights per scale: 16 or 32
     f16: bool  # scales (and offsets) stored as fp16
     offsets: bool
-    bf16: bool = False  # products in bf16 on AMX tiles from bf16_from_rows rows (cpu_amx.c), where the CPU has them
-    pairs_order: bool = False  # 4-bit codes in AMX tiles' pair order (pair_order): every product bf16's, on the tiles
-
-
-# Rows of x from which an 8-bit bf16 layout's matmul takes AMX tiles; fewer keep the fp32 kernel's exact products.
-# A step of decode rows alone (one token of each of several sequences) from 7, where the tiles overtake the fp32
-# kernel (SmolLM2: 1.41x the tokens a second at 16 sequences, 1.08x at 8, measured); any other step from 17, so
-# that a lone sequence's prompt chunks and verification runs of up to 16 rows keep the fp32 engine's bits (its
-# speculation stays identical to its plain decoding). The runner sets it per step (ModelRunner.execute).
-BF16_FROM_ROWS = 17
-BF16_FROM_ROWS_DECODE = 7
-bf16_from_rows: ContextVar[int] = ContextVar("bf16_from_rows", default=BF16_FROM_ROWS)
+    pairs_order: bool = False  # codes in AMX tiles' order (pair_order): every product bf16's, on the tiles
 
 
 def enabled() -> bool:
@@ -97,14 +84,30 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int) -> tuple[torch.Tensor, torch
     return codes.contiguous(), stored(scale), stored(offset), layout
 
 
-def pair_order(codes: torch.Tensor) -> torch.Tensor:
-    """4-bit codes [panels, K, 8] (pack's) -> [panels, K / 4, 32] in AMX tiles' order (cpu_amx_codes.c): a weight
-    tile's row r holds k = 2r and 2r + 1 of the panel's 16 rows, word i column i // 2 at k = 2r + i % 2; 32 bytes
-    hold rows 2c (low nibbles) and 2c + 1 (high). The same bytes, reordered."""
+def paired_bits(codes: list[torch.Tensor], bits: int) -> int:
+    """The bits of pack's codes (of one matrix or a stack's) in AMX tiles' order: 4-bit stay 4; 8-bit codes take 7
+    where every q fits -64 .. 63 (q + 64: one tile product a group), else 8 (q + 128: two, cpu_amx_codes.c)."""
+    if bits == 4:
+        return 4
+    q = [c.view(torch.int8) for c in codes if c.numel()]
+    return 7 if all(int(c.min()) >= -64 and int(c.max()) <= 63 for c in q) else 8
+
+
+def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """pack's codes in AMX tiles' order, for cpu_amx_codes.c (bits: paired_bits's). A weight tile's row r holds
+    k = 2r and 2r + 1 of the panel's 16 rows, word i column i // 2 at k = 2r + i % 2. 4-bit codes [panels, K, 8]
+    -> [panels, K / 4, 32], 32 bytes for rows 2c (low nibbles) and 2c + 1 (high); 8-bit codes [panels, K, 16]
+    -> bytes [panels, K / 2, 32], a row each: q + 64 (7) or q + 128 (8)."""
     panels, cols = codes.shape[0], codes.shape[1]
-    q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panels, K, 16]: byte j held rows j and j + 8
-    rows = q.view(panels, cols // 2, 2, PANEL).transpose(2, 3).reshape(panels, cols // 4, 2, 2 * PANEL)
-    return (rows[:, :, 0] | (rows[:, :, 1] << 4)).contiguous()
+    if bits == 4:
+        q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panels, K, 16]: byte j held rows j and j + 8
+    else:
+        q = codes.view(torch.int8).to(torch.int16) + (64 if bits == 7 else 128)
+    rows = q.view(panels, cols // 2, 2, PANEL).transpose(2, 3).reshape(panels, cols // 2, 2 * PANEL)
+    if bits == 4:
+        rows = rows.view(panels, cols // 4, 2, 2 * PANEL)
+        rows = rows[:, :, 0] | (rows[:, :, 1] << 4)
+    return rows.to(torch.uint8).contiguous()
 
 
 def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
@@ -118,8 +121,8 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
     m = x2.shape[0]
     y = torch.empty(m, rows)
     lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.group, layout.f16, bf16_from_rows.get() if layout.bf16 else 0,
-            layout.pairs_order, y.data_ptr(), rows, torch.get_num_threads())
+            rows, cols, layout.bits, layout.group, layout.f16, layout.pairs_order, y.data_ptr(), rows,
+            torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], rows)

@@ -13,7 +13,6 @@ from torch import nn
 
 from backend.kernels import native, use_triton
 from backend.models.mlp import silu_mul
-from backend.quant import cpu_native
 from backend.quant.modules import QuantWeight
 
 # Tokens a step may have for its experts to go through one C call (cpu_moe.c): a decode batch, a short prompt. A
@@ -22,11 +21,6 @@ from backend.quant.modules import QuantWeight
 # (Qwen3-30B-A3B-shaped, 32 experts, AVX2 build: 1.18x the loop at 16, 0.98x at 32, 0.89x at 64; AVX-512 1.10x at 64).
 FEW_TOKENS = 64
 FEW_TOKENS_NARROW = 16
-# With bf16 products (loader.bf16_products) a matmul of 8-bit codes of cpu_native.bf16_from_rows rows or more runs on
-# AMX tiles, which the C call does not: it takes only steps of up to 16 tokens whose experts each meet fewer rows, so
-# a token gets the loop's bits either way. 4-bit codes on AMX are in the tiles' order, which the call cannot read:
-# the loop, always.
-FEW_TOKENS_BF16 = 16
 
 
 class _ExpertStack(ctypes.Structure):  # cpu_moe.c's ExpertStack
@@ -106,13 +100,6 @@ class QuantExperts(nn.Module):
 
     def _call_takes(self, x: torch.Tensor, topk_ids: torch.Tensor) -> bool:
         """Whether these tokens' experts go through one C call (which raises the IndexError for bad expert ids)."""
-        if any(w.layout.pairs_order for w in self.weights()):  # the call reads cpu_kernel.c's layout only
-            return False
-        if any(w.layout.bf16 for w in self.weights()) and native.amx():
-            ids = topk_ids.flatten()
-            return x.shape[0] <= FEW_TOKENS_BF16 and (
-                ids.numel() == 0 or int(ids.min()) < 0
-                or int(torch.bincount(ids).max()) < cpu_native.bf16_from_rows.get())
         return x.shape[0] <= (FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW)
 
     def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,

@@ -6,7 +6,6 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.moe import fused_moe, route
-from backend.quant import cpu_native
 from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
@@ -103,70 +102,22 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels,
         module(x[:2], weights[:2], torch.tensor([[0, 1, 2], [1, 3, 4]]))
 
 
-def bf16_experts(tokens: int, seed: int):
-    """Experts of 8-bit codes packed for bf16 products (4-bit ones take the tiles' order on AMX, and the loop:
-    test_4_bit_experts_in_the_tiles_order_take_the_loop), and `tokens` random tokens routed top-2 to them."""
-    module, _, _ = experts(("Q8_0", "Q5_1", "Q6_K"))
-    for w in module.weights():
-        w.pack_for_cpu(bf16=True)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, H, generator=g)
-    return module, x, *route(torch.randn(tokens, E, generator=g), 2, True)
-
-
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
-def test_bf16_products_keep_the_loops_bits_for_moe(monkeypatch):
-    """With bf16 products a matmul of more than 16 rows takes AMX tiles (where the CPU has them), which the one-call
-    path does not: steps of more than 16 tokens take the loop, fewer the call, both the loop's bits."""
-    module, x, weights, ids = bf16_experts(40, seed=8)  # 20 rows an expert on average
-    monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 0)
-    loop = [module(x, weights, ids), module(x[:16], weights[:16], ids[:16])]
-    monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 16)
-    assert torch.equal(module(x, weights, ids), loop[0])
-    assert torch.equal(module(x[:16], weights[:16], ids[:16]), loop[1])
-
-
-@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
-def test_bf16_products_in_a_decode_step_keep_the_loops_bits_for_moe(monkeypatch):
-    """In a step of decode rows alone the loop's matmuls take AMX tiles from 7 rows (cpu_native.bf16_from_rows): the
-    call takes only tokens whose experts each meet fewer, and every token gets the loop's bits; no tokens, and bad
-    expert ids (the call's IndexError), as without bf16 products."""
-    module, x, weights, ids = bf16_experts(16, seed=3)  # 8 rows an expert on average
-    spread = torch.arange(6).remainder(E).view(3, 2)  # 3 tokens: no expert meets more than 2 rows
-    token = cpu_native.bf16_from_rows.set(cpu_native.BF16_FROM_ROWS_DECODE)
-    try:
-        monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 0)
-        loop = [module(x, weights, ids), module(x[:3], weights[:3], spread)]
-        monkeypatch.setattr(experts_module, "FEW_TOKENS_BF16", 16)
-        calls = []
-        call = experts_module.QuantExperts._few_tokens
-        monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens",
-                            lambda self, *a: calls.append(a[0].shape[0]) or call(self, *a))
-        assert torch.equal(module(x, weights, ids), loop[0])
-        assert torch.equal(module(x[:3], weights[:3], spread), loop[1])
-    finally:
-        cpu_native.bf16_from_rows.reset(token)
-    # the 16 tokens' experts met 7 rows or more: the loop, where AMX would take them (elsewhere all is fp32)
-    assert calls == ([3] if native.amx() else [16, 3])
-    assert module(x[:0], weights[:0], ids[:0]).shape == (0, H)
-    with pytest.raises(IndexError, match="an expert id outside"):
-        module(x[:2], weights[:2], torch.tensor([[0, -1], [1, 2]]))
-
-
-@pytest.mark.skipif(native.library() is None or not native.amx(), reason="codes in the tiles' order are for AMX only")
-def test_4_bit_experts_in_the_tiles_order_take_the_loop(monkeypatch):
-    """4-bit experts of a bf16 engine on AMX keep their codes in the tiles' order, which the one C call cannot read:
-    every step takes the loop, whose bf16 products stay within bf16's rounding of the float experts."""
-    module, w_gate_up, w_down = experts(("Q4_K", "Q4_0", "Q4_1"))
-    for w in module.weights():
+def test_a_bf16_engines_experts_stay_fp32_in_one_call(monkeypatch):
+    """A bf16 engine's expert stacks keep the fp32 kernel's layout (its one C call beats the per-expert loop), while
+    a plain weight beside them takes the tiles' order on AMX: the call still runs, with the fp32 engine's bits."""
+    module, _, _ = experts(("Q4_K", "Q8_0", "Q6_K"))
+    fp32, _, _ = experts(("Q4_K", "Q8_0", "Q6_K"))
+    for w, v in zip(module.weights(), fp32.weights()):
         w.pack_for_cpu(bf16=True)
-    assert all(w.layout.pairs_order for w in module.weights())
+        v.pack_for_cpu()
+        assert w.layout == v.layout and not w.layout.pairs_order
+    single = QuantWeight(BY_NAME["Q4_K"], 64, H, device="cpu")
+    single.data.copy_(torch.from_numpy(random_raw("Q4_K", 64, H, seed=1)))
+    single.pack_for_cpu(bf16=True)
+    assert single.layout.pairs_order == native.amx()
     calls = []
-    monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1))
-    for tokens in (1, 7, 40):
-        x, weights, ids = routed(tokens)
-        ref = fused_moe(x.bfloat16().float(), w_gate_up, w_down, weights, ids)
-        torch.testing.assert_close(module(x, weights, ids), ref, atol=5e-3 * ref.abs().max().item(), rtol=0)  # measured 2.5e-3
-    assert calls == []
+    call = experts_module.QuantExperts._few_tokens
+    monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1) or call(self, *a))
+    x, weights, ids = routed(7)
+    assert torch.equal(module(x, weights, ids), fp32(x, weights, ids)) and len(calls) == 2
