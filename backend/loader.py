@@ -129,9 +129,9 @@ def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization
     blocks (some of them: not an F16/BF16 file, nor one of types expanded at load), which our C kernels run (all of
     a step in one call, which needs fp32 around the matmuls). Where the CPU has AMX the codes are stored in the
     tiles' order and every product is bf16's: up to 16 rows fed the codes themselves (faster than fp32 from one
-    row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32 at 32 rows); a
-    sequence's speculation stays identical to its plain decoding. Without AMX every product is fp32.
-    Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
+    row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32 at 32 rows); a lone
+    sequence's speculation of up to 15 drafts a step stays identical to its plain decoding. Without AMX every
+    product is fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
     from backend.quant import cpu_native
     from backend.quant.formats import FORMATS
 

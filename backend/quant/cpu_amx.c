@@ -37,7 +37,7 @@ int amx_ready(void) {
 static void vnni_rows(const Weight *w, i64 p, i64 k0, i64 k1, uint16_t *out) {
     const __m512i low_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
     const __m512i high_cols = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-    const i64 code_bytes = w->bits == 4 ? 8 : 16; /* a k's */
+    const i64 code_bytes = w->panel_code_bytes / w->K; /* a k's */
     const __m512i shift = _mm512_set1_epi32(w->bits == 4 ? 0 : w->bits == 7 ? 64 : 128);
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
     for (i64 g = k0 / w->group; g < k1 / w->group; g++) {
@@ -106,7 +106,7 @@ static void store_tiles(float *tile, float *y, i64 ldy, i64 M, i64 N, i64 m0, i6
     }
 }
 
-/* whether qmm_bf16 runs here (experts.py: bf16 products change what a token's experts compute only then) */
+/* whether the tiles run here (modules.py stores a bfloat16 engine's codes in their order only then) */
 int amx_usable(void) { return amx_ready(); }
 
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
@@ -174,11 +174,4 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
 }
 #else
 int amx_usable(void) { return 0; }
-
-int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    (void)x, (void)M, (void)codes, (void)scales, (void)offsets, (void)N, (void)K, (void)bits, (void)group, (void)f16,
-        (void)y, (void)ldy, (void)threads;
-    return 0;
-}
 #endif

@@ -1,4 +1,4 @@
-/* Quantized matmul of up to 16 rows on AMX tiles, fed the 4-bit codes themselves: what a bfloat16 engine on an
+/* Quantized matmul of up to 16 rows on AMX tiles, fed the codes themselves: what a bfloat16 engine on an
  * AMX CPU uses for a lone sequence's decode steps and its drafts' verification rows, a decode batch of up to 16
  * and short prompt chunks. A verification row then costs about a quarter of the fp32 kernel's (SmolLM2, Q4_1:
  * 16 rows 8.0 ms against 17.2 a step's matmuls, one row 4.5 against 5.5, measured), and a sequence's rows get
@@ -6,12 +6,13 @@
  * order).
  *
  * The layout (cpu_native.pair_order): per panel of 16 weight rows, its codes in the order of a weight tile's
- * rows (k pairs side by side), 32 bytes for two tile rows, the low nibbles one and the high nibbles the next;
- * word i of a tile row is column i / 2 at k + i % 2. A code q expands to bf16 as 0x4300 | q, which is exactly
- * 128 + q, in four vector operations a 32 bytes, with no conversion. Per group of weights (one scale s and
+ * rows (k pairs side by side): 4-bit, 32 bytes for two tile rows, the low nibbles one and the high nibbles the
+ * next; 8-bit, a byte a word (qmm_codes below). Word i of a tile row is column i / 2 at k + i % 2. A code u
+ * expands to bf16 as 0x4300 | u, which is exactly 128 + u, in four vector operations a 32 bytes, with no
+ * conversion. Per group of weights (one scale s and
  * offset o each), one tile product C = sum x (128 + q) into a fresh accumulator, then in fp32
  *
- *   y += s C + (o - 128 s) sum x        (the sum of the group's x as the tiles read it: rounded to bf16)
+ *   y += s C + (o - bias s) sum x       (the sum of the group's x as the tiles read it: rounded to bf16)
  *
  * so the products are bf16(x) times the weight's exact code: closer to x @ w than bf16 weights (cpu_amx.c).
  * Returns 0 where it did not run (no AMX, K not a multiple of 32, no memory for x's copy).
@@ -22,7 +23,7 @@
 /* Per 32 codes of a group of panel p: the tile rows of bf16 128 + u (4-bit: two rows a 32 bytes, the low nibbles
  * and the high; 7: one row; 8, split: u's low nibble into out, its high into high_out) */
 INLINE void expand(const Weight *w, i64 p, i64 g, int bits, uint16_t *out, uint16_t *high_out) {
-    const i64 bytes = w->group * PANEL * (bits == 4 ? 4 : 8) / 8;
+    const i64 bytes = w->panel_code_bytes / w->panel_groups;
     const uint8_t *c = w->codes + p * w->panel_code_bytes + g * bytes;
     const __m512i low = _mm512_set1_epi16(15), bias = _mm512_set1_epi16(0x4300);
     for (i64 i = 0; i < bytes / 32; i++) {
@@ -82,7 +83,7 @@ int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, c
     const int split = bits == 8;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, G = K / group;
-    const i64 group_bytes = group * PANEL * (bits == 4 ? 4 : 8) / 8;
+    const i64 group_bytes = w.panel_code_bytes / G;
     int done = 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -144,12 +145,5 @@ int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, c
         }
     }
     return done;
-}
-#else
-int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    (void)x, (void)M, (void)codes, (void)scales, (void)offsets, (void)N, (void)K, (void)bits, (void)group, (void)f16,
-        (void)y, (void)ldy, (void)threads;
-    return 0;
 }
 #endif

@@ -21,7 +21,7 @@
  * Compiled at first use with -march=native: AVX-512 or AVX2 (with FMA and F16C) intrinsics on x86, otherwise
  * (ARM, older x86) GCC's portable vectors of 8 floats, which the compiler maps to the CPU's (NEON, SSE).
  */
-#include "cpu_kernel.h"
+#include "cpu_amx.h"
 
 /* H vectors make a panel; a tile's NC column vectors cover panels p, p + 1, .. (vector c: panel p + c / H, rows
  * (c % H) * LANES ..). Several column vectors for few rows of x: each output's sum is one chain of dependent
@@ -168,27 +168,24 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
-/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns), from
- * codes in AMX tiles' pair order: up to 16 rows (cpu_amx_codes.c), more (cpu_amx.c); 0 where they did not run */
-int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
-int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
-
 INLINE void no_memory(float *y, i64 M, i64 N, i64 ldy) { /* say so in y rather than compute from garbage */
     for (i64 r = 0; r < M; r++)
         for (i64 c = 0; c < N; c++) y[r * ldy + c] = __builtin_nanf("");
 }
 
-/* pairs_order: a bfloat16 engine's codes on an AMX CPU (cpu_native.pair_order), which this kernel cannot read:
+/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns).
+ * pairs_order: a bfloat16 engine's codes on an AMX CPU (cpu_native.pair_order), which this kernel cannot read:
  * bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to bf16 past that. Only the
  * loader makes that layout, where the tiles run; should they not (no memory for their buffers), y is NaN. */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
          int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads) {
     if (pairs_order) {
-        if (M > 0 && !(M <= 16 ? qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)
-                               : qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)))
-            no_memory(y, M, N, ldy);
+        int ran = 0;
+#if HAVE_AMX
+        ran = M <= 16 ? qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)
+                      : qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+#endif
+        if (M > 0 && !ran) no_memory(y, M, N, ldy);
         return;
     }
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
