@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from backend.config import KV_CACHE_DTYPES
+from backend.config import ACTIVATIONS, KV_CACHE_DTYPES
 from backend.model_config import ModelLoadError
 from backend.model_store import ModelStoreError, format_table, list_models, pull, to_json
 
@@ -13,7 +13,7 @@ def _generate(args: argparse.Namespace) -> int:
     from backend import LLM, SamplingParams
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-              max_model_len=args.max_model_len, quantization=args.quantization)
+              activations=args.activations, max_model_len=args.max_model_len, quantization=args.quantization)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, stop=args.stop or None)
     if args.chat:
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--device", default=None)
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    gen.add_argument("--activations", default="float32", choices=ACTIVATIONS)
     gen.add_argument("--max-model-len", type=int, default=None)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)

@@ -27,6 +27,7 @@ class EngineArgs:
     device: str | None = None
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    activations: str = "float32"
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     block_size: int = 16
@@ -53,7 +54,7 @@ class EngineArgs:
                            "num_tokens": self.speculative_draft_length}
         return EngineConfig(
             model=self.model, tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
+            kv_cache_dtype=self.kv_cache_dtype, activations=self.activations,
             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size, seed=self.seed,
             speculative=speculative, gpu_memory_utilization=self.gpu_memory_utilization,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from backend.config import KV_CACHE_DTYPES
+from backend.config import ACTIVATIONS, KV_CACHE_DTYPES
 from backend.gguf_config import gguf_config
 from backend.home import cache_dir
 from backend.model_config import ModelConfig, ModelLoadError, as_id_list, from_hf_config
@@ -124,20 +124,46 @@ def pick_kv_dtype(kv_cache_dtype: str, device: torch.device, dtype: torch.dtype)
     return DTYPES[kv_cache_dtype]
 
 
-def bf16_products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None) -> bool:
-    """Whether bfloat16 on the CPU runs as fp32 with bf16 matmul products: for a GGUF whose layers stay in their
-    blocks (some of them: not an F16/BF16 file, nor one of types expanded at load), which our C kernels run (all of
-    a step in one call, which needs fp32 around the matmuls). Where the CPU has AMX the codes are stored in the
-    tiles' order and every product is bf16's: up to 16 rows fed the codes themselves (faster than fp32 from one
-    row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32 at 32 rows); a lone
-    sequence's speculation of up to 15 drafts a step stays identical to its plain decoding. Without AMX every
-    product is fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
+def products(dtype: torch.dtype, device: torch.device, reader, quantization: str | None, activations: str,
+             model: str) -> str:
+    """What the CPU's quantized matmuls multiply: "float32", "bfloat16" or "int8" (QuantWeight.pack_for_cpu).
+
+    All but "float32" are for a GGUF whose layers stay in their blocks (some of them: not an F16/BF16 file, nor one
+    of types expanded at load), which our C kernels run (all of a step in one call, which needs fp32 around the
+    matmuls). "int8" (activations="int8"): each row of x quantized per group of 16 or 32 to 8 bits, codes times
+    those integers summed in int32 (cpu_int8.c), as llama.cpp does on the CPU: no longer exact against
+    transformers, and 2-3x the fp32 kernel's speed with AVX-512 VNNI; a row's bits do not depend on the rows beside
+    it, so speculation stays identical to plain decoding. "bfloat16" (dtype bfloat16): where the CPU has AMX the
+    codes are stored in the tiles' order and every product is bf16's: up to 16 rows fed the codes themselves (faster
+    than fp32 from one row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32
+    at 32 rows); a lone sequence's speculation of up to 15 drafts a step stays identical to its plain decoding.
+    Without AMX every product is fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
     from backend.quant import cpu_native
     from backend.quant.formats import FORMATS
 
-    return (device.type == "cpu" and dtype == torch.bfloat16 and reader is not None and quantization != "dequantize"
-            and cpu_native.enabled()
-            and any(int(t.tensor_type) in FORMATS and not t.name.endswith(".bias") for t in reader.tensors))
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r} is not supported; use {' or '.join(ACTIVATIONS)}")
+    blocks = (reader is not None and quantization != "dequantize"
+              and any(int(t.tensor_type) in FORMATS and not t.name.endswith(".bias") for t in reader.tensors))
+    if activations == "int8":
+        if device.type != "cpu":
+            raise ValueError(f"activations='int8' is for the CPU's kernels; on {device.type} leave activations as "
+                             "float32")
+        if dtype != torch.float32:
+            raise ValueError(f"activations='int8' runs fp32 around the matmuls; dtype {str(dtype).removeprefix('torch.')} cannot go "
+                             "with it: leave dtype as auto (or float32)")
+        if not blocks:
+            what = ("its weights are expanded at load (quantization='dequantize')" if quantization == "dequantize"
+                    else "it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants")
+            raise ValueError(f"activations='int8' multiplies a GGUF's quantized blocks, and {model}: {what}; leave "
+                             "activations as float32")
+        if not cpu_native.enabled():
+            raise ValueError("activations='int8' runs in our C kernels, which are not available here (no C "
+                             "compiler, or SCRIPTORIUM_QUANT_CPU=reference); leave activations as float32")
+        return "int8"
+    if device.type == "cpu" and dtype == torch.bfloat16 and blocks and cpu_native.enabled():
+        return "bfloat16"
+    return "float32"
 
 
 @contextlib.contextmanager
@@ -161,8 +187,8 @@ def _no_init(dtype: torch.dtype):
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
                max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None,
-               bf16: bool = False) -> CausalLM:
-    """bf16: the quantized layers' products in bf16 where that is faster (bf16_products; dtype is fp32 then)."""
+               products: str = "float32") -> CausalLM:
+    """products: what the CPU's quantized matmuls multiply (loader.products; dtype is fp32 unless "float32")."""
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
                          "format), 'dequantize' (a GGUF's weights expanded at load), or 'int8' / 'int4' (a "
@@ -214,20 +240,20 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
-        _pack_for_cpu(model, bf16)
+        _pack_for_cpu(model, products)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
 
 
-def _pack_for_cpu(model: CausalLM, bf16: bool) -> None:
+def _pack_for_cpu(model: CausalLM, products: str) -> None:
     from backend.quant import cpu_native
     from backend.quant.modules import QuantWeight
 
     if cpu_native.enabled():
         for m in model.modules():
             if isinstance(m, QuantWeight):
-                m.pack_for_cpu(bf16)
+                m.pack_for_cpu(products)
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:

@@ -2,10 +2,13 @@
 
 Prints one JSON line: single-request decode speed, 32-request aggregate throughput, time to first
 token with a 1,000-token cached prefix vs cold, and decoding after a 2,000-token prompt (long_*, and with
-kv_cache_dtype float16: long_kv_f16_*); then the same in bfloat16 (bf16_*: bf16 products on AMX where the CPU has it) beside transformers in bfloat16.
+kv_cache_dtype float16: long_kv_f16_*); then with 8-bit activations (int8_*: activations="int8", llama.cpp's
+arithmetic) beside transformers fp32, and the same in bfloat16 (bf16_*: bf16 products on AMX where the CPU has it)
+beside transformers in bfloat16.
 
 --quantized: the quantized-weights rows instead (quantized_rows): SmolLM2's Q4_1 file and a Q8_0 conversion,
-our quantized path vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv).
+our quantized path (fp32 and int8 activations) vs our fp32 path vs transformers fp32, and llama.cpp given
+--llama-cpp-python (its own venv).
 """
 
 import argparse
@@ -179,9 +182,9 @@ def quantized_rows(args) -> dict:
         batch = [make_prompt(tokenizer, 32, salt) for salt in range(1, args.concurrency + 1)]
         total = args.new_tokens * args.concurrency
         rates = {}
-        for name in ("quantized", "fp32"):
-            llm = ours if name == "quantized" else LLM(str(path), quantization="dequantize",
-                                                        max_num_seqs=max(64, args.concurrency))
+        for name, settings in (("quantized", None), ("int8", {"activations": "int8"}),
+                               ("fp32", {"quantization": "dequantize"})):
+            llm = ours if settings is None else LLM(str(path), max_num_seqs=max(64, args.concurrency), **settings)
             ours_generate(llm, single, 8)
             rates[name] = (args.new_tokens / best(ours_generate, llm, single, args.new_tokens),
                            total / best(ours_generate, llm, batch, args.new_tokens))
@@ -200,6 +203,9 @@ def quantized_rows(args) -> dict:
         row[f"{label}_batch_vs_transformers"] = round(q[1] / t[1], 2)
         row[f"{label}_single_vs_fp32"] = round(q[0] / rates["fp32"][0], 2)
         row[f"{label}_decode_step_split"] = decode_split(ours, single[0], 1000 / q[0])
+        if rates["llama_cpp"][0] is not None:
+            for name in ("quantized", "int8"):
+                row[f"{label}_{name}_single_vs_llama_cpp"] = round(rates[name][0] / rates["llama_cpp"][0], 2)
     return row
 
 
@@ -249,6 +255,7 @@ def main() -> None:
     half_cache = LLM("smollm2", dtype="float32", kv_cache_dtype="float16")
     ours_long_f16 = ours_decode_rate(half_cache, long_prompt, 64)
     del half_cache
+    int8 = int8_rows(args, single, batch, hf_single, hf_batch)
     bf16 = bf16_rows(args, llm, single, batch, prefix, hf, pad)
     print(json.dumps({
         "bench": "engine", "model": "smollm2-135m", "dtype": "float32", "device": "cpu",
@@ -263,8 +270,21 @@ def main() -> None:
         "long_context": args.long_context, "long_tok_s": round(ours_long, 2),
         "long_tok_s_transformers": round(hf_long, 2), "long_ratio": round(ours_long / hf_long, 2),
         "long_kv_f16_tok_s": round(ours_long_f16, 2), "long_kv_f16_vs_fp32_cache": round(ours_long_f16 / ours_long, 2),
-        **bf16,
+        **int8, **bf16,
     }))
+
+
+def int8_rows(args, single, batch, hf_single: float, hf_batch: float) -> dict:
+    """activations="int8" (x quantized per group to 8 bits, integer products), the same prompts, beside transformers
+    fp32 (already timed), and its step's split."""
+    llm = LLM("smollm2", activations="int8", max_num_seqs=max(64, args.concurrency))
+    ours_generate(llm, single, 8)
+    total = args.new_tokens * args.concurrency
+    ours_single = args.new_tokens / best(ours_generate, llm, single, args.new_tokens)
+    ours_batch = total / best(ours_generate, llm, batch, args.new_tokens)
+    return {"int8_single_tok_s": round(ours_single, 2), "int8_single_ratio": round(ours_single / hf_single, 2),
+            "int8_batch_tok_s": round(ours_batch, 2), "int8_batch_ratio": round(ours_batch / hf_batch, 2),
+            "int8_decode_step_split": decode_split(llm, single[0], 1000 / ours_single)}
 
 
 def bf16_rows(args, fp32: LLM, single, batch, prefix, hf, pad) -> dict:

@@ -31,7 +31,7 @@ from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
-from backend.loader import bf16_products, load_model, load_tokenizer, locate, pick_dtype, read_config
+from backend.loader import load_model, load_tokenizer, locate, pick_dtype, products, read_config
 from backend.outputs import RequestOutput
 from backend.quant.memory import host_expert_bytes, loaded_recipe, module_bytes, weight_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
@@ -54,8 +54,9 @@ class LLMEngine:
         self.source = locate(config.model)
         self.model_config, reader = read_config(self.source)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
-        self.bf16_products = bf16_products(self.dtype, self.device, reader, config.quantization)
-        if self.bf16_products:
+        self.products = products(self.dtype, self.device, reader, config.quantization, config.activations,
+                                 config.model)
+        if self.products == "bfloat16":
             self.dtype = torch.float32
         self.spec = SpeculativeConfig.parse(config.speculative)
         self.shape = CacheShape.of(config, self.model_config, self.spec, self.device, self.dtype)
@@ -116,13 +117,13 @@ class LLMEngine:
         draft = None
         if self.spec is not None and self.spec.method == "draft":
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len,
-                               self.bf16_products)
+                               self.products)
         if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
             recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
             self.moe_gpu_experts = pick_gpu_experts(self.config, self.shape, self.model_config,
                                                     weight_bytes(self.model_config, recipe), draft)
         model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                           self.moe_gpu_experts, self.config.quantization, self.bf16_products)
+                           self.moe_gpu_experts, self.config.quantization, self.products)
         return model, draft
 
     def _start_cache(self) -> None:

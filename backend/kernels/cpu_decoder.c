@@ -15,7 +15,7 @@
 #include "cpu_vectors.h"
 
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads);
+         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads);
 void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
                    i64 cols, float eps);
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
@@ -29,7 +29,7 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
 typedef struct {
     const uint8_t *codes;
     const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16, pairs_order; /* as qmm's */
+    i64 rows, cols, group, bits, f16, order; /* as qmm's */
 } QuantMatrix;
 
 /* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
@@ -59,7 +59,7 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
         qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16,
-            (int)p->pairs_order, y + col, w->rows, threads);
+            (int)p->order, y + col, w->rows, threads);
     }
     if (w->bias)  /* added after the matmul, as the module adds it */
         for (i64 r = 0; r < M; r++)

@@ -1,5 +1,6 @@
 """Our C kernels for the CPU (backend/kernels/cpu_ops.c, cpu_attention.c and cpu_decoder.c, backend/quant/cpu_kernel.c
-with its AMX and MoE siblings cpu_amx.c, cpu_amx_codes.c and cpu_moe.c), built into one library.
+with its AMX, MoE and 8-bit-activation siblings cpu_amx.c, cpu_amx_codes.c, cpu_moe.c and cpu_int8.c), built into one
+library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -27,7 +28,8 @@ log = logging.getLogger("backend")
 _QUANT = Path(__file__).parent.parent / "quant"
 _HERE = Path(__file__).parent
 SOURCES = [_HERE / "cpu_ops.c", _HERE / "cpu_attention.c", _HERE / "cpu_decoder.c", _QUANT / "cpu_kernel.c",
-           _QUANT / "cpu_amx.c", _QUANT / "cpu_amx_codes.c", _QUANT / "cpu_moe.c"]
+           _QUANT / "cpu_amx.c", _QUANT / "cpu_amx_codes.c", _QUANT / "cpu_moe.c",
+           _QUANT / "cpu_int8.c"]
 HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 

@@ -174,16 +174,18 @@ INLINE void no_memory(float *y, i64 M, i64 N, i64 ldy) { /* say so in y rather t
 }
 
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns).
- * pairs_order: a bfloat16 engine's codes on an AMX CPU (cpu_native.pair_order), which this kernel cannot read:
- * bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to bf16 past that. Only the
- * loader makes that layout, where the tiles run; should they not (no memory for their buffers), y is NaN. */
+ * order: where the codes lie (cpu_native.ORDERS): 0, this kernel's panels; 1, a bfloat16 engine's on an AMX CPU
+ * (cpu_native.pair_order), bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to
+ * bf16 past that; 2, an engine with 8-bit activations (cpu_native.quad_order, cpu_int8.c). Only the loader makes
+ * the pairs' order, where the tiles run. Should a kernel not run (no memory for its buffers), y is NaN. */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int pairs_order, float *y, i64 ldy, int threads) {
-    if (pairs_order) {
+         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads) {
+    if (order) {
         int ran = 0;
+        if (order == 2) ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
 #if HAVE_AMX
-        ran = M <= 16 ? qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads)
-                      : qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+        else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+        else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
 #endif
         if (M > 0 && !ran) no_memory(y, M, N, ldy);
         return;

@@ -133,6 +133,11 @@ INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *of
     return w;
 }
 
+/* y [M, N] = x [M, K] @ w.T against x's rows quantized to 8 bits, from codes in quad order (cpu_int8.c); 0 where
+ * memory ran out */
+int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+
 /* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X], as the kernel's tiles read x */
 INLINE void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {
     for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)

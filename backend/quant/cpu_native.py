@@ -10,10 +10,14 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
-A bfloat16 engine (loader.bf16_products) on a CPU with AMX tiles stores the codes in the tiles' pair order instead
+A bfloat16 engine (loader.products) on a CPU with AMX tiles stores the codes in the tiles' pair order instead
 (pair_order), and every matmul multiplies in bf16 on the tiles, summing in fp32: up to 16 rows fed the codes
 themselves (cpu_amx_codes.c: faster than fp32 from one row, and a verification row nearly free), more from weights
 rounded to bf16 (cpu_amx.c). Without AMX a bfloat16 engine keeps this layout and fp32.
+
+An engine with 8-bit activations (activations="int8", loader.products) stores the codes four k's to a 32-bit lane
+(quad_order), and every matmul quantizes x's rows per group to int8 and sums codes times them in int32
+(cpu_int8.c): llama.cpp's arithmetic, 4x the multiply-adds of fp32 an instruction with AVX-512 VNNI.
 
 The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
 reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
@@ -37,11 +41,20 @@ TILE_PANELS = 4  # the most panels a tile of the kernel reads at once: rows are 
 
 @dataclass(frozen=True)
 class Layout:
-    bits: int  # 4 or 8 (pairs_order: 4, 7 or 8, paired_bits's)
+    bits: int  # 4 or 8 (in the pairs' order 4, 7 or 8, paired_bits's)
     group: int  # weights per scale: 16 or 32
     f16: bool  # scales (and offsets) stored as fp16
     offsets: bool
-    pairs_order: bool = False  # codes in AMX tiles' order (pair_order): every product bf16's, on the tiles
+    # where the codes lie: "panels" (pack's, the fp32 kernel's), "pairs" (AMX tiles' order, pair_order: every product
+    # bf16's, on the tiles) or "quads" (quad_order: every product int8 codes times x quantized to int8)
+    order: str = "panels"
+
+    @property
+    def order_code(self) -> int:  # qmm's `order`
+        return ORDERS.index(self.order)
+
+
+ORDERS = ("panels", "pairs", "quads")
 
 
 def enabled() -> bool:
@@ -110,6 +123,19 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return rows.to(torch.uint8).contiguous()
 
 
+def quad_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """pack's codes four k's to a 32-bit lane, for cpu_int8.c: per panel, 64 bytes for each 8 k's (4-bit: byte
+    4r + i holds row r's q at k + i in its low nibble, at k + 4 + i in its high) or each 4 k's (8-bit: byte 4r + i,
+    row r's q at k + i plus 128, unsigned). [panels, K, 8 or 16] -> [panels, K / 8 or K / 4, 64]."""
+    panels, cols = codes.shape[0], codes.shape[1]
+    if bits == 4:
+        q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panels, K, 16]: byte j held rows j and j + 8
+        q = q.view(panels, cols // 8, 2, 4, PANEL).permute(0, 1, 2, 4, 3)  # [.., half, row, i]: k = 8j + 4 half + i
+        return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(panels, cols // 8, 64).contiguous()
+    q = (codes.view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+    return q.view(panels, cols // 4, 4, PANEL).transpose(2, 3).reshape(panels, cols // 4, 64).contiguous()
+
+
 def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
            layout: Layout, rows: int) -> torch.Tensor:
     """x [..., K] -> [..., rows] in x's dtype."""
@@ -121,7 +147,7 @@ def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: 
     m = x2.shape[0]
     y = torch.empty(m, rows)
     lib.qmm(x2.data_ptr(), m, codes.data_ptr(), scales.data_ptr(), offsets.data_ptr() if offsets is not None else None,
-            rows, cols, layout.bits, layout.group, layout.f16, layout.pairs_order, y.data_ptr(), rows,
+            rows, cols, layout.bits, layout.group, layout.f16, layout.order_code, y.data_ptr(), rows,
             torch.get_num_threads())
     if y.dtype != x.dtype:
         y = y.to(x.dtype)

@@ -45,19 +45,24 @@ class QuantWeight(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.name}, rows={self.rows}, cols={self.cols}" + (f", lead={self.lead}" if self.lead else "")
 
-    def pack_for_cpu(self, bf16: bool = False) -> None:
+    def pack_for_cpu(self, products: str = "float32") -> None:
+        """Repack the blocks for our CPU kernel; products (loader.products): "bfloat16" stores the codes in AMX tiles'
+        order where the CPU has them, "int8" four k's to a lane for products against 8-bit activations."""
         if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
         packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
         layout = packs[0][3]
-        # A bf16 engine's codes in the AMX tiles' order, where they run: all its products are then bf16's. Not an
-        # expert stack's: its one C call (cpu_moe.c) reads this layout, 1.45x the per-expert loop's speed at 1 to 16
-        # tokens (Q4_K, measured), so a MoE layer's experts stay fp32.
-        if bf16 and not self.lead and self.cols % 32 == 0 and native.enabled() and native.amx():
-            bits = cpu_native.paired_bits([p[0] for p in packs], layout.bits)
-            packs = [(cpu_native.pair_order(p[0], bits), *p[1:]) for p in packs]
-            layout = dataclasses.replace(layout, bits=bits, pairs_order=True)
+        # Not an expert stack's: its one C call (cpu_moe.c) reads the fp32 layout, 1.45x the per-expert loop's speed
+        # at 1 to 16 tokens (Q4_K, measured), so a MoE layer's experts stay fp32.
+        if not self.lead and self.cols % 32 == 0 and native.enabled():
+            if products == "bfloat16" and native.amx():  # every product bf16's, on the tiles
+                bits = cpu_native.paired_bits([p[0] for p in packs], layout.bits)
+                packs = [(cpu_native.pair_order(p[0], bits), *p[1:]) for p in packs]
+                layout = dataclasses.replace(layout, bits=bits, order="pairs")
+            elif products == "int8":
+                packs = [(cpu_native.quad_order(p[0], layout.bits), *p[1:]) for p in packs]
+                layout = dataclasses.replace(layout, order="quads")
         self.layout = layout
         for i, name in enumerate(("codes", "scales", "offsets")):
             if packs[0][i] is not None:

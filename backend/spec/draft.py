@@ -37,15 +37,15 @@ class DraftState:
 
 
 def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
-               bf16: bool = False):
+               products: str = "float32"):
     """The draft model's weights (loaded before the KV cache is sized, so its memory is counted), in the target's
-    dtype (its KV cache is made in it); bf16: its quantized layers' products as the target's (loader.bf16_products)."""
+    dtype (its KV cache is made in it), its quantized layers' products as the target's (loader.products)."""
     source = locate(model)
     config, reader = read_config(source)
     if config.vocab_size != target.vocab_size:
         raise ModelLoadError(f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
                              f"{target.vocab_size}; a draft must share the target's vocabulary")
-    return load_model(source, config, reader, dtype, device, max_model_len, bf16=bf16)
+    return load_model(source, config, reader, dtype, device, max_model_len, products=products)
 
 
 class DraftProposer:

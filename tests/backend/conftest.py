@@ -57,6 +57,28 @@ def prompts_of_lengths(*lengths: int, vocab: int = 400) -> list[list[int]]:
     return [[(i * 37 + n * 11) % (vocab - 3) + 3 for i in range(n)] for n in lengths]
 
 
+def assert_a_sequences_bits_kept(path, num_tokens: int, **settings) -> None:
+    """A sequence's tokens and logprobs are the same alone, decoding beside 4 others, and verifying its n-gram
+    drafts (runs of up to num_tokens + 1 rows), in an engine made with `settings`."""
+    from backend import LLM, SamplingParams
+
+    plain = LLM(str(path), block_size=8, **settings)
+    spec = LLM(str(path), block_size=8, **settings,
+               speculative={"method": "ngram", "num_tokens": num_tokens, "prompt_lookup_min": 1})
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
+    prompts = [[5], [9, 14], [21, 3, 8], [40], [7, 7]]  # 9 prompt rows, then 5 decode rows a step
+    together = [o.outputs[0] for o in plain.generate(prompts, params)]
+    for prompt, out in zip(prompts, together):
+        alone = plain.generate([prompt], params)[0].outputs[0]
+        assert (alone.token_ids, alone.logprobs) == (out.token_ids, out.logprobs)
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
+    repeating = [prompts_of_lengths(30)[0] * 2]  # the n-gram lookup finds its drafts
+    ours, theirs = spec.generate(repeating, greedy)[0].outputs[0], plain.generate(repeating, greedy)[0].outputs[0]
+    assert ours.token_ids == theirs.token_ids and ours.logprobs == theirs.logprobs  # the same bits
+    stats = spec.engine.stats()  # some runs of 7 rows or more (6 drafts a run on average, or more)
+    assert stats["spec_draft_tokens"] >= 6 * stats["spec_verifications"] > 0
+
+
 @pytest.fixture(scope="session")
 def smol_server(smollm2_path):
     """SmolLM2 behind the real server, shared by the tool-calling and Responses tests."""

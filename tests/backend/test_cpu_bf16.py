@@ -13,7 +13,7 @@ from backend import LLM, SamplingParams
 from backend.kernels import native
 from backend.quant import cpu_native
 from backend.quant.formats import BY_NAME
-from tests.backend.conftest import prompts_of_lengths
+from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -38,7 +38,7 @@ def pair_ordered(name: str, rows: int, cols: int, seed: int):
     codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     bits = cpu_native.paired_bits([codes], layout.bits)
     return raw, (cpu_native.pair_order(codes, bits), scales, offsets,
-                 dataclasses.replace(layout, bits=bits, pairs_order=True))
+                 dataclasses.replace(layout, bits=bits, order="pairs"))
 
 
 @needs_amx
@@ -105,9 +105,9 @@ def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
     bf16 = LLM(str(path), dtype="bfloat16", block_size=8)
     fp32 = LLM(str(path), dtype="float32", block_size=8)
     engine = bf16.engine
-    assert engine.bf16_products and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
+    assert engine.products == "bfloat16" and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
     layouts = [m.layout for m in engine.model.modules() if getattr(m, "layout", None) is not None]
-    assert {lay.pairs_order for lay in layouts} == {amx_cpu()}
+    assert {lay.order == "pairs" for lay in layouts} == {amx_cpu()}
     assert {lay.bits for lay in layouts} == ({4, 7, 8} if amx_cpu() else {4, 8})  # Q4_x; Q5_0, Q6_K; Q8_0
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
     for prompts in (prompts_of_lengths(12), prompts_of_lengths(*range(5, 25))):
@@ -123,21 +123,7 @@ def test_a_bfloat16_engine_keeps_a_sequences_bits_up_to_16_rows(tiny_gguf):
     """Steps of up to 16 rows feed the codes to the tiles, each row's sums in one order: a sequence's tokens and
     logprobs are the same alone, decoding beside 4 others, and verifying its drafts (runs of up to 16 rows)."""
     path, _ = tiny_gguf("llama")
-    plain = LLM(str(path), dtype="bfloat16", block_size=8)
-    spec = LLM(str(path), dtype="bfloat16", block_size=8,
-               speculative={"method": "ngram", "num_tokens": 15, "prompt_lookup_min": 1})
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
-    prompts = [[5], [9, 14], [21, 3, 8], [40], [7, 7]]  # 9 prompt rows, then 5 decode rows a step
-    together = [o.outputs[0] for o in plain.generate(prompts, params)]
-    for prompt, out in zip(prompts, together):
-        alone = plain.generate([prompt], params)[0].outputs[0]
-        assert (alone.token_ids, alone.logprobs) == (out.token_ids, out.logprobs)
-    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
-    repeating = [prompts_of_lengths(30)[0] * 2]  # the n-gram lookup finds its drafts
-    ours, theirs = spec.generate(repeating, greedy)[0].outputs[0], plain.generate(repeating, greedy)[0].outputs[0]
-    assert ours.token_ids == theirs.token_ids and ours.logprobs == theirs.logprobs  # the same bits
-    stats = spec.engine.stats()  # some runs of 7 rows or more (6 drafts a run on average, or more)
-    assert stats["spec_draft_tokens"] >= 6 * stats["spec_verifications"] > 0
+    assert_a_sequences_bits_kept(path, 15, dtype="bfloat16")
 
 
 def test_bfloat16_is_bf16_modules_for_a_gguf_without_quantized_layers(tiny_gguf):
@@ -145,7 +131,7 @@ def test_bfloat16_is_bf16_modules_for_a_gguf_without_quantized_layers(tiny_gguf)
     kinds = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     path, _ = tiny_gguf("llama", "f16", policy=dict.fromkeys(kinds, "F16"))
     engine = LLM(str(path), dtype="bfloat16", block_size=8).engine
-    assert not engine.bf16_products and engine.dtype == torch.bfloat16
+    assert engine.products == "float32" and engine.dtype == torch.bfloat16
     floats = {n: t for n, t in [*engine.model.named_parameters(), *engine.model.named_buffers()]
               if t.is_floating_point() and n != "cos_sin"}  # the rotary table is fp32 in every dtype
     assert floats and all(t.dtype == torch.bfloat16 for t in floats.values())

@@ -109,13 +109,13 @@ def test_a_bf16_engines_experts_stay_fp32_in_one_call(monkeypatch):
     module, _, _ = experts(("Q4_K", "Q8_0", "Q6_K"))
     fp32, _, _ = experts(("Q4_K", "Q8_0", "Q6_K"))
     for w, v in zip(module.weights(), fp32.weights()):
-        w.pack_for_cpu(bf16=True)
+        w.pack_for_cpu("bfloat16")
         v.pack_for_cpu()
-        assert w.layout == v.layout and not w.layout.pairs_order
+        assert w.layout == v.layout and w.layout.order == "panels"
     single = QuantWeight(BY_NAME["Q4_K"], 64, H, device="cpu")
     single.data.copy_(torch.from_numpy(random_raw("Q4_K", 64, H, seed=1)))
-    single.pack_for_cpu(bf16=True)
-    assert single.layout.pairs_order == native.amx()
+    single.pack_for_cpu("bfloat16")
+    assert (single.layout.order == "pairs") == native.amx()
     calls = []
     call = experts_module.QuantExperts._few_tokens
     monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1) or call(self, *a))

@@ -1,0 +1,154 @@
+"""8-bit activations on the CPU (activations="int8", cpu_int8.c): each row of x quantized per group of the weights'
+16 or 32 k's, codes times those integers summed exactly in int32, then scaled per group in fp32. Oracles: gguf-py's
+dequantized weights times x as quantized (float64), and the worst case of that quantization against x itself."""
+
+import argparse
+import re
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.engine_args import EngineArgs
+from backend.kernels import native
+from backend.quant import cpu_native
+from backend.quant.formats import BY_NAME
+from backend.server import serve
+from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths
+from tests.backend.quant_blocks import gguf_dequant, random_raw
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+
+FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"]
+
+
+def quad_ordered(name: str, rows: int, cols: int, seed: int):
+    raw = random_raw(name, rows, cols, seed=seed)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    quads = (cpu_native.quad_order(codes, layout.bits), scales, offsets, cpu_native.Layout(
+        layout.bits, layout.group, layout.f16, layout.offsets, order="quads"))
+    return raw, quads
+
+
+def quantized_x(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x's rows as the kernel quantizes them: per group, d = max |x| / 127 times round(x * 127 / max |x|)."""
+    g = x.view(x.shape[0], -1, group)
+    amax = g.abs().amax(-1, keepdim=True)
+    q = torch.round(g * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)))  # fp32, to nearest even
+    return (q.double() * (amax / 127.0).double()).view_as(x)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_int8_products_are_gguf_weights_times_x_quantized(name):
+    """Every format against gguf-py's weights: y = x quantized @ w.T up to fp32's rounding, and within the worst
+    case of 8-bit x of x @ w.T itself; a row's bits the same whatever the rows beside it (1 to 40 rows: few-row
+    tiles, tiles of up to 8)."""
+    cols, rows = 512, 101  # sums over 16 or 32 groups whose order shows; a part panel
+    raw, quads = quad_ordered(name, rows, cols, seed=11)
+    layout = quads[3]
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(1))
+    x[3, :7] = 0.0  # a group partly zero, and a whole zero group: d 0
+    x[4, 32:64] = 0.0
+    w = gguf_dequant(raw, name).double()
+    want = quantized_x(x, layout.group) @ w.T
+    ours = cpu_native.matmul(x, *quads, rows)
+    err = (ours.double() - want).abs().max()
+    assert err < 2e-6 * want.abs().max(), err
+    exact = x.double() @ w.T  # each x off by at most half its group's step, max |x| / 254
+    steps = (x.view(40, -1, layout.group).abs().amax(-1) / 254).double()
+    bound = steps @ w.abs().view(rows, -1, layout.group).sum(-1).T
+    assert ((ours.double() - exact).abs() <= bound + 1e-5).all()
+    assert (ours.double() - exact).abs().max() > 0  # x really was quantized
+    for m in (1, 2, 3, 5, 8, 9, 17, 33):
+        assert torch.equal(cpu_native.matmul(x[:m], *quads, rows), ours[:m]), m
+        assert torch.equal(cpu_native.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
+
+
+def test_int8_products_carry_nan_and_infinity():
+    """A NaN or an infinity in x makes its row's outputs NaN, as the fp32 kernel's would be; other rows unharmed."""
+    _, quads = quad_ordered("Q8_0", 64, 64, seed=2)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
+    clean = cpu_native.matmul(x, *quads, 64)
+    x[0, 5], x[2, 40] = float("nan"), float("inf")
+    y = cpu_native.matmul(x, *quads, 64)
+    assert y[0].isnan().all() and y[2].isnan().all() and torch.equal(y[1], clean[1])
+
+
+def test_quad_order_puts_four_ks_of_a_row_in_a_lane():
+    """Byte 4r + i of a panel's 64 bytes: 8-bit, row r's q at k = 4j + i plus 128; 4-bit, row r's q at k = 8j + i
+    in the low nibble and at 8j + 4 + i in the high one."""
+    for name, bits in (("Q4_1", 4), ("Q8_0", 8)):
+        cols = 64
+        codes, *_ = cpu_native.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
+        q = torch.cat([codes & 15, codes >> 4], dim=-1).int() if bits == 4 else codes.view(torch.int8).int()
+        quads = cpu_native.quad_order(codes, bits)
+        assert quads.dtype == torch.uint8 and quads.shape == (codes.shape[0], cols * bits // 32, 64)
+        for p, j, r, i in [(0, 0, 0, 0), (0, 1, 3, 2), (1, 5, 15, 3), (3, cols * bits // 32 - 1, 9, 1)]:
+            byte = int(quads[p, j, 4 * r + i])
+            if bits == 4:
+                assert (byte & 15, byte >> 4) == (int(q[p, 8 * j + i, r]), int(q[p, 8 * j + 4 + i, r]))
+            else:
+                assert byte == int(q[p, 4 * j + i, r]) + 128
+
+
+def test_an_int8_engine_on_the_cpu(tiny_gguf):
+    """activations="int8" on a GGUF: every dense layer's codes in quad order, every step in the one-call C loop, and
+    the next token's top logprobs within 8-bit activations' error of the fp32 engine's (itself exact against
+    transformers), the greedy token the fp32 one's but where the fp32 engine's top two are near a tie, for a lone
+    prompt and 20 at once."""
+    path, _ = tiny_gguf("llama")
+    int8 = LLM(str(path), activations="int8", block_size=8)
+    fp32 = LLM(str(path), block_size=8)
+    engine = int8.engine
+    assert engine.products == "int8" and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
+    assert {m.layout.order for m in engine.model.modules() if getattr(m, "layout", None) is not None} == {"quads"}
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=5)
+    for prompts in (prompts_of_lengths(12), prompts_of_lengths(*range(5, 25))):
+        ours = [o.outputs[0].logprobs[0] for o in int8.generate(prompts, first)]
+        theirs = [o.outputs[0].logprobs[0] for o in fp32.generate(prompts, first)]
+        gaps, same = [], 0
+        for a, b in zip(ours, theirs):
+            a, b = {t: lp.logprob for t, lp in a.items()}, {t: lp.logprob for t, lp in b.items()}
+            gaps += [abs(a[t] - b[t]) for t in a.keys() & b.keys()]
+            mine, best = max(a, key=a.get), max(b, key=b.get)  # a random model's flat logits: near ties happen
+            assert mine == best or b[best] - b.get(mine, -1e9) < 0.3, (a, b)
+            same += mine == best
+        assert 0 < max(gaps) < 0.4  # measured up to 0.23 (a random model: peaked logits, flat and near ties)
+        assert same >= 0.8 * len(prompts)
+
+
+def test_an_int8_engine_keeps_a_sequences_bits(tiny_gguf):
+    """A row's integer sums are exact and its scaling fixed: a sequence's tokens and logprobs are the same alone,
+    decoding beside 4 others, and verifying its drafts (runs of up to 17 rows, the most speculation makes)."""
+    path, _ = tiny_gguf("llama")
+    assert_a_sequences_bits_kept(path, 16, activations="int8")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"activations": "int4"}, "activations 'int4' is not supported; use float32 or int8"),
+    ({"activations": "int8", "dtype": "bfloat16"}, "dtype bfloat16 cannot go with it: leave dtype as auto"),
+    ({"activations": "int8", "quantization": "dequantize"}, "quantization='dequantize'); leave activations as float32"),
+])
+def test_int8_activations_refused_where_they_cannot_run(tiny_gguf, settings, message):
+    path, _ = tiny_gguf("llama")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        LLM(str(path), block_size=8, **settings)
+
+
+def test_int8_activations_need_quantized_blocks(tiny_gguf):
+    kinds = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    path, _ = tiny_gguf("llama", "f16", policy=dict.fromkeys(kinds, "F16"))
+    with pytest.raises(ValueError, match="it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants; leave activations"):
+        LLM(str(path), activations="int8", block_size=8)
+
+
+def test_the_server_flag_and_engine_args_carry_activations():
+    """--activations int8 reaches the engine's settings from the server's command line, as from EngineArgs; the
+    parser refuses anything but float32 and int8."""
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["--model", "smollm2", "--activations", "int8"])
+    assert serve._engine_config(args, "smollm2", 0.9).activations == "int8"
+    assert EngineArgs(model="smollm2", activations="int8").create_engine_config().activations == "int8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "smollm2", "--activations", "int4"])
