@@ -196,25 +196,46 @@ static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int N
     }
 }
 
+/* room for M rows of K in the calling thread's scratch (kept between calls); 0 where memory ran out */
+static int room(Rows *r, i64 M, i64 K, i64 groups) {
+    static __thread void *q_buf, *f_buf;
+    static __thread size_t q_size, f_size;
+    float *f = grown(&f_buf, &f_size, (size_t)(M * groups) * 3 * sizeof(float));
+    *r = (Rows){grown(&q_buf, &q_size, (size_t)(M * K)), f, f + M * groups, (int32_t *)(f + 2 * M * groups), K,
+                groups};
+    return M == 0 || (r->q && f);
+}
+
+/* Up to this many rows (a decode step, a short verification) each thread quantizes x for itself: a few hundred
+ * values a row, cheaper than the barrier a shared copy needs before any thread may read it. */
+#define OWN_ROWS 4
+
 /* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4 or 8); 0 where memory ran out */
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    static __thread void *q_buf, *f_buf;
-    static __thread size_t q_size, f_size;
-    const i64 groups = K / group;
-    Rows rows = {grown(&q_buf, &q_size, (size_t)(M * K)), NULL, NULL, NULL, K, groups};
-    float *f = grown(&f_buf, &f_size, (size_t)(M * groups) * 3 * sizeof(float));
-    if (M > 0 && (!rows.q || !f)) return 0;
-    rows.d = f, rows.dsum = f + M * groups, rows.bias = (int32_t *)(f + 2 * M * groups);
+    Rows shared;
+    if (M > OWN_ROWS && !room(&shared, M, K, K / group)) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     const int NC = M <= MAX_ROWS ? PANELS_FOR(M) : 1;
     const i64 tiles = ((N + PANEL - 1) / PANEL + NC - 1) / NC;
+    int ran = 1;
 #pragma omp parallel num_threads(threads)
     {
+        Rows own, *rows = &shared;
+        if (M <= OWN_ROWS) {
+            rows = room(&own, M, K, K / group) ? &own : NULL;
+            for (i64 m = 0; rows && m < M; m++) quantize_row(x, m, group, bits, rows);
+        } else {
 #pragma omp for schedule(static)
-        for (i64 m = 0; m < M; m++) quantize_row(x, m, group, bits, &rows);
+            for (i64 m = 0; m < M; m++) quantize_row(x, m, group, bits, rows);
+        }
+        if (!rows) {
+#pragma omp atomic write
+            ran = 0;
+        }
 #pragma omp for schedule(static)
-        for (i64 t = 0; t < tiles; t++) panel_rows(&w, &rows, t * NC, M, NC, y, ldy, N);
+        for (i64 t = 0; t < tiles; t++)
+            if (rows) panel_rows(&w, rows, t * NC, M, NC, y, ldy, N);
     }
-    return 1;
+    return ran;
 }
