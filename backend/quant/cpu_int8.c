@@ -58,6 +58,10 @@ typedef struct {
 
 /* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
  * either way: a max, products and integer sums do not depend on the order they are taken in) */
+/* Groups whose max |x| is below 2^-64 are scaled up by 2^64 before 127 / max |x| (which would overflow below
+ * 127 / FLT_MAX): exact, and the same codes the unscaled arithmetic gives wherever it does not overflow. */
+#define UP(amax) ((amax) < 0x1p-64f ? 0x1p64f : 1.0f)
+
 INLINE float group_codes(const float *xg, i64 group, int8_t *q, int32_t *total) {
     float amax = 0.0f;
     int32_t sum = 0, bad = 0;
@@ -69,10 +73,10 @@ INLINE float group_codes(const float *xg, i64 group, int8_t *q, int32_t *total) 
         m = _mm512_max_ps(m, a);
     }
     amax = _mm512_reduce_max_ps(m);
-    const float inv = amax > 0.0f && !bad ? 127.0f / amax : 0.0f;
+    const float up = UP(amax), inv = amax > 0.0f && !bad ? 127.0f / (amax * up) : 0.0f;
     __m512i t = _mm512_setzero_si512();
     for (i64 k = 0; k < group; k += 16) {
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xg + k), _mm512_set1_ps(inv));
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xg + k), _mm512_set1_ps(up)), _mm512_set1_ps(inv));
         __m512i c = _mm512_cvtps_epi32(v); /* to nearest even; NaN -> INT_MIN: zeroed */
         c = _mm512_mask_mov_epi32(_mm512_setzero_si512(), _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), c);
         _mm_storeu_si128((__m128i *)(q + k), _mm512_cvtepi32_epi8(c));
@@ -84,9 +88,9 @@ INLINE float group_codes(const float *xg, i64 group, int8_t *q, int32_t *total) 
         bad |= !(fabsf(xg[k]) <= 3.4028235e38f);
         amax = fabsf(xg[k]) > amax ? fabsf(xg[k]) : amax;
     }
-    const float inv = amax > 0.0f && !bad ? 127.0f / amax : 0.0f;
+    const float up = UP(amax), inv = amax > 0.0f && !bad ? 127.0f / (amax * up) : 0.0f;
     for (i64 k = 0; k < group; k++) {
-        float v = xg[k] * inv;
+        float v = xg[k] * up * inv;
         int c = v == v ? (int)nearbyintf(v) : 0;
         q[k] = (int8_t)c;
         sum += c;
@@ -191,6 +195,9 @@ static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int N
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
         CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1) CASE(8, 1)
 #undef CASE
+        default: /* no such tile (PANELS_FOR and MAX_ROWS make none): say so in y rather than leave it unwritten */
+            for (i64 r = m0; r < m0 + MR; r++)
+                for (i64 c = p * PANEL; c < (p + NC) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
         }
         m0 += MR;
     }

@@ -34,7 +34,8 @@ def quantized_x(x: torch.Tensor, group: int) -> torch.Tensor:
     """x's rows as the kernel quantizes them: per group, d = max |x| / 127 times round(x * 127 / max |x|)."""
     g = x.view(x.shape[0], -1, group)
     amax = g.abs().amax(-1, keepdim=True)
-    q = torch.round(g * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)))  # fp32, to nearest even
+    inv = torch.div(torch.full_like(amax, 127.0), amax)  # a true division, as the kernel's (127.0 / t is not)
+    q = torch.round(g * torch.where(amax > 0, inv, torch.zeros_like(amax)))  # fp32, to nearest even
     return (q.double() * (amax / 127.0).double()).view_as(x)
 
 
@@ -62,6 +63,20 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
     for m in (1, 2, 3, 5, 8, 9, 17, 33):
         assert torch.equal(cpu_native.matmul(x[:m], *quads, rows), ours[:m]), m
         assert torch.equal(cpu_native.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
+
+
+def test_int8_products_of_tiny_activations():
+    """Rows of x far below 1 (down to denormals) are quantized as the same rows scaled by a power of two would be:
+    y within fp32's rounding of x quantized @ w.T (and its denormals' spacing, 1.4e-45), not garbage from
+    127 / max |x| overflowing (before: 1.2e-37 off for the 1e-37 row)."""
+    raw, quads = quad_ordered("Q4_K", 64, 256, seed=5)
+    scales = torch.tensor([[1e-20], [1e-30], [1e-37], [1e-42]])
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(6)) * scales
+    w = gguf_dequant(raw, "Q4_K").double()
+    want = quantized_x(x * 2.0**64, quads[3].group) / 2.0**64 @ w.T
+    ours = cpu_native.matmul(x, *quads, 64).double()
+    err = (ours - want).abs().amax(1)
+    assert (err < 2e-6 * want.abs().amax(1) + 1e-40).all(), err
 
 
 def test_int8_products_carry_nan_and_infinity():
