@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]  # the CPU's choices of kv_cache_dtype (loader.pick_kv_dtype)
-ACTIVATIONS = ["float32", "int8"]  # what the CPU's quantized matmuls multiply the codes by (loader.products)
+KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]  # the CPU's choices of kv_cache_dtype (arithmetic.pick_kv_dtype)
+ACTIVATIONS = ["float32", "int8"]  # what the CPU's quantized matmuls multiply the codes by (arithmetic.products)
 
 
 @dataclass
@@ -12,8 +12,8 @@ class EngineConfig:
     tokenizer: str | None = None  # a Hugging Face directory with the tokenizer; None: the model's own
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
-    kv_cache_dtype: str = "auto"  # the model's; on the CPU float16 or bfloat16 halve the cache (loader.pick_kv_dtype)
-    # CPU, a GGUF kept in its blocks: "int8" quantizes x per group for integer products, as llama.cpp (loader.products)
+    kv_cache_dtype: str = "auto"  # the model's; on the CPU float16 or bfloat16 halve the cache (arithmetic.pick_kv_dtype)
+    # CPU, a GGUF kept in its blocks: "int8" quantizes x per group for integer products, as llama.cpp (arithmetic.products)
     activations: str = "float32"
     max_num_seqs: int = 64
     max_n: int = 16  # sequences one request may ask for (its n)

@@ -14,12 +14,10 @@ our quantized path (fp32 and int8 activations) vs our fp32 path vs transformers 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -118,97 +116,6 @@ def time_to_first_token(llm: LLM, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
-# Quantized weights: SmolLM2's Q4_1 file and a Q8_0 conversion of it ---------------------------------------
-
-def q8_0_copy(path: Path) -> Path:
-    """The same model with every quantized tensor requantized to Q8_0 (metadata copied), cached."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-
-    from backend.home import cache_dir
-
-    out = cache_dir() / "bench" / path.name.replace("Q4_1", "Q8_0")
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(str(path))
-    writer = gguf.GGUFWriter(str(out) + ".partial", reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for t in reader.tensors:
-        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            writer.add_tensor(t.name, np.asarray(t.data))
-        else:
-            writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), q8), raw_dtype=q8)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    Path(str(out) + ".partial").replace(out)
-    return out
-
-
-def llama_cpp_rates(path: Path, prompts: list[list[int]], new_tokens: int,
-                    python: str | None) -> tuple[float | None, float | None]:
-    """llama.cpp on the same file, run by llama-cpp-python in its own venv (bench/llama_cpp_peer.py); None
-    without one."""
-    if not python:
-        return None, None
-    job = {"model": str(path), "prompts": prompts, "new_tokens": new_tokens, "threads": torch.get_num_threads()}
-    peer = Path(__file__).resolve().parent / "llama_cpp_peer.py"
-    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
-    rates = json.loads(done.stdout)
-    return rates["single_tok_s"], rates["batch_tok_s"]
-
-
-def quantized_rows(args) -> dict:
-    """Our quantized path vs our fp32 path vs transformers fp32 (vs llama.cpp), batch 1 and concurrent."""
-    from transformers import AutoModelForCausalLM
-
-    q4 = pull("smollm2", quiet=True)
-    row: dict = {"bench": "engine-quantized", "model": "smollm2-135m", "device": "cpu",
-                 "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "batch": args.concurrency}
-    for label, path in (("q4_1", q4), ("q8_0", q8_0_copy(q4))):
-        ours = LLM(str(path), max_num_seqs=max(64, args.concurrency))
-        tokenizer = ours.tokenizer
-        single = [make_prompt(tokenizer, 32, 0)]
-        batch = [make_prompt(tokenizer, 32, salt) for salt in range(1, args.concurrency + 1)]
-        total = args.new_tokens * args.concurrency
-        rates = {}
-        for name, settings in (("quantized", None), ("int8", {"activations": "int8"}),
-                               ("fp32", {"quantization": "dequantize"})):
-            llm = ours if settings is None else LLM(str(path), max_num_seqs=max(64, args.concurrency), **settings)
-            ours_generate(llm, single, 8)
-            rates[name] = (args.new_tokens / best(ours_generate, llm, single, args.new_tokens),
-                           total / best(ours_generate, llm, batch, args.new_tokens))
-            del llm
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        hf_generate(hf, single, 8, pad)
-        rates["transformers"] = (args.new_tokens / best(hf_generate, hf, single, args.new_tokens, pad),
-                                 total / best(hf_generate, hf, batch, args.new_tokens, pad))
-        rates["llama_cpp"] = llama_cpp_rates(path, [single[0]] + batch, args.new_tokens, args.llama_cpp_python)
-        for name, (one, many) in rates.items():
-            row[f"{label}_{name}_single_tok_s"] = None if one is None else round(one, 2)
-            row[f"{label}_{name}_batch_tok_s"] = None if many is None else round(many, 2)
-        q, t = rates["quantized"], rates["transformers"]
-        row[f"{label}_single_vs_transformers"] = round(q[0] / t[0], 2)
-        row[f"{label}_batch_vs_transformers"] = round(q[1] / t[1], 2)
-        row[f"{label}_single_vs_fp32"] = round(q[0] / rates["fp32"][0], 2)
-        row[f"{label}_decode_step_split"] = decode_split(ours, single[0], 1000 / q[0])
-        if rates["llama_cpp"][0] is not None:
-            for name in ("quantized", "int8"):
-                row[f"{label}_{name}_single_vs_llama_cpp"] = round(rates[name][0] / rates["llama_cpp"][0], 2)
-    return row
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -220,6 +127,8 @@ def main() -> None:
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
     args = parser.parse_args()
     if args.quantized:
+        from engine_quantized import quantized_rows  # bench/, beside this script
+
         print(json.dumps(quantized_rows(args)))
         return
 

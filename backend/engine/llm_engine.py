@@ -12,6 +12,7 @@ import threading
 
 import torch
 
+from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.admission import Limits, chat_prompt_ids
@@ -31,7 +32,7 @@ from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
-from backend.loader import load_model, load_tokenizer, locate, pick_dtype, products, read_config
+from backend.loader import load_model, load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.memory import host_expert_bytes, loaded_recipe, module_bytes, weight_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params

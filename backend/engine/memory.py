@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.arithmetic import pick_kv_dtype
 from backend.config import EngineConfig
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
-from backend.loader import pick_kv_dtype
 from backend.model_config import ModelConfig
 from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams

@@ -10,12 +10,12 @@ whatever the number of rows (batch-invariant). Scales are kept in fp16 where tha
 fp16 block scales: Q4_x, Q5_x, Q8_0), so Q4_1 reads 5 bits a weight, as in the file; the K-quants' composed
 scales need fp32 (6 bits a weight for Q4_K).
 
-A bfloat16 engine (loader.products) on a CPU with AMX tiles stores the codes in the tiles' pair order instead
+A bfloat16 engine (arithmetic.products) on a CPU with AMX tiles stores the codes in the tiles' pair order instead
 (pair_order), and every matmul multiplies in bf16 on the tiles, summing in fp32: up to 16 rows fed the codes
 themselves (cpu_amx_codes.c: faster than fp32 from one row, and a verification row nearly free), more from weights
 rounded to bf16 (cpu_amx.c). Without AMX a bfloat16 engine keeps this layout and fp32.
 
-An engine with 8-bit activations (activations="int8", loader.products) stores the codes four k's to a 32-bit lane
+An engine with 8-bit activations (activations="int8", arithmetic.products) stores the codes four k's to a 32-bit lane
 (quad_order), and every matmul quantizes x's rows per group to int8 and sums codes times them in int32
 (cpu_int8.c): llama.cpp's arithmetic, 4x the multiply-adds of fp32 an instruction with AVX-512 VNNI.
 

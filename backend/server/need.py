@@ -6,9 +6,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from backend.arithmetic import pick_dtype
 from backend.config import EngineConfig
 from backend.engine.memory import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
-from backend.loader import locate, pick_dtype, read_config
+from backend.loader import locate, read_config
 from backend.spec.config import SpeculativeConfig
 
 

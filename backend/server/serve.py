@@ -152,7 +152,8 @@ def serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from backend.loader import locate, pick_dtype
+    from backend.arithmetic import pick_dtype
+    from backend.loader import locate
     from backend.server.app import build_app
     from backend.server.registry import Budget
     from backend.spec.config import SpeculativeConfig

@@ -39,7 +39,7 @@ class DraftState:
 def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
                products: str = "float32"):
     """The draft model's weights (loaded before the KV cache is sized, so its memory is counted), in the target's
-    dtype (its KV cache is made in it), its quantized layers' products as the target's (loader.products)."""
+    dtype (its KV cache is made in it), its quantized layers' products as the target's (arithmetic.products)."""
     source = locate(model)
     config, reader = read_config(source)
     if config.vocab_size != target.vocab_size:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
+from backend.arithmetic import pick_kv_dtype
 from backend.kernels import native
 from backend.kernels.attention import decode_attention, prefill_attention, verify_attention
-from backend.loader import pick_kv_dtype
 from tests.backend.conftest import prompts_of_lengths
 from tests.backend.test_kernels import dense_attention, impl, paged_contexts  # noqa: F401 (impl: a fixture)
 
