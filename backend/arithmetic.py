@@ -74,8 +74,9 @@ def products(dtype: torch.dtype, device: torch.device, reader, quantization: str
             raise ValueError(f"activations='int8' is for the CPU's kernels; on {device.type} leave activations as "
                              "float32")
         if dtype != torch.float32:
-            raise ValueError(f"activations='int8' runs fp32 around the matmuls; dtype {str(dtype).removeprefix('torch.')} cannot go "
-                             "with it: leave dtype as auto (or float32)")
+            name = str(dtype).removeprefix("torch.")
+            raise ValueError(f"activations='int8' runs fp32 around the matmuls; dtype {name} cannot go with it: "
+                             "leave dtype as auto (or float32)")
         if not blocks:
             what = ("its weights are expanded at load (quantization='dequantize')" if quantization == "dequantize"
                     else "it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants")

@@ -12,8 +12,10 @@ class EngineConfig:
     tokenizer: str | None = None  # a Hugging Face directory with the tokenizer; None: the model's own
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"
-    kv_cache_dtype: str = "auto"  # the model's; on the CPU float16 or bfloat16 halve the cache (arithmetic.pick_kv_dtype)
-    # CPU, a GGUF kept in its blocks: "int8" quantizes x per group for integer products, as llama.cpp (arithmetic.products)
+    # the model's; on the CPU float16 or bfloat16 halve the cache (arithmetic.pick_kv_dtype)
+    kv_cache_dtype: str = "auto"
+    # CPU, a GGUF kept in its blocks: "int8" quantizes x per group for integer products, as llama.cpp does
+    # (arithmetic.products)
     activations: str = "float32"
     max_num_seqs: int = 64
     max_n: int = 16  # sequences one request may ask for (its n)

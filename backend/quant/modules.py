@@ -46,8 +46,8 @@ class QuantWeight(nn.Module):
         return f"{self.name}, rows={self.rows}, cols={self.cols}" + (f", lead={self.lead}" if self.lead else "")
 
     def pack_for_cpu(self, products: str = "float32") -> None:
-        """Repack the blocks for our CPU kernel; products (arithmetic.products): "bfloat16" stores the codes in AMX tiles'
-        order where the CPU has them, "int8" four k's to a lane for products against 8-bit activations."""
+        """Repack the blocks for our CPU kernel; products (arithmetic.products): "bfloat16" stores the codes in AMX
+        tiles' order where the CPU has them, "int8" four k's to a lane for products against 8-bit activations."""
         if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
