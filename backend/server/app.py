@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 
 from backend.config import EngineConfig
 from backend.engine.embedding import POOLING
+from backend.server.auth import APIKey
 from backend.server.chat import create_chat_completion
 from backend.server.completions import create_completion
 from backend.server.embeddings import (
@@ -23,6 +24,8 @@ from backend.server.embeddings import (
 )
 from backend.server.errors import APIError
 from backend.server.limits import BodyLimit
+from backend.server.messages import count_tokens, create_message
+from backend.server.messages_shapes import CountTokensRequest, MessagesRequest
 from backend.server.metrics import ServerMetrics
 from backend.server.protocol import ChatRequest, CompletionRequest, now
 from backend.server.registry import Budget, ModelRegistry
@@ -38,13 +41,15 @@ MAX_BODY_BYTES = 4 << 20  # a 128k-token prompt is ~0.5 MB of text; more is a mi
 def build_app(config: EngineConfig, served_model_name: str | None = None,
               on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True,
               max_body_bytes: int = MAX_BODY_BYTES, tool_call_parser: str | None = None,
-              more_models: Sequence[tuple[str, EngineConfig]] = (), budget: Budget | None = None) -> FastAPI:
-    """config is the default model's (loaded at start-up); more_models are (name, config) loaded on first use."""
+              more_models: Sequence[tuple[str, EngineConfig]] = (), budget: Budget | None = None,
+              api_key: str | None = None, model_aliases: Sequence[tuple[str, str]] = ()) -> FastAPI:
+    """config is the default model's (loaded at start-up); more_models are (name, config) loaded on first use;
+    model_aliases are (pattern, name): a request for a model no name matches takes the first pattern's."""
     registry: ModelRegistry | None = None
     metrics = ServerMetrics(lambda: {s.served_model_name: s.stats() for s in registry.states})
     states = [ServerState(c, name, tool_call_parser, metrics)
               for name, c in [(served_model_name or config.model, config), *more_models]]
-    registry = ModelRegistry(states, budget or Budget(), metrics, on_load_error)
+    registry = ModelRegistry(states, budget or Budget(), metrics, on_load_error, model_aliases)
     state = registry.default
 
     @asynccontextmanager
@@ -58,31 +63,43 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     app.state.server = state  # the default model's
     app.state.registry = registry
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(APIKey, key=api_key)
+
+    def answer(request: Request, e: APIError) -> JSONResponse:
+        """The error in the shape of the API asked: Anthropic's on the Messages API, OpenAI's elsewhere."""
+        body = e.anthropic_body() if request.url.path.startswith("/v1/messages") else e.body()
+        return JSONResponse(body, status_code=e.status, headers=e.headers)
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+    async def api_error(request: Request, e: APIError):
+        return answer(request, e)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError):
+    async def validation_error(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
             message = f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})"
-            return JSONResponse(APIError(400, message).body(), status_code=400)
+            return answer(request, APIError(400, message))
         loc = [p for p in first.get("loc", ()) if p != "body"]
         param = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
         message = f"{param}: {first['msg']}" if param else first["msg"]
-        return JSONResponse(APIError(400, message, param=param or None).body(), status_code=400)
+        return answer(request, APIError(400, message, param=param or None))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, e: HTTPException):
+    async def http_error(request: Request, e: HTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(e.status_code, str(e.detail), type=kind).body(), status_code=e.status_code)
+        return answer(request, APIError(e.status_code, str(e.detail), type=kind))
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
+    async def internal_error(request: Request, e: Exception):
         log.exception("internal error")
-        return JSONResponse(APIError(500, f"internal error: {e}", type="internal_error").body(), status_code=500)
+        return answer(request, APIError(500, f"internal error: {e}", type="internal_error"))
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root():  # clients (Claude Code) probe the base URL before their first request
+        return {"name": "Scriptorium backend", "apis": ["/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                                       "/v1/messages", "/v1/embeddings", "/v1/models"]}
 
     @app.get("/health")
     async def health():
@@ -161,6 +178,14 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
         return await use(req.model, lambda s: create_response(s, req, request))
+
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest, request: Request):
+        return await use(req.model, lambda s: create_message(s, req, request))
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(req: CountTokensRequest):
+        return await use(req.model, lambda s: count_tokens(s, req))
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest):

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.prompts import budget, chat_prompt, check_guided, check_limits
 from backend.server.protocol import (
@@ -57,24 +58,34 @@ def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str 
             finish_reason(reason, True))
 
 
-async def prepare(state: ServerState, req: ChatRequest):
-    """The engine, the prompt's token ids, the sampling settings and the tool reading of a chat request."""
+async def templated(engine: AsyncEngine, req: ChatRequest) -> tuple[ToolSpec | None, list[int]]:
+    """The request's tools, checked, and its prompt's token ids through the chat template."""
+    spec = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
+    messages = chat_messages(req)
+    check_history(messages)
+    template = getattr(engine.engine.tokenizer, "chat_template", None)
+    messages, template_tools = template_input(messages, spec, template)
+    return spec, await chat_prompt(engine.engine, messages, template_tools)
+
+
+async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = False):
+    """The engine, the prompt's token ids, the sampling settings and the tool reading of a chat request.
+    cap_to_context: a token limit past the context is cut to what the context leaves (Anthropic's max_tokens
+    is a ceiling that clients set for the largest models), where chat's is a 400."""
     engine = state.ready_engine()
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    spec = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
-    messages = chat_messages(req)
-    check_history(messages)
+    spec, prompt = await templated(engine, req)
     tokenizer = engine.engine.tokenizer
-    messages, template_tools = template_input(messages, spec, getattr(tokenizer, "chat_template", None))
-    prompt = await chat_prompt(engine.engine, messages, template_tools)
     name = parser_name(state.tool_call_parser, getattr(tokenizer, "chat_template", None),
                        engine.engine.model_config.architecture)
     tools = ChatTools(spec, name, keeps_special_tokens(spec, name, tokenizer), tokenizer)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    if cap_to_context and requested is not None:
+        requested = min(requested, max(1, engine.engine.max_model_len - len(prompt)))
     allowed = budget(engine.engine, len(prompt), requested, which, "messages")
     guided = spec.guided_json() if spec is not None else None
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,

@@ -37,7 +37,20 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CommonRequest(BaseModel):
+class UnicodeBody(BaseModel):
+    """A request body whose every string is valid Unicode (a 400 naming the first one that is not)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data):
+        where = _lone_surrogate(data, "")
+        if where:
+            raise ValueError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
+                             "valid Unicode text; send UTF-8 text")
+        return data
+
+
+class CommonRequest(UnicodeBody):
     model_config = ConfigDict(extra="allow")  # fields we do not use (user, metadata, ...) are accepted
 
     model: str | None = None
@@ -59,15 +72,6 @@ class CommonRequest(BaseModel):
     ignore_eos: bool = False
     guided_json: dict | str | None = None
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_text(cls, data):
-        where = _lone_surrogate(data, "")
-        if where:
-            raise ValueError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), which is not "
-                             "valid Unicode text; send UTF-8 text")
-        return data
 
 
 class CompletionRequest(CommonRequest):

@@ -3,11 +3,12 @@ unloaded when the next does not fit the budget (a count of loaded models, and by
 cache together). All engines live in this one process; an unloaded model's memory is freed outright."""
 
 import asyncio
+import fnmatch
 import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +61,9 @@ def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:
 
 class ModelRegistry:
     def __init__(self, states: list[ServerState], budget: Budget, metrics: ServerMetrics,
-                 on_default_error: Callable[[str], None] | None = None):
+                 on_default_error: Callable[[str], None] | None = None, aliases: Sequence[tuple[str, str]] = ()):
         self.states = states  # the first is the default: loaded at start-up, and used when a request names none
+        self.aliases = list(aliases)  # (pattern, served name): for names that name no model
         self.budget = budget
         self.metrics = metrics
         self.on_default_error = on_default_error
@@ -82,8 +84,12 @@ class ModelRegistry:
         for state in self.states:
             if state.answers_to(name):
                 return state
+        for pattern, target in self.aliases:
+            if fnmatch.fnmatchcase(name, pattern):
+                return self.find(target)
         served = ", ".join(f"`{s.served_model_name}`" for s in self.states)
-        raise APIError(404, f"The model `{name}` does not exist; this server serves {served}.", param="model",
+        raise APIError(404, f"The model `{name}` does not exist; this server serves {served} (--model-alias maps "
+                       "other names onto them).", param="model",
                        code="model_not_found")
 
     async def acquire(self, name: str | None) -> ServerState:

@@ -1,9 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API (what Codex and the OpenAI Agents SDK speak), on the chat path.
 
 A request becomes a chat request (instructions as the system message, input items as messages: a
-function_call item as an assistant tool call, a function_call_output item as a tool message), runs
-through the same template, grammar and parsers, and comes back as output items: a message with
-output_text, and function_call items. Nothing is stored: `store` is accepted and nothing is kept, so
+function_call or custom_tool_call item as an assistant tool call, their outputs as tool messages; tools
+as responses_tools.py lays them out), runs through the same template, grammar and parsers, and comes
+back as output items: a message with output_text, function_call and custom_tool_call items. Nothing is stored: `store` is accepted and nothing is kept, so
 previous_response_id is a 400.
 """
 
@@ -24,6 +24,7 @@ from backend.server.responses_shapes import (
     response_usage,
 )
 from backend.server.responses_stream import stream_response
+from backend.server.responses_tools import ToolNames, chat_tool_choice, chat_tools, history_call
 from backend.server.state import ServerState
 from backend.server.streams import collect, until_disconnect
 
@@ -57,12 +58,13 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
         if not isinstance(item, dict):
             raise APIError(400, f"{where} must be an object", param=where)
         kind = item.get("type", "message")
-        if kind == "function_call":
-            for key in ("call_id", "name", "arguments"):
+        if kind in ("function_call", "custom_tool_call"):
+            needed = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "name", "input")
+            for key in needed:
                 if not isinstance(item.get(key), str):
                     raise APIError(400, f"{where}.{key} is required (a string)", param=f"{where}.{key}")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            name, arguments = history_call(item)
+            call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}}
             if calls_open:
                 messages[-1]["tool_calls"].append(call)
                 origin[-1].append(where)
@@ -75,39 +77,26 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
         if kind == "message":
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
-            messages.append({"role": item["role"], "content": _text(item.get("content", ""), f"{where}.content")})
-        elif kind == "function_call_output":
+            text = _text(item.get("content", ""), f"{where}.content")
+            role = "system" if item["role"] == "developer" else item["role"]
+            if role == "system" and messages and messages[-1]["role"] == "system":
+                # Codex sends its instructions as several developer messages; templates want one system message
+                messages[-1]["content"] += "\n\n" + text
+                continue
+            messages.append({"role": role, "content": text})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
         elif kind == "reasoning":
             continue  # a local model's reasoning is in its text; nothing to hand back
         else:
-            raise APIError(400, f"{where}.type {kind!r} is not supported; use message, function_call or "
-                           "function_call_output", param=f"{where}.type")
+            raise APIError(400, f"{where}.type {kind!r} is not supported; use message, function_call, "
+                           "function_call_output, custom_tool_call or custom_tool_call_output", param=f"{where}.type")
         origin.append([where])
     if not messages:
         raise APIError(400, "input is empty", param="input")
     return messages, origin
-
-
-def _tools(req: ResponsesRequest) -> list[dict] | None:
-    if req.tools is None:
-        return None
-    out = []
-    for i, tool in enumerate(req.tools):
-        if tool.get("type") != "function":
-            raise APIError(400, f"tools[{i}].type: only function tools are supported, got {tool.get('type')!r}",
-                           param=f"tools[{i}].type")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice):
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
 
 
 def _response_format(text: dict | None) -> dict | None:
@@ -143,7 +132,9 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
         raise APIError(400, "previous_response_id is not supported: this server keeps no responses (store is "
                        "ignored); send the whole conversation as input", param="previous_response_id")
     messages, origin = to_messages(req)
-    chat = {"model": req.model, "messages": messages, "tools": _tools(req), "tool_choice": _tool_choice(req.tool_choice),
+    tools, names = chat_tools(req.tools)
+    chat = {"model": req.model, "messages": messages, "tools": tools,
+            "tool_choice": chat_tool_choice(req.tool_choice, names, tools),
             "parallel_tool_calls": req.parallel_tool_calls, "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
             "response_format": _response_format(req.text)}
@@ -153,7 +144,7 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
         except ValidationError as e:
             param = _validation_param(e)
             raise APIError(400, f"{param}: {e.errors()[0]['msg']}", param=param) from None
-        return await prepare(state, chat_req)
+        return *await prepare(state, chat_req), names
     except APIError as e:
         param = _param(e.param, origin)
         if param != e.param:  # the message names the chat request's field
@@ -161,28 +152,27 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
         raise
 
 
-def output_items(tools: ChatTools, text: str, reason: str | None) -> list[dict]:
+def output_items(tools: ChatTools, names: ToolNames, text: str, reason: str | None) -> list[dict]:
     msg, _ = message(tools, text, reason)
     status = "incomplete" if reason == "length" else "completed"
     items = []
     if msg.get("content"):
         items.append(message_item(new_item_id("msg"), msg["content"], status))
     for call in msg.get("tool_calls") or []:
-        items.append({"type": "function_call", "id": new_item_id("fc"), "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": "completed"})
+        fn = call["function"]
+        items.append(names.item(call["id"], new_item_id("fc"), fn["name"], fn["arguments"], "completed"))
     return items
 
 
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request):
-    engine, prompt, params, tools = await prepare_response(state, req)
+    engine, prompt, params, tools, names = await prepare_response(state, req)
     rid, created = new_item_id("resp"), time.time()
     gen = engine.generate(rid, prompt, params)
     if req.stream:
-        return stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools)
+        return stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     status = "incomplete" if c.finish_reason == "length" else "completed"
     return response_body(req, rid, state.served_model_name, created, status,
-                         output_items(tools, c.text, c.finish_reason),
+                         output_items(tools, names, c.text, c.finish_reason),
                          response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens))

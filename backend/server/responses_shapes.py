@@ -2,10 +2,12 @@
 
 import uuid
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from backend.server.protocol import UnicodeBody
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(UnicodeBody):
     model_config = ConfigDict(extra="allow")  # metadata, user, reasoning, include, truncation, ...
 
     model: str | None = None

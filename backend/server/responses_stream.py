@@ -3,7 +3,8 @@
 response.created, response.in_progress; per output item: response.output_item.added, then for a message
 response.content_part.added, response.output_text.delta..., response.output_text.done,
 response.content_part.done, or for a function call response.function_call_arguments.delta...,
-response.function_call_arguments.done; response.output_item.done; then response.completed (or
+response.function_call_arguments.done, or for a custom tool call (once its input is whole)
+response.custom_tool_call_input.delta and .done; response.output_item.done; then response.completed (or
 response.incomplete when max_output_tokens cut it short). An error after the stream began is an `error`
 event. Each event carries its sequence_number.
 """
@@ -16,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from backend.server.errors import APIError
 from backend.server.responses_shapes import message_item, new_item_id, response_body, response_usage
+from backend.server.responses_tools import ToolNames
 from backend.server.tools.output import ToolCallStream
 from backend.server.tools.parsers import ToolParser
 
@@ -35,8 +37,8 @@ class _Events:
 class _Output:
     """The output items as they are built: at most one open at a time (a message, or a function call)."""
 
-    def __init__(self, emit: _Events):
-        self.emit, self.message_item, self.new_id = emit, message_item, new_item_id
+    def __init__(self, emit: _Events, names: ToolNames):
+        self.emit, self.message_item, self.new_id, self.names = emit, message_item, new_item_id, names
         self.items: list[dict] = []
         self.open: dict | None = None
         self.calls: dict[int, dict] = {}  # the parser's call index -> its item
@@ -61,16 +63,20 @@ class _Output:
         out = []
         if "id" in piece:  # a new call
             out += self.close()
-            self.open = {"type": "function_call", "id": self.new_id("fc"), "call_id": piece["id"],
-                         "name": piece["function"]["name"], "arguments": "", "status": "in_progress"}
+            name = piece["function"]["name"]
+            if self.names.is_custom(name):  # its input is known once its arguments are whole: sent at close
+                self.open = {"type": "_custom", "call_id": piece["id"], "name": name, "arguments": ""}
+            else:
+                self.open = self.names.item(piece["id"], self.new_id("fc"), name, "", "in_progress")
+                out.append(self.emit("response.output_item.added", output_index=len(self.items), item=dict(self.open)))
             self.calls[piece["index"]] = self.open
-            out.append(self.emit("response.output_item.added", output_index=len(self.items), item=dict(self.open)))
         item = self.calls.get(piece["index"])
         delta = piece["function"].get("arguments", "")
         if item is self.open and delta:
             item["arguments"] += delta
-            out.append(self.emit("response.function_call_arguments.delta", item_id=item["id"],
-                                 output_index=len(self.items), delta=delta))
+            if item["type"] == "function_call":
+                out.append(self.emit("response.function_call_arguments.delta", item_id=item["id"],
+                                     output_index=len(self.items), delta=delta))
         return out
 
     def close(self, status: str = "completed") -> list[str]:
@@ -86,22 +92,30 @@ class _Output:
             out.append(self.emit("response.content_part.done", item_id=item["id"], output_index=index,
                                  content_index=0, part=part))
             item["content"] = [part]
-        else:
+        elif item["type"] == "function_call":
             out.append(self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                  name=item["name"], arguments=item["arguments"]))
+        else:
+            item = self.names.item(item["call_id"], self.new_id("ctc"), item["name"], item["arguments"], "in_progress")
+            out.append(self.emit("response.output_item.added", output_index=index, item=dict(item)))
+            out.append(self.emit("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                                 delta=item["input"]))
+            out.append(self.emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                                 input=item["input"]))
         item["status"] = status
         self.items.append(item)
         out.append(self.emit("response.output_item.done", output_index=index, item=item))
         return out
 
 
-def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: int, tools) -> StreamingResponse:
+def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: int, tools, names: ToolNames
+                    ) -> StreamingResponse:
     emit = _Events()
 
     async def events() -> AsyncIterator[str]:
         yield emit("response.created", response=response_body(req, rid, model, created, "in_progress", [], None))
         yield emit("response.in_progress", response=response_body(req, rid, model, created, "in_progress", [], None))
-        output = _Output(emit)
+        output = _Output(emit, names)
         reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
         tokens, reason, cached = 0, None, 0
         try:

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "start-up, the others on first use (default: smollm2)")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients use for a single --model (default: --model)")
+    parser.add_argument("--model-alias", action="append", default=[], metavar="PATTERN=NAME",
+                        help="requests for a model matching PATTERN (a glob: 'claude-*') go to the model served as NAME; "
+                             "repeatable, the first match wins (Claude Code asks for its own model names)")
+    parser.add_argument("--api-key", default=None,
+                        help="every /v1 request must carry this key (Authorization: Bearer KEY, or x-api-key: KEY)")
     parser.add_argument("--max-loaded-models", type=int, default=None,
                         help="several models: how many may be loaded at once; the least recently used idle one is "
                              "unloaded to make room (default: no limit)")
@@ -116,6 +121,19 @@ def named_models(models: list[str] | None, served_model_name: str | None) -> lis
     return pairs
 
 
+def model_aliases(values: list[str], names: list[str]) -> list[tuple[str, str]]:
+    """--model-alias values as (pattern, name), each name one the server serves."""
+    aliases = []
+    for value in values:
+        pattern, sep, name = value.rpartition("=")
+        if not sep or not pattern or not name:
+            raise ValueError(f"--model-alias {value!r}: write PATTERN=NAME, e.g. 'claude-*=smollm2'")
+        if name not in names:
+            raise ValueError(f"--model-alias {value!r}: {name!r} is not a served model; served: {', '.join(names)}")
+        aliases.append((pattern, name))
+    return aliases
+
+
 def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int) -> EngineConfig:
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
@@ -136,6 +154,7 @@ def serve(args: argparse.Namespace) -> int:
     """Settings or models that are wrong raise ValueError, ModelLoadError or ModelStoreError: `python -m backend`
     prints them as `error: ...` and exits with 2, before the port is taken."""
     models = named_models(args.model, args.served_model_name)
+    aliases = model_aliases(args.model_alias, [name for name, _ in models])
     if args.max_loaded_models is not None and args.max_loaded_models < 1:
         raise ValueError("--max-loaded-models must be at least 1")
     if isinstance(args.models_memory, float):
@@ -183,7 +202,7 @@ def serve(args: argparse.Namespace) -> int:
     budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout)
     app = build_app(config, models[0][0], on_load_error, allow_sleep=not args.no_sleep,
                     max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser, more_models=more,
-                    budget=budget)
+                    budget=budget, api_key=args.api_key, model_aliases=aliases)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a

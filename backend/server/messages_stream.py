@@ -1,0 +1,132 @@
+"""The Messages API's server-sent events for one generation.
+
+message_start at once, then `ping` every few seconds while the prompt is processed (so a client's read
+timeout does not fire on a long prompt); per content block content_block_start, content_block_delta
+(text_delta, or input_json_delta for a tool_use block's input) and content_block_stop; then message_delta
+(stop_reason, usage) and message_stop. An error after the stream began is an `error` event.
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from backend.server.errors import APIError
+from backend.server.messages_shapes import message_usage, stop_reason, toolu
+from backend.server.tools.output import ToolCallStream
+from backend.server.tools.parsers import ToolParser
+
+log = logging.getLogger("backend.server")
+
+PING_SECONDS = 5.0
+
+
+def sse(kind: str, **fields) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n"
+
+
+async def with_pings(gen, interval: float) -> AsyncIterator:
+    """gen's items, and None whenever interval seconds pass without one."""
+    it = gen.__aiter__()
+    while True:
+        step = asyncio.ensure_future(it.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=interval)
+                if done:
+                    break
+                yield None
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+        finally:
+            if not step.done():
+                step.cancel()
+        yield item
+
+
+class _Blocks:
+    """The content blocks as they are built: at most one open at a time (text, or a tool_use)."""
+
+    def __init__(self):
+        self.count = 0
+        self.open: str | None = None  # "text" or "tool_use"
+        self.calls: dict[int, int] = {}  # the parser's call index -> its block's index
+        self.has_calls = False
+
+    def text(self, delta: str) -> list[str]:
+        out = []
+        if self.open != "text":
+            out += self.close()
+            out.append(sse("content_block_start", index=self.count, content_block={"type": "text", "text": ""}))
+            self.open = "text"
+        out.append(sse("content_block_delta", index=self.count, delta={"type": "text_delta", "text": delta}))
+        return out
+
+    def call_piece(self, piece: dict) -> list[str]:
+        out = []
+        if "id" in piece:  # a new call
+            out += self.close()
+            block = {"type": "tool_use", "id": toolu(piece["id"]), "name": piece["function"]["name"], "input": {}}
+            out.append(sse("content_block_start", index=self.count, content_block=block))
+            self.open, self.has_calls = "tool_use", True
+            self.calls[piece["index"]] = self.count
+        delta = piece["function"].get("arguments", "")
+        if delta and self.open == "tool_use" and self.calls.get(piece["index"]) == self.count:
+            out.append(sse("content_block_delta", index=self.count,
+                           delta={"type": "input_json_delta", "partial_json": delta}))
+        return out
+
+    def close(self) -> list[str]:
+        if self.open is None:
+            return []
+        out = [sse("content_block_stop", index=self.count)]
+        self.open, self.count = None, self.count + 1
+        return out
+
+
+def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        yield sse("message_start", message={
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
+            "stop_sequence": None, "usage": message_usage(prompt_len, 0, 0)})
+        blocks = _Blocks()
+        reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
+        tokens, cached, finished = 0, 0, None
+        try:
+            async for delta in with_pings(gen, PING_SECONDS):
+                if delta is None:
+                    yield sse("ping")
+                    continue
+                cached = delta.num_cached_tokens
+                for d in delta.outputs:
+                    tokens += len(d.token_ids)
+                    pieces = [reader.feed(d.text)]
+                    if d.finished:
+                        pieces.append(reader.finish())
+                        finished = d
+                    for piece in pieces:
+                        for e in blocks.text(piece.content) if piece.content else []:
+                            yield e
+                        for call in piece.tool_calls:
+                            for e in blocks.call_piece(call):
+                                yield e
+        except APIError as e:
+            yield sse("error", error=e.anthropic_body()["error"])
+            return
+        except Exception as e:  # noqa: BLE001 the stream has started: report in-band, not as a 500
+            log.exception("message stream failed")
+            yield sse("error", error={"type": "api_error", "message": f"internal error: {e}"})
+            return
+        for e in blocks.close():
+            yield e
+        reason, sequence = stop_reason(finished.finish_reason if finished else None,
+                                       finished.stop_reason if finished else None, blocks.has_calls)
+        yield sse("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
+                  usage=message_usage(prompt_len, tokens, cached))
+        yield sse("message_stop")
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
