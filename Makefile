@@ -20,14 +20,18 @@ $(VENV)/.installed: pyproject.toml
 model: $(VENV)/.installed
 	$(PY) -m backend models pull smollm2
 
-# Agent tools the install tests drive for real: Claude Code's CLI (`claude mcp add-json`), from the npm registry.
+# Agent CLIs the tests drive for real, from the npm registry: Claude Code (`claude mcp add-json`, and `claude -p`
+# against the Messages API) and Codex (`codex exec` against the Responses API; its binary ships in the package).
 CLAUDE_CODE ?= @anthropic-ai/claude-code@2.1.197
+CODEX ?= @openai/codex@0.171.0
 .tools/npm/bin/claude:
 	npm install -g -q --prefix .tools/npm $(CLAUDE_CODE) >/dev/null
+.tools/npm/bin/codex:
+	npm install -g -q --prefix .tools/npm $(CODEX) >/dev/null
 
 tools:
-	@if command -v npm >/dev/null 2>&1; then $(MAKE) -s .tools/npm/bin/claude; \
-	else echo "npm not found: the Claude Code CLI test will be skipped"; fi
+	@if command -v npm >/dev/null 2>&1; then $(MAKE) -s .tools/npm/bin/claude .tools/npm/bin/codex; \
+	else echo "npm not found: the Claude Code and Codex CLI tests will be skipped"; fi
 
 test: $(VENV)/.installed model tools
 	$(PY) -m ruff check .

@@ -101,6 +101,7 @@ def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, ToolNames]:
                 out.append(make(inner, names, tool["name"]))
         else:
             log.warning("tools[%d]: %r tools run on OpenAI's servers, not here; left out of the prompt", i, kind)
+    log.debug("tools offered to the model: %s", ", ".join(names.by_model_name) or "none")
     return out or None, names
 
 

@@ -1,0 +1,117 @@
+"""The agents' own CLIs with this server as their model: Claude Code over the Messages API, Codex over the
+Responses API, as their users start them (telemetry and update checks off). Each run must exit 0 with an
+answer, and the server must have answered every request it got with a 2xx."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.backend.server_process import ServerProcess
+from tests.backend.tiny_models import TOOLS_CHAT_TEMPLATE, build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+         "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1"}
+ASK = "What is the capital of France? Answer in one word."
+
+
+def cli(name: str) -> Path:
+    path = ROOT / ".tools" / "npm" / "bin" / name
+    if not path.exists():
+        pytest.skip(f"the {name} CLI is not installed: `make tools` installs it (needs npm)")
+    return path
+
+
+class LoggedServer(ServerProcess):
+    """A server whose log (uvicorn's access lines included) is kept in a file, to read what it answered."""
+
+    def __init__(self, log: Path, *args: str):
+        self.log = log
+        os.environ["SERVER_LOG"] = str(log)
+        try:
+            super().__init__(*args)
+        finally:
+            del os.environ["SERVER_LOG"]
+
+    def statuses(self, path: str) -> list[int]:
+        text = self.log.read_text()
+        return [int(s) for s in re.findall(rf'"(?:POST|GET|HEAD) {re.escape(path)}\S* HTTP/1.1" (\d+)', text)]
+
+    def refusals(self) -> list[str]:
+        """Every 4xx or 5xx answered to a client (the test's own waits on /health while loading aside)."""
+        return re.findall(r'"(?:POST|GET|HEAD) (?!/health )\S+ HTTP/1.1" [45]\d\d.*', self.log.read_text())
+
+
+def run(args: list, home: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(home), **QUIET, **env}
+    return subprocess.run([str(a) for a in args], cwd=home, env=base, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    """SmolLM2 with room for Codex's prompt (~9,700 tokens) and aliases for Claude Code's model names."""
+    log = tmp_path_factory.mktemp("logs") / "smol.log"
+    server = LoggedServer(log, "smollm2", "--max-model-len", "16384", "--model-alias", "claude-*=smollm2",
+                          "--log-level", "debug")
+    yield server
+    assert server.stop() == 0
+
+
+def test_claude_code_answers_through_the_messages_api(smol, tmp_path):
+    claude = cli("claude")
+    out = run([claude, "-p", ASK, "--model", "smollm2", "--tools", "", "--system-prompt",
+               "You are a helpful assistant. Answer briefly."], tmp_path,
+              {"ANTHROPIC_BASE_URL": smol.url, "ANTHROPIC_API_KEY": "unused"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip()
+    assert smol.statuses("/v1/messages") and set(smol.statuses("/v1/messages")) == {200}
+    assert not smol.refusals()
+
+
+def test_claude_codes_whole_default_request_is_served(tmp_path, tmp_path_factory):
+    """Claude Code's default request (24 tools, system blocks, thinking, context_management, a system message
+    mid-conversation; ~20,000 tokens) on a tiny model with a long context: every request is answered 200 and
+    the stream is read to its end (the model is random, so Claude Code stops at the output cap it was given)."""
+    claude = cli("claude")
+    model = build_model("qwen2", tmp_path_factory.mktemp("long") / "tiny", chat_template=TOOLS_CHAT_TEMPLATE,
+                        max_position_embeddings=65536)
+    server = LoggedServer(tmp_path / "tiny.log", str(model), "--served-model-name", "tiny", "--max-model-len",
+                          "65536", "--model-alias", "claude-*=tiny", "--log-level", "info")
+    try:
+        out = run([claude, "-p", "say hi", "--model", "tiny"], tmp_path,
+                  {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "unused",
+                   "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8"})
+        assert "exceeded the 8 output token maximum" in out.stdout + out.stderr, out.stdout + out.stderr
+        assert server.statuses("/v1/messages") and set(server.statuses("/v1/messages")) == {200}
+        assert not server.refusals()
+    finally:
+        assert server.stop() == 0
+
+
+def codex_home(home: Path, url: str) -> Path:
+    codex = home / ".codex"
+    codex.mkdir(parents=True, exist_ok=True)
+    (codex / "config.toml").write_text(
+        'model = "smollm2"\nmodel_provider = "scriptorium"\ncheck_for_update_on_startup = false\n'
+        '[analytics]\nenabled = false\n'
+        '[model_providers.scriptorium]\nname = "Scriptorium"\n'
+        f'base_url = "{url}/v1"\nwire_api = "responses"\nenv_key = "SCRIPTORIUM_API_KEY"\n')
+    return codex
+
+
+def test_codex_exec_answers_through_the_responses_api(smol, tmp_path):
+    codex = cli("codex")
+    codex_home(tmp_path, smol.url)
+    out = run([codex, "exec", "--skip-git-repo-check", "--color", "never", ASK], tmp_path,
+              {"SCRIPTORIUM_API_KEY": "unused"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip()
+    assert smol.statuses("/v1/responses") and set(smol.statuses("/v1/responses")) == {200}
+    assert not smol.refusals()
+    log = smol.log.read_text()
+    assert "'web_search' tools run on OpenAI's servers, not here; left out of the prompt" in log
+    assert "multi_agent_v1__" in log  # Codex's own namespace, offered by qualified name
