@@ -104,11 +104,9 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> Streami
                 cached = delta.num_cached_tokens
                 for d in delta.outputs:
                     tokens += len(d.token_ids)
-                    pieces = [reader.feed(d.text)]
                     if d.finished:
-                        pieces.append(reader.finish())
                         finished = d
-                    for piece in pieces:
+                    for piece in reader.read(d.text, d.finished):
                         for e in blocks.text(piece.content) if piece.content else []:
                             yield e
                         for call in piece.tool_calls:

@@ -123,11 +123,9 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
                 cached = delta.num_cached_tokens
                 for d in delta.outputs:
                     tokens += len(d.token_ids)
-                    pieces = [reader.feed(d.text)]
                     if d.finished:
-                        pieces.append(reader.finish())
                         reason = d.finish_reason
-                    for piece in pieces:
+                    for piece in reader.read(d.text, d.finished):
                         if piece.content:
                             for e in output.text(piece.content):
                                 yield e

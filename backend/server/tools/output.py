@@ -65,6 +65,10 @@ class ToolCallStream:
     def feed(self, text: str) -> MessageDelta:
         return self._read(self.parser.feed(text) if text else [])
 
+    def read(self, text: str, finished: bool) -> list[MessageDelta]:
+        """A piece of the choice's text as deltas; the last piece (finished) flushes what the parser holds."""
+        return [self.feed(text), self.finish()] if finished else [self.feed(text)]
+
     def finish(self) -> MessageDelta:
         delta = self._read(self.parser.finish())
         delta.content += self.gate.end(self.has_calls)
