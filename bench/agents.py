@@ -1,0 +1,121 @@
+"""An agent's turns on the CPU default, ours beside llama.cpp on the same GGUF (SmolLM2-135M Q8_0).
+
+The first turn is agent-shaped: a system prompt of about 16,000 tokens with its tools' schemas in it, as
+Claude Code and Hermes send, then a user message. The next turn is the same conversation plus the model's
+answer and a new user message (200 new tokens). For each, the time to the first token: ours through
+/v1/messages (what Claude Code calls; max_tokens 1, so the answer's time is the prompt's plus one token),
+llama.cpp through llama-cpp-python in its own venv on the same token ids (row null without
+--llama-cpp-python PATH or LLAMA_CPP_PYTHON). Prints one JSON line.
+
+Run: python bench/agents.py [--system-tokens 16000] [--llama-cpp-python /path/to/venv/bin/python]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from tests.backend.server_process import ServerProcess  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = {"name": "tool_{i}", "description": "Runs step {i} of the writer's workflow on the named file and "
+        "returns what changed, as a unified diff, with a summary of each hunk.",
+        "input_schema": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "The file, relative to the project root."},
+            "mode": {"type": "string", "enum": ["check", "apply", "explain"]},
+            "limit": {"type": "integer", "description": "At most this many hunks."}}, "required": ["path"]}}
+
+
+def system_prompt(url: str, tokens: int) -> str:
+    """Our own documentation, repeated up to `tokens` tokens, then 24 tools written out as an agent's prompt
+    carries them."""
+    tools = "\n".join(json.dumps(json.loads(json.dumps(TOOL).replace("{i}", str(i)))) for i in range(24))
+    text = (ROOT / "README.md").read_text()
+    body = ""
+    while count(url, body + tools) < tokens:
+        body += text
+    lo, hi = 0, len(body)  # the longest prefix of body that keeps the total within tokens
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count(url, body[:mid] + tools) <= tokens else (lo, mid - 1)
+    return body[:lo] + "\n\n# Tools\n" + tools
+
+
+def count(url: str, text: str) -> int:
+    r = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=120)
+    r.raise_for_status()
+    return r.json()["count"]
+
+
+def turns(system: str) -> list[list[dict]]:
+    first = [{"role": "user", "content": "Read the project's design and list the three services it starts."}]
+    answer = "The stack starts the backend, the MCP server and, when configured, ComfyUI. " * 6
+    follow = "Now explain, step by step, how ops decides the order in which they start and why. " * 6
+    return [first, [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}]]
+
+
+def ours(url: str, system: str, conversation: list[dict]) -> tuple[float, dict]:
+    body = {"model": "smollm2", "max_tokens": 1, "system": system, "messages": conversation, "temperature": 0}
+    start = time.perf_counter()
+    r = httpx.post(f"{url}/v1/messages", json=body, timeout=1200)
+    r.raise_for_status()
+    return time.perf_counter() - start, r.json()["usage"]
+
+
+def prompt_ids(url: str, system: str, conversation: list[dict]) -> list[int]:
+    r = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "system", "content": system}, *conversation]},
+                   timeout=120)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx: int) -> list[float] | None:
+    if not python:
+        return None
+    job = {"model": str(model), "turns": turns_ids, "threads": os.cpu_count(), "n_ctx": n_ctx}
+    peer = Path(__file__).resolve().parent / "llama_cpp_turns.py"
+    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--system-tokens", type=int, default=16000)
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
+    args = parser.parse_args()
+    from backend.model_store import pull
+
+    model = pull("smollm2")
+    server = ServerProcess("smollm2", "--max-model-len", str(args.max_model_len))
+    try:
+        system = system_prompt(server.url, args.system_tokens)
+        conversations = turns(system)
+        (first_s, first_usage), (next_s, next_usage) = (ours(server.url, system, c) for c in conversations)
+        ids = [prompt_ids(server.url, system, c) for c in conversations]
+    finally:
+        server.stop()
+    peer = llama_cpp(args.llama_cpp_python, model, ids, args.max_model_len)
+    prompt = [len(i) for i in ids]
+    row = {"bench": "agents", "model": "smollm2", "device": "cpu", "threads": os.cpu_count(),
+           "first_turn_tokens": prompt[0], "next_turn_new_tokens": prompt[1] - prompt[0],
+           "first_ttft_s": round(first_s, 3), "first_prompt_tok_s": round(prompt[0] / first_s, 1),
+           "next_ttft_s": round(next_s, 3), "next_cached_tokens": next_usage["cache_read_input_tokens"],
+           "llama_cpp_first_ttft_s": None, "llama_cpp_first_prompt_tok_s": None, "llama_cpp_next_ttft_s": None}
+    if peer is not None:
+        row.update(llama_cpp_first_ttft_s=round(peer[0], 3), llama_cpp_first_prompt_tok_s=round(prompt[0] / peer[0], 1),
+                   llama_cpp_next_ttft_s=round(peer[1], 3), first_prompt_vs_llama_cpp=round(peer[0] / first_s, 2))
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
