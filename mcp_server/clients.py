@@ -96,14 +96,19 @@ def needs_token(http_url: str, token_configured: bool) -> bool:
     return token_configured or (urlparse(http_url).hostname or "") not in LOCAL_HOSTS
 
 
-def entry(client: str, scope: str, http_url: str | None, token_configured: bool = False) -> Entry:
-    """Our entry in the shape `client` documents: stdio (this interpreter) or streamable HTTP at http_url."""
+def entry(client: str, scope: str, http_url: str | None, token_configured: bool = False,
+          toolsets: tuple[str, ...] | None = None) -> Entry:
+    """Our entry in the shape `client` documents: stdio (this interpreter) or streamable HTTP at http_url.
+    toolsets: what the stdio server lists (None: its default)."""
     if http_url is None:
-        return _stdio(client, scope)
+        return _stdio(client, scope, toolsets)
+    if toolsets is not None:
+        raise InstallError("--toolsets is for stdio entries: the HTTP server lists the toolsets it was started with "
+                           "(SCRIPTORIUM_MCP_TOOLSETS or --toolsets where it runs)")
     return _http(client, http_url, needs_token(http_url, token_configured))
 
 
-def _stdio(client: str, scope: str) -> Entry:
+def _stdio(client: str, scope: str, toolsets: tuple[str, ...] | None) -> Entry:
     notes = []
     if scope == "project":  # committed: whoever checks it out runs their own interpreter with their own settings
         command, env = "python", {}
@@ -112,7 +117,7 @@ def _stdio(client: str, scope: str) -> Entry:
         notes += [f"export {k}={os.environ[k]}" for k in PASSED_ENV if os.environ.get(k)]
     else:
         command, env = sys.executable, {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
-    args = ["-m", "mcp_server"]
+    args = ["-m", "mcp_server", *(["--toolsets", ",".join(toolsets)] if toolsets else [])]
     if client == "goose":  # Goose config.yaml extension: type stdio, cmd, args, envs, env_keys
         return Entry({"type": "stdio", "name": ENTRY, "enabled": True, "cmd": command, "args": args, "envs": env,
                       "env_keys": [], "timeout": 300}, notes=notes)

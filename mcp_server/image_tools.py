@@ -121,19 +121,17 @@ def register(server: MCPServer) -> None:
         steps: Annotated[int | None, Field(ge=1, le=150)] = None,
         seed: Annotated[int | None, Field(ge=0)] = None,
         checkpoint: Annotated[str | None, Field(description="a checkpoint from list_image_models")] = None,
-        lora: Annotated[str | None, Field(description="a LoRA from list_image_models, applied after the "
-                                                      "checkpoint")] = None,
+        lora: Annotated[str | None, Field(description="a LoRA from list_image_models")] = None,
         lora_strength: Annotated[float, Field(ge=-4, le=4)] = 1.0,
-        image: Annotated[str | None, Field(description="an input image for img2img/upscale: a name upload_image "
-                                                       "returned, or a path (containing /) to upload")] = None,
+        image: Annotated[str | None, Field(description="input image for img2img/upscale: a name upload_image "
+                                                       "returned, or a file path")] = None,
         denoise: Annotated[float | None, Field(gt=0, le=1, description="img2img: how much to change (0-1)")] = None,
-        template: Annotated[str, Field(description="sd15, sdxl, flux, img2img, upscale, or the path of an "
-                                                   "API-format workflow inside the allowed directories")] = "sd15",
+        template: Annotated[str, Field(description="sd15, sdxl, flux, img2img, upscale, or an API-format "
+                                                   "workflow file")] = "sd15",
         roots: Roots = None,
     ) -> Annotated[CallToolResult, ImageResult]:
-        """Generate an image with ComfyUI (text to image; with `image`, image to image). Returns resource links
-        to the images and small thumbnails; if it takes longer than the time budget, returns a job_id instead:
-        call get_job(job_id) until done."""
+        """Text to image with ComfyUI (with `image`: image to image). Returns resource links and thumbnails, or a
+        job_id for get_job when it outlasts the time budget."""
         if template not in workflows.BUILTIN:
             template = checked_file(ctx, roots, template, "template")
         image = await uploaded(ctx, roots, image)

@@ -84,12 +84,11 @@ def register(server: MCPServer) -> None:
         sections: Annotated[int, Field(ge=1, le=12)] = 4,
         images: Annotated[int, Field(ge=0, le=12, description="illustrated sections (needs ComfyUI)")] = 2,
         words_per_section: Annotated[int, Field(ge=30, le=2000)] = 150,
-        sources: Annotated[list[str], Field(description="paths of text/Markdown files to ground the research, "
-                                                        "inside the allowed directories")] = [],  # noqa: B006 pydantic copies defaults
+        sources: Annotated[list[str], Field(description="text/Markdown files to ground the research")] = [],  # noqa: B006 pydantic copies defaults
         roots: Roots = None,
     ) -> JobStarted:
-        """Start writing an illustrated article (research, writing, illustration, assembly) as a background job.
-        Returns a job_id at once; poll get_job(job_id) for progress and the result's file paths."""
+        """Write an illustrated article (research, writing, illustration, assembly) as a background job. Returns
+        a job_id at once: poll get_job(job_id) for progress and the files."""
         state = state_of(ctx)
         sources = [checked_file(ctx, roots, s, "source") for s in sources]
         try:
@@ -107,8 +106,7 @@ def register(server: MCPServer) -> None:
 
     @server.tool(title="Cancel a job", annotations=DESTRUCTIVE)
     async def cancel_job(job_id: Annotated[str, Field(min_length=1)], ctx: Context) -> JobInfo:
-        """Cancel a job: its LLM requests are aborted and its ComfyUI prompt is interrupted or dropped from the
-        queue. A finished job stays as it is."""
+        """Cancel a job: aborts its LLM requests and its ComfyUI prompt. A finished job stays as it is."""
         run = _run(job_id, ctx)
         if run.status in FINAL:
             return job_info(run)

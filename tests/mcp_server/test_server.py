@@ -25,7 +25,8 @@ def run(coro):
 
 @pytest.fixture
 def settings(tmp_path, llm_server, comfyui) -> Settings:
-    return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url)
+    return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url,
+                    mcp_toolsets=("all",))
 
 
 def test_every_tool_in_memory_meets_its_output_schema(settings):
@@ -179,8 +180,8 @@ def child_env(settings: Settings, **extra) -> dict:
 
 
 def test_stdio_session(settings):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server"], cwd=str(ROOT),
-                                   env=child_env(settings))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server", "--toolsets", "all"],
+                                   cwd=str(ROOT), env=child_env(settings))
 
     async def go():
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
