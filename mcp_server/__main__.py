@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from mcp_server import toolsets
-from mcp_server.http import serve_http
-from mcp_server.install import CLIENTS, SCOPES, InstallError, install, uninstall
+from mcp_server.clients import CLIENTS, SCOPES
 from orchestrator.settings import Settings, SettingsError
 
 
@@ -52,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.command in ("install", "uninstall"):
+        from mcp_server.install import InstallError, install, uninstall
+
         try:
             if args.command == "install":
                 result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
-    if args.http:
+    if args.http:  # imported here: under stdio, every import delays the answer to `initialize`
+        from mcp_server.http import serve_http
+
         return serve_http(settings, args.host, args.port, args.budget)
     from mcp_server.server import build_server
 

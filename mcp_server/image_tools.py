@@ -16,6 +16,7 @@ from pydantic import Field
 
 from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, comfyui_url, state_of
 from mcp_server.job_tools import FINAL, cancel_and_settle, job_info
+from mcp_server.lazy import lazy
 from mcp_server.logs import log
 from mcp_server.models import (
     FreedMemory,
@@ -28,8 +29,10 @@ from mcp_server.models import (
     Uploaded,
 )
 from mcp_server.thumbnails import thumbnail
-from orchestrator import api, workflows
+from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 Dimension = Annotated[int | None, Field(ge=64, le=2048, multiple_of=8)]
 

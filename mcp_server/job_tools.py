@@ -9,6 +9,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, state_of
+from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
     ComfyStatus,
@@ -21,8 +22,9 @@ from mcp_server.models import (
     StageJobResult,
     Upstream,
 )
-from orchestrator import api
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 FINAL = ("done", "failed", "cancelled")
 
