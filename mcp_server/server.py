@@ -5,8 +5,6 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, metadata, version
 
 import anyio
-from mcp.server.auth.provider import TokenVerifier
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus
@@ -90,10 +88,10 @@ def _website() -> str | None:
     return meta.get("Home-page") or None
 
 
-def build_server(settings: Settings | None = None, budget: float | None = None, transport: Transport = "stdio",
-                 auth: tuple[AuthSettings, TokenVerifier] | None = None) -> MCPServer:
+def build_server(settings: Settings | None = None, budget: float | None = None,
+                 transport: Transport = "stdio") -> MCPServer:
     """transport: how clients reach this server; it decides which files tools may read by default.
-    auth: the SDK's auth settings and token verifier (HTTP with a token). The tools listed are those of
+    The tools listed are those of
     settings.mcp_toolsets (toolsets.ToolsetError names the valid ones when a name is unknown)."""
     settings = settings or Settings.from_env()
     listed = toolsets.chosen(settings.mcp_toolsets)
@@ -116,8 +114,7 @@ def build_server(settings: Settings | None = None, budget: float | None = None, 
 
     instructions = INSTRUCTIONS + ("\n" + TEAM_INSTRUCTIONS if team else "")
     server = Server("scriptorium", title="Scriptorium", instructions=instructions, website_url=_website(),
-                       version=_version(), lifespan=lifespan, subscriptions=bus,
-                       auth=auth[0] if auth else None, token_verifier=auth[1] if auth else None)
+                       version=_version(), lifespan=lifespan, subscriptions=bus)
     text_tools.register(server)
     image_tools.register(server)
     job_tools.register(server)
