@@ -65,6 +65,8 @@ async def cancel_and_settle(job_id: str, ctx: Context, timeout: float = 5.0):
 def _run(job_id: str, ctx: Context):
     try:
         return api.get(job_id, state_of(ctx).settings)
+    except api.UnknownRun:
+        raise ToolError(f"no job {job_id!r}: list_jobs shows the jobs there are, newest first") from None
     except api.JobError as e:
         raise ToolError(str(e)) from None
 

@@ -102,7 +102,8 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
             freed = (await call("free_image_memory")).structured_content
             assert freed["freed"] > 0 and freed["after"][0]["vram_free"] > freed["before"][0]["vram_free"]
             missing = await call("get_job", {"job_id": "nope"})
-            assert missing.is_error and "no run 'nope'" in missing.content[0].text
+            assert missing.is_error and "no job 'nope'" in missing.content[0].text
+            assert "list_jobs" in missing.content[0].text
             # run_workflow and upload_image: test_images.py; the shared-run tools: test_runs.py
             assert call.validated == TOOLS - {"run_workflow", "upload_image"} - RUN_TOOLS
             assert init is None or init.version
