@@ -1,6 +1,7 @@
 """The MCP server: text, images, pipeline jobs, models and stack status for agents, assembled from the tool,
 resource, prompt and logging modules of this package."""
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, metadata, version
 
@@ -62,6 +63,16 @@ class Server(MCPServer):
             tool.input_schema = _untitled(tool.input_schema)
         return tools
 
+    def tool(self, name: str | None = None, **kwargs) -> Callable:
+        """The SDK's decorator, registering only the tools of the chosen toolsets: building a tool's schemas
+        takes time at every start."""
+        register = super().tool(name, **kwargs)
+
+        def decorator(fn):
+            return register(fn) if (name or fn.__name__) in toolsets.chosen(self.toolsets) else fn
+
+        return decorator
+
     async def call_tool(self, name: str, arguments: dict, context=None):
         if name in toolsets.ALL and name not in toolsets.chosen(self.toolsets):
             raise ToolError(toolsets.not_listed(name, self.toolsets))
@@ -114,14 +125,12 @@ def build_server(settings: Settings | None = None, budget: float | None = None,
 
     instructions = INSTRUCTIONS + ("\n" + TEAM_INSTRUCTIONS if team else "")
     server = Server("scriptorium", title="Scriptorium", instructions=instructions, website_url=_website(),
-                       version=_version(), lifespan=lifespan, subscriptions=bus)
+                    version=_version(), lifespan=lifespan, subscriptions=bus)
+    server.toolsets = settings.mcp_toolsets
     text_tools.register(server)
     image_tools.register(server)
     job_tools.register(server)
     run_tools.register(server)
-    for tool in toolsets.ALL - listed:
-        server.remove_tool(tool)
-    server.toolsets = settings.mcp_toolsets
     resources.register(server, settings, lambda ctx: ctx.lifespan_context.watch)
     prompts.register(server)
     if team:  # the role prompts walk an agent through the team tools
