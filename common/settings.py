@@ -30,6 +30,7 @@ ENV = {  # field -> environment variable
     "mcp_allowed_hosts": "SCRIPTORIUM_MCP_ALLOWED_HOSTS",
     "mcp_allowed_origins": "SCRIPTORIUM_MCP_ALLOWED_ORIGINS",
     "mcp_public_url": "SCRIPTORIUM_MCP_PUBLIC_URL",
+    "mcp_toolsets": "SCRIPTORIUM_MCP_TOOLSETS",
     "leases": "SCRIPTORIUM_LEASES",
     "lease_idle": "SCRIPTORIUM_LEASE_IDLE",
     "lease_drain_timeout": "SCRIPTORIUM_LEASE_DRAIN_TIMEOUT",
@@ -67,6 +68,8 @@ class Settings:
     mcp_allowed_hosts: tuple[str, ...] = ()
     mcp_allowed_origins: tuple[str, ...] = ()
     mcp_public_url: str | None = None  # the MCP endpoint as clients reach it (behind a TLS proxy: https://...)
+    # The MCP tools listed (mcp_server/toolsets.py checks the names): core, team, images, all.
+    mcp_toolsets: tuple[str, ...] = ("core",)
     leases: bool = True  # sleep the LLM to lend its GPU memory to an image job that would not fit
     lease_idle: float = 30.0  # seconds ComfyUI stays idle before the card goes back to the LLM
     lease_drain_timeout: float = 120.0  # longest wait for the LLM's requests in flight to finish
@@ -125,7 +128,7 @@ def _coerce(name: str, value, source: str):
         if name == "mcp_allowed_dirs":
             dirs = value.split(os.pathsep) if isinstance(value, str) else list(value)
             return tuple(str(d).strip() for d in dirs if str(d).strip())
-        if name in ("mcp_allowed_hosts", "mcp_allowed_origins"):
+        if name in ("mcp_allowed_hosts", "mcp_allowed_origins", "mcp_toolsets"):
             items = value.split(",") if isinstance(value, str) else list(value)
             return tuple(str(i).strip().rstrip("/") for i in items if str(i).strip())
         if name == "mcp_public_url":

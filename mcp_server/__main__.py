@@ -6,8 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mcp_server.http import serve_http
-from mcp_server.install import CLIENTS, SCOPES, InstallError, install, uninstall
+from mcp_server import toolsets
+from mcp_server.clients import CLIENTS, SCOPES
 from orchestrator.settings import Settings, SettingsError
 
 
@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds a tool call may block before it returns a job id (agents give up near 60; "
                              "default 45 or SCRIPTORIUM_MCP_BUDGET)")
+    parser.add_argument("--toolsets", default=None, metavar="NAMES",
+                        help=f"comma-separated toolsets to list: {', '.join(toolsets.NAMES)} (default core or "
+                             "SCRIPTORIUM_MCP_TOOLSETS)")
     sub = parser.add_subparsers(dest="command")
     for name in ("install", "uninstall"):
         p = sub.add_parser(name, help=f"{name} the 'scriptorium' entry in an agent's MCP configuration")
@@ -33,19 +36,27 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--http", dest="http_url", default=None, metavar="URL",
                            help="register the HTTP server at URL (e.g. http://127.0.0.1:8765/mcp) instead of stdio")
             p.add_argument("--print", dest="dry_run", action="store_true", help="show the entry, write nothing")
+            p.add_argument("--toolsets", dest="entry_toolsets", default=None, metavar="NAMES",
+                           help="the toolsets the entry's server lists (stdio: written as --toolsets)")
         p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     try:
-        settings = Settings.from_env()
-    except SettingsError as e:
+        picked = toolsets.parse(args.toolsets) if args.toolsets is not None else None
+        settings = Settings.from_env(mcp_toolsets=picked)
+        toolsets.chosen(settings.mcp_toolsets)
+        entry_toolsets = getattr(args, "entry_toolsets", None)
+        entry_toolsets = toolsets.parse(entry_toolsets) if entry_toolsets is not None else None
+    except (SettingsError, toolsets.ToolsetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.command in ("install", "uninstall"):
+        from mcp_server.install import InstallError, install, uninstall
+
         try:
             if args.command == "install":
                 result = install(args.client, args.scope, Path(args.project_dir), args.http_url,
-                                 bool(settings.mcp_token), args.dry_run, args.use_cli)
+                                 bool(settings.mcp_token), args.dry_run, args.use_cli, entry_toolsets)
             else:
                 result = uninstall(args.client, args.scope, Path(args.project_dir), args.use_cli)
         except InstallError as e:
@@ -68,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
-    if args.http:
+    if args.http:  # imported here: under stdio, every import delays the answer to `initialize`
+        from mcp_server.http import serve_http
+
         return serve_http(settings, args.host, args.port, args.budget)
     from mcp_server.server import build_server
 

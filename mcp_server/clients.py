@@ -18,6 +18,8 @@ PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_UR
 TOKEN_VAR = "SCRIPTORIUM_MCP_TOKEN"
 VSCODE_INPUT = "scriptorium-mcp-token"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Codex gives a server 10 s to start by default; a cold start on a busy machine (Python, the SDK) can take longer.
+CODEX_STARTUP = {"startup_timeout_sec": 30}
 
 
 class InstallError(Exception):
@@ -96,14 +98,19 @@ def needs_token(http_url: str, token_configured: bool) -> bool:
     return token_configured or (urlparse(http_url).hostname or "") not in LOCAL_HOSTS
 
 
-def entry(client: str, scope: str, http_url: str | None, token_configured: bool = False) -> Entry:
-    """Our entry in the shape `client` documents: stdio (this interpreter) or streamable HTTP at http_url."""
+def entry(client: str, scope: str, http_url: str | None, token_configured: bool = False,
+          toolsets: tuple[str, ...] | None = None) -> Entry:
+    """Our entry in the shape `client` documents: stdio (this interpreter) or streamable HTTP at http_url.
+    toolsets: what the stdio server lists (None: its default)."""
     if http_url is None:
-        return _stdio(client, scope)
+        return _stdio(client, scope, toolsets)
+    if toolsets is not None:
+        raise InstallError("--toolsets is for stdio entries: the HTTP server lists the toolsets it was started with "
+                           "(SCRIPTORIUM_MCP_TOOLSETS or --toolsets where it runs)")
     return _http(client, http_url, needs_token(http_url, token_configured))
 
 
-def _stdio(client: str, scope: str) -> Entry:
+def _stdio(client: str, scope: str, toolsets: tuple[str, ...] | None) -> Entry:
     notes = []
     if scope == "project":  # committed: whoever checks it out runs their own interpreter with their own settings
         command, env = "python", {}
@@ -112,12 +119,13 @@ def _stdio(client: str, scope: str) -> Entry:
         notes += [f"export {k}={os.environ[k]}" for k in PASSED_ENV if os.environ.get(k)]
     else:
         command, env = sys.executable, {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
-    args = ["-m", "mcp_server"]
+    args = ["-m", "mcp_server", *(["--toolsets", ",".join(toolsets)] if toolsets else [])]
     if client == "goose":  # Goose config.yaml extension: type stdio, cmd, args, envs, env_keys
         return Entry({"type": "stdio", "name": ENTRY, "enabled": True, "cmd": command, "args": args, "envs": env,
                       "env_keys": [], "timeout": 300}, notes=notes)
-    if client == "codex":  # Codex config.toml [mcp_servers.NAME]: command, args, env
-        return Entry({"command": command, "args": args, **({"env": env} if env else {})}, notes=notes)
+    if client == "codex":  # Codex config.toml [mcp_servers.NAME]: command, args, env, startup_timeout_sec
+        return Entry({"command": command, "args": args, **({"env": env} if env else {}), **CODEX_STARTUP},
+                     notes=notes)
     value = {"command": command, "args": args, "env": env}
     if client in ("claude-code", "vscode"):  # both document "type": "stdio"
         value = {"type": "stdio", **value}
@@ -129,7 +137,8 @@ def _stdio(client: str, scope: str) -> Entry:
 def _http(client: str, url: str, auth: bool) -> Entry:
     export = [f"export {TOKEN_VAR}=<the server's token> in the environment {client} starts from"] if auth else []
     if client == "codex":  # Codex: url + bearer_token_env_var (it reads the variable itself)
-        return Entry({"url": url, **({"bearer_token_env_var": TOKEN_VAR} if auth else {})}, notes=export)
+        return Entry({"url": url, **({"bearer_token_env_var": TOKEN_VAR} if auth else {}), **CODEX_STARTUP},
+                     notes=export)
     if client == "claude-desktop":
         # Claude Desktop starts only stdio servers: mcp-remote bridges (its README's format: the header from an
         # env variable, "Authorization:${AUTH_HEADER}" without spaces, --allow-http for plain http elsewhere).

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, comfyui_url, state_of
 from mcp_server.job_tools import FINAL, cancel_and_settle, job_info
+from mcp_server.lazy import lazy
 from mcp_server.logs import log
 from mcp_server.models import (
     FreedMemory,
@@ -28,8 +29,10 @@ from mcp_server.models import (
     Uploaded,
 )
 from mcp_server.thumbnails import thumbnail
-from orchestrator import api, workflows
+from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 Dimension = Annotated[int | None, Field(ge=64, le=2048, multiple_of=8)]
 
@@ -121,19 +124,17 @@ def register(server: MCPServer) -> None:
         steps: Annotated[int | None, Field(ge=1, le=150)] = None,
         seed: Annotated[int | None, Field(ge=0)] = None,
         checkpoint: Annotated[str | None, Field(description="a checkpoint from list_image_models")] = None,
-        lora: Annotated[str | None, Field(description="a LoRA from list_image_models, applied after the "
-                                                      "checkpoint")] = None,
+        lora: Annotated[str | None, Field(description="a LoRA from list_image_models")] = None,
         lora_strength: Annotated[float, Field(ge=-4, le=4)] = 1.0,
-        image: Annotated[str | None, Field(description="an input image for img2img/upscale: a name upload_image "
-                                                       "returned, or a path (containing /) to upload")] = None,
+        image: Annotated[str | None, Field(description="input image for img2img/upscale: a name upload_image "
+                                                       "returned, or a file path")] = None,
         denoise: Annotated[float | None, Field(gt=0, le=1, description="img2img: how much to change (0-1)")] = None,
-        template: Annotated[str, Field(description="sd15, sdxl, flux, img2img, upscale, or the path of an "
-                                                   "API-format workflow inside the allowed directories")] = "sd15",
+        template: Annotated[str, Field(description="sd15, sdxl, flux, img2img, upscale, or an API-format "
+                                                   "workflow file")] = "sd15",
         roots: Roots = None,
     ) -> Annotated[CallToolResult, ImageResult]:
-        """Generate an image with ComfyUI (text to image; with `image`, image to image). Returns resource links
-        to the images and small thumbnails; if it takes longer than the time budget, returns a job_id instead:
-        call get_job(job_id) until done."""
+        """Text to image with ComfyUI (with `image`: image to image). Returns resource links and thumbnails, or a
+        job_id for get_job when it outlasts the time budget."""
         if template not in workflows.BUILTIN:
             template = checked_file(ctx, roots, template, "template")
         image = await uploaded(ctx, roots, image)

@@ -34,10 +34,12 @@ def _claude_cli(t: Target, use_cli: bool | None) -> str | None:
 
 
 def install(client: str, scope: str = "user", project: Path = Path("."), http_url: str | None = None,
-            token_configured: bool = False, dry_run: bool = False, use_cli: bool | None = None) -> dict:
-    """token_configured: the server has SCRIPTORIUM_MCP_TOKEN (then the entry refers to it; it never holds it)."""
+            token_configured: bool = False, dry_run: bool = False, use_cli: bool | None = None,
+            toolsets: tuple[str, ...] | None = None) -> dict:
+    """token_configured: the server has SCRIPTORIUM_MCP_TOKEN (then the entry refers to it; it never holds it).
+    toolsets: what the entry's stdio server lists (None: its default)."""
     t = target(client, scope, project)
-    ours = entry(client, scope, http_url, token_configured)
+    ours = entry(client, scope, http_url, token_configured, toolsets)
     if dry_run:
         return _result(t, False, notes=ours.notes, snippet=config_files.snippet(t, ours.value, ours.inputs))
     text = config_files.read_text(t)

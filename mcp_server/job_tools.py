@@ -9,6 +9,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, state_of
+from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
     ComfyStatus,
@@ -21,8 +22,9 @@ from mcp_server.models import (
     StageJobResult,
     Upstream,
 )
-from orchestrator import api
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 FINAL = ("done", "failed", "cancelled")
 
@@ -63,6 +65,8 @@ async def cancel_and_settle(job_id: str, ctx: Context, timeout: float = 5.0):
 def _run(job_id: str, ctx: Context):
     try:
         return api.get(job_id, state_of(ctx).settings)
+    except api.UnknownRun:
+        raise ToolError(f"no job {job_id!r}: list_jobs shows the jobs there are, newest first") from None
     except api.JobError as e:
         raise ToolError(str(e)) from None
 
@@ -84,12 +88,11 @@ def register(server: MCPServer) -> None:
         sections: Annotated[int, Field(ge=1, le=12)] = 4,
         images: Annotated[int, Field(ge=0, le=12, description="illustrated sections (needs ComfyUI)")] = 2,
         words_per_section: Annotated[int, Field(ge=30, le=2000)] = 150,
-        sources: Annotated[list[str], Field(description="paths of text/Markdown files to ground the research, "
-                                                        "inside the allowed directories")] = [],  # noqa: B006 pydantic copies defaults
+        sources: Annotated[list[str], Field(description="text/Markdown files to ground the research")] = [],  # noqa: B006 pydantic copies defaults
         roots: Roots = None,
     ) -> JobStarted:
-        """Start writing an illustrated article (research, writing, illustration, assembly) as a background job.
-        Returns a job_id at once; poll get_job(job_id) for progress and the result's file paths."""
+        """Write an illustrated article (research, writing, illustration, assembly) as a background job. Returns
+        a job_id at once: poll get_job(job_id) for progress and the files."""
         state = state_of(ctx)
         sources = [checked_file(ctx, roots, s, "source") for s in sources]
         try:
@@ -107,8 +110,7 @@ def register(server: MCPServer) -> None:
 
     @server.tool(title="Cancel a job", annotations=DESTRUCTIVE)
     async def cancel_job(job_id: Annotated[str, Field(min_length=1)], ctx: Context) -> JobInfo:
-        """Cancel a job: its LLM requests are aborted and its ComfyUI prompt is interrupted or dropped from the
-        queue. A finished job stays as it is."""
+        """Cancel a job: aborts its LLM requests and its ComfyUI prompt. A finished job stays as it is."""
         run = _run(job_id, ctx)
         if run.status in FINAL:
             return job_info(run)

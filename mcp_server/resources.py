@@ -20,8 +20,10 @@ from mcp.types import (
 )
 
 from mcp_server.job_tools import job_info, job_uri
-from orchestrator import api
+from mcp_server.lazy import lazy
 from orchestrator.settings import Settings
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 LISTED = 50  # jobs resources/list shows
 PREFIX = "scriptorium://jobs/"

@@ -14,20 +14,21 @@ from pydantic import Field
 from mcp_server.context import CREATES, READ_ONLY, Roots, checked_file, state_of
 from mcp_server.image_tools import follow
 from mcp_server.job_tools import stage_result
+from mcp_server.lazy import lazy
 from mcp_server.run_models import PartSet, RunCreated, RunState, StageOutcome
-from orchestrator import api
+
+api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 
 RunId = Annotated[str, Field(min_length=1, description="a run id from create_run")]
 Index = Annotated[int, Field(ge=0, le=11, description="the section's index in the outline (0 for the first)")]
 Version = Annotated[
     int, Field(ge=0, description="the part's version in get_run when you read it (0: not made)")
 ]
-ERRORS = (api.JobError, api.ParamsError, api.EditError, api.TemplateError)
 EDITS = CREATES  # an edit keeps the version it replaces: nothing is destroyed
 JOB_PREFIX = "scriptorium://jobs/"
 
 
-def actor(ctx: Context, tool: str) -> api.Actor:
+def actor(ctx: Context, tool: str) -> "api.Actor":
     """Who is calling: the name the client gave in its clientInfo."""
     params = ctx.session.client_params
     info = getattr(params, "client_info", None) if params is not None else None
@@ -37,7 +38,7 @@ def actor(ctx: Context, tool: str) -> api.Actor:
 async def _call(function, *args, **kwargs):
     try:
         return await asyncio.to_thread(function, *args, **kwargs)
-    except ERRORS as e:
+    except (api.JobError, api.ParamsError, api.EditError, api.TemplateError) as e:
         raise ToolError(str(e)) from None
 
 

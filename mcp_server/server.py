@@ -1,30 +1,82 @@
 """The MCP server: text, images, pipeline jobs, models and stack status for agents, assembled from the tool,
 resource, prompt and logging modules of this package."""
 
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, metadata, version
 
 import anyio
-from mcp.server.auth.provider import TokenVerifier
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.types import Tool as MCPTool
 
-from mcp_server import image_tools, job_tools, logs, prompts, resources, role_prompts, run_tools, text_tools
+from mcp_server import (
+    image_tools,
+    job_tools,
+    logs,
+    prompts,
+    resources,
+    role_prompts,
+    run_tools,
+    text_tools,
+    toolsets,
+)
 from mcp_server.context import State
 from mcp_server.paths import FileAccess, Transport
 from orchestrator.clients.router import LLMRouter
 from orchestrator.settings import Settings
 
-INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_text/chat, images with generate_image
-(or run_workflow for your own ComfyUI workflow file), and whole illustrated articles with start_pipeline (then
-poll get_job). Long calls return a job_id within about 45 seconds: call get_job(job_id) until its status is done.
-Images come back as resource links with small thumbnails; articles and images of finished jobs are resources
-(scriptorium://jobs/{job_id}/article.md, .../images/{name}). For a team of agents, create_run makes a shared
-run: research, set_outline, write_sections, write_section, set_section, illustrate, set_image and assemble each do
-or edit one part, and get_run shows every part with its version (the prompts research_agent, writing_agent,
-image_agent and integration_agent explain each role). File arguments must lie in your roots or the directories
-in SCRIPTORIUM_MCP_ALLOWED_DIRS."""
+INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_text/chat, images with generate_image,
+and whole illustrated articles with start_pipeline (then poll get_job). Long calls return a job_id within about 45
+seconds: call get_job(job_id) until its status is done. Images come back as resource links with small thumbnails;
+articles and images of finished jobs are resources (scriptorium://jobs/{job_id}/article.md, .../images/{name}).
+File arguments must lie in your roots or the directories in SCRIPTORIUM_MCP_ALLOWED_DIRS."""
+TEAM_INSTRUCTIONS = """For a team of agents, create_run makes a shared run: research, set_outline, write_sections,
+write_section, set_section, illustrate, set_image and assemble each do or edit one part, and get_run shows every
+part with its version (the prompts research_agent, writing_agent, image_agent and integration_agent explain each
+role)."""
+
+
+def _untitled(schema):
+    """A JSON schema without pydantic's generated titles ("Max Tokens" for max_tokens): they repeat the names."""
+    if isinstance(schema, list):
+        return [_untitled(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    named = ("properties", "$defs")  # their keys are names, which may be "title"
+    return {k: ({n: _untitled(s) for n, s in v.items()} if k in named else _untitled(v))
+            for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+
+
+class Server(MCPServer):
+    """The SDK's server, telling a client that calls a tool of a toolset it does not list which toolset has it.
+    Tools are listed as compactly as they stay clear, since the agent's context holds them on every turn:
+    descriptions without their docstrings' indentation, input schemas without generated titles."""
+
+    toolsets: tuple[str, ...] = ("all",)
+
+    async def list_tools(self) -> list[MCPTool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            tool.description = " ".join((tool.description or "").split())
+            tool.input_schema = _untitled(tool.input_schema)
+        return tools
+
+    def tool(self, name: str | None = None, **kwargs) -> Callable:
+        """The SDK's decorator, registering only the tools of the chosen toolsets: building a tool's schemas
+        takes time at every start."""
+        register = super().tool(name, **kwargs)
+
+        def decorator(fn):
+            return register(fn) if (name or fn.__name__) in toolsets.chosen(self.toolsets) else fn
+
+        return decorator
+
+    async def call_tool(self, name: str, arguments: dict, context=None):
+        if name in toolsets.ALL and name not in toolsets.chosen(self.toolsets):
+            raise ToolError(toolsets.not_listed(name, self.toolsets))
+        return await super().call_tool(name, arguments, context)
 
 
 def _version() -> str:
@@ -47,11 +99,14 @@ def _website() -> str | None:
     return meta.get("Home-page") or None
 
 
-def build_server(settings: Settings | None = None, budget: float | None = None, transport: Transport = "stdio",
-                 auth: tuple[AuthSettings, TokenVerifier] | None = None) -> MCPServer:
+def build_server(settings: Settings | None = None, budget: float | None = None,
+                 transport: Transport = "stdio") -> MCPServer:
     """transport: how clients reach this server; it decides which files tools may read by default.
-    auth: the SDK's auth settings and token verifier (HTTP with a token)."""
+    The tools listed are those of
+    settings.mcp_toolsets (toolsets.ToolsetError names the valid ones when a name is unknown)."""
     settings = settings or Settings.from_env()
+    listed = toolsets.chosen(settings.mcp_toolsets)
+    team = "create_run" in listed
     budget = budget or settings.mcp_budget
     files = FileAccess.for_transport(transport, settings.mcp_allowed_dirs)
     bus = InMemorySubscriptionBus()
@@ -68,16 +123,18 @@ def build_server(settings: Settings | None = None, budget: float | None = None, 
             yield State(settings, llm, budget, files, watch)
             tasks.cancel_scope.cancel()
 
-    server = MCPServer("scriptorium", title="Scriptorium", instructions=INSTRUCTIONS, website_url=_website(),
-                       version=_version(), lifespan=lifespan, subscriptions=bus,
-                       auth=auth[0] if auth else None, token_verifier=auth[1] if auth else None)
+    instructions = INSTRUCTIONS + ("\n" + TEAM_INSTRUCTIONS if team else "")
+    server = Server("scriptorium", title="Scriptorium", instructions=instructions, website_url=_website(),
+                    version=_version(), lifespan=lifespan, subscriptions=bus)
+    server.toolsets = settings.mcp_toolsets
     text_tools.register(server)
     image_tools.register(server)
     job_tools.register(server)
     run_tools.register(server)
     resources.register(server, settings, lambda ctx: ctx.lifespan_context.watch)
     prompts.register(server)
-    role_prompts.register(server)
+    if team:  # the role prompts walk an agent through the team tools
+        role_prompts.register(server)
     logs.register(server)
 
     @server.custom_route("/health", methods=["GET"])

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from mcp_server.context import CREATES, READ_ONLY, state_of
 from mcp_server.models import Message, ModelEntry, ModelList, TextResult, Upstream
-from orchestrator.clients.llm import LLMError
+from orchestrator.clients.llm import LLMError, StreamInfo
 
 
 async def complete(ctx: Context, messages: list[dict], max_tokens: int, temperature: float,
@@ -20,7 +20,8 @@ async def complete(ctx: Context, messages: list[dict], max_tokens: int, temperat
     deadline = time.monotonic() + state.budget
     parts: list[str] = []
     truncated = False
-    stream = state.llm.stream_chat(messages, model=model, max_tokens=max_tokens, temperature=temperature)
+    info = StreamInfo()
+    stream = state.llm.stream_chat(messages, model=model, max_tokens=max_tokens, temperature=temperature, info=info)
     try:
         async for delta in stream:
             parts.append(delta)
@@ -33,7 +34,10 @@ async def complete(ctx: Context, messages: list[dict], max_tokens: int, temperat
         raise ToolError(f"The LLM is unavailable: {e}") from None
     finally:
         await stream.aclose()
-    return TextResult(text="".join(parts), model=model or state.llm.model, tokens=len(parts), truncated=truncated)
+    # A stream cut at the budget (or an upstream that sends no usage) has no count of the server's: chunks, then.
+    tokens = info.completion_tokens if info.completion_tokens is not None else len(parts)
+    return TextResult(text="".join(parts), model=info.model or model or state.llm.model, tokens=tokens,
+                      truncated=truncated)
 
 
 def register(server: MCPServer) -> None:

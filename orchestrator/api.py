@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator import run_edits, run_view
 from orchestrator.history import Actor, VersionConflict
-from orchestrator.jobs import JobError, JobStore, Run
+from orchestrator.jobs import JobError, JobStore, Run, UnknownRun
 from orchestrator.pipeline.image import ImageParams, build_workflow
 from orchestrator.pipeline.params import LENGTHS, ArticleParams, ParamsError
 from orchestrator.pipeline.stage_job import StageParams
@@ -25,7 +25,7 @@ from orchestrator.workflows import TemplateError
 __all__ = ["Actor", "EditError", "JobError", "ParamsError", "Run", "TemplateError", "VersionConflict", "cancel",
            "create_article_run", "create_run", "create_stage_job", "get", "get_run", "image_workflow", "list_runs",
            "outline_schema", "page", "reject_section", "resume", "set_image", "set_outline", "set_section", "spawn_worker",
-           "start_article", "start_image", "start_stage", "status", "wait_settled"]
+           "start_article", "start_image", "start_stage", "status", "UnknownRun", "wait_settled"]
 
 
 def store_for(settings: Settings) -> JobStore:

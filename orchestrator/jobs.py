@@ -63,6 +63,10 @@ class JobError(Exception):
     pass
 
 
+class UnknownRun(JobError):
+    """No run has the id asked for."""
+
+
 @dataclass
 class Run:
     id: str
@@ -176,7 +180,7 @@ class JobStore:
                 elif len(rows) > 1:
                     raise JobError(f"run id {run_id!r} is ambiguous: {', '.join(r['id'] for r in rows[:5])}")
         if row is None:
-            raise JobError(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
+            raise UnknownRun(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
         return _run(row)
 
     def recent(self, limit: int = 50) -> list[Run]:

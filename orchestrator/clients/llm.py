@@ -11,8 +11,18 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx
+
+
+@dataclass
+class StreamInfo:
+    """What a chat stream says besides its text: the model that answered, and the completion's tokens as the
+    server counted them (its usage, sent last when asked for with stream_options.include_usage)."""
+
+    model: str | None = None
+    completion_tokens: int | None = None
 
 
 class LLMError(Exception):
@@ -114,10 +124,12 @@ class LLMClient:
         return chat_result(self.base_url, (await self._request("POST", "/chat/completions", body)).json())
 
     async def stream_chat(self, messages: list[dict], *, max_tokens: int = 512, temperature: float = 0.7,
-                          seed: int | None = None, stop: list[str] | None = None) -> AsyncIterator[str]:
-        """Text deltas as the server streams them (connection retries happen before the first byte only)."""
+                          seed: int | None = None, stop: list[str] | None = None,
+                          info: StreamInfo | None = None) -> AsyncIterator[str]:
+        """Text deltas as the server streams them (connection retries happen before the first byte only).
+        info: filled with the answering model and the server's token count as they arrive."""
         body = await self._chat_body(messages, max_tokens, temperature, None, seed, stop, None)
-        body["stream"] = True
+        body.update(stream_body(info))
         started = time.monotonic()
         attempt = 0
         while True:
@@ -135,7 +147,7 @@ class LLMClient:
                     yielded = False
                     try:
                         async for line in response.aiter_lines():
-                            deltas = stream_deltas(line)
+                            deltas = stream_deltas(line, info)
                             if deltas is None:
                                 return
                             for delta in deltas:
@@ -186,8 +198,14 @@ def chat_result(url: str, data: dict) -> dict:
                        f"{json.dumps(data)[:300]}") from None
 
 
-def stream_deltas(line: str) -> list[str] | None:
-    """The text deltas of one SSE line of a chat stream; None for the final `data: [DONE]`."""
+def stream_body(info: StreamInfo | None) -> dict:
+    """What a chat request adds to stream; the usage chunk only when someone reads it."""
+    return {"stream": True, **({"stream_options": {"include_usage": True}} if info is not None else {})}
+
+
+def stream_deltas(line: str, info: StreamInfo | None = None) -> list[str] | None:
+    """The text deltas of one SSE line of a chat stream; None for the final `data: [DONE]`. info, when given,
+    takes the chunk's model and usage."""
     if line == "data: [DONE]":
         return None
     if not line.startswith("data: "):
@@ -195,6 +213,11 @@ def stream_deltas(line: str) -> list[str] | None:
     chunk = json.loads(line[6:])
     if "error" in chunk:
         raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+    if info is not None:
+        info.model = chunk.get("model") or info.model
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            info.completion_tokens = usage["completion_tokens"]
     return [d for c in chunk.get("choices", []) if (d := c.get("delta", {}).get("content"))]
 
 

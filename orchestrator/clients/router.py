@@ -26,10 +26,12 @@ from orchestrator.clients.llm import (
     LLMClient,
     LLMError,
     StreamError,
+    StreamInfo,
     _message,
     broken_stream,
     chat_body,
     chat_result,
+    stream_body,
     stream_deltas,
 )
 from orchestrator.clients.upstream import Busy, Failed, Run, Upstream, retry_after
@@ -275,14 +277,16 @@ class LLMRouter:
             finally:
                 self._done(up)
 
-    async def stream_chat(self, messages: list[dict], model: str | None = None, **kwargs) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[dict], model: str | None = None, info: StreamInfo | None = None,
+                          **kwargs) -> AsyncIterator[str]:
+        """Text deltas; info (when given) takes the answering model and the server's token count."""
         if len(self.pool) == 1:
             async with self._alone(model) as client:
-                async for delta in client.stream_chat(messages, **kwargs):
+                async for delta in client.stream_chat(messages, info=info, **kwargs):
                     yield delta
             return
         model = await self._resolve(model)
-        body, run = {**chat_body(model, messages, **kwargs), "stream": True}, Run()
+        body, run = {**chat_body(model, messages, **kwargs), **stream_body(info)}, Run()
         while True:
             up = await self._next(model, run)
             yielded, error = False, None
@@ -294,7 +298,7 @@ class LLMRouter:
                             self._classify(up, response)
                         async for line in response.aiter_lines():
                             try:
-                                deltas = stream_deltas(line)
+                                deltas = stream_deltas(line, info)
                             except StreamError as e:
                                 if not e.server_side:
                                     raise

@@ -12,8 +12,9 @@ HTTP = {
     # VS Code, "MCP configuration reference": "type": "http", url, headers; secrets through an `inputs`
     # entry of type promptString with password: true, referenced as ${input:ID}.
     "vscode": {"type": "http", "url": URL, "headers": {"Authorization": "Bearer ${input:scriptorium-mcp-token}"}},
-    # Codex, config.toml [mcp_servers.NAME]: url and bearer_token_env_var (the variable holding the token).
-    "codex": {"url": URL, "bearer_token_env_var": "SCRIPTORIUM_MCP_TOKEN"},
+    # Codex, config.toml [mcp_servers.NAME]: url and bearer_token_env_var (the variable holding the token);
+    # startup_timeout_sec, how long Codex waits for the server to start (default 10).
+    "codex": {"url": URL, "bearer_token_env_var": "SCRIPTORIUM_MCP_TOKEN", "startup_timeout_sec": 30},
     # Hermes Agent, config.yaml mcp_servers: url, headers (${VAR} interpolated), timeout.
     "hermes": {"url": URL, "headers": {"Authorization": "Bearer ${SCRIPTORIUM_MCP_TOKEN}"}, "timeout": 300},
     # Goose, config.yaml extensions: type streamable_http, uri, headers, env_keys naming secrets it supplies.
@@ -36,8 +37,8 @@ def stdio(client: str, command: str, env: dict) -> dict:
     if client == "goose":  # Goose: type stdio, cmd, args, envs, env_keys, timeout
         return {"type": "stdio", "name": "scriptorium", "enabled": True, "cmd": command, "args": args, "envs": env,
                 "env_keys": [], "timeout": 300}
-    if client == "codex":  # Codex: command, args, env (a table, left out when empty)
-        return {"command": command, "args": args, **({"env": env} if env else {})}
+    if client == "codex":  # Codex: command, args, env (a table, left out when empty), startup_timeout_sec
+        return {"command": command, "args": args, **({"env": env} if env else {}), "startup_timeout_sec": 30}
     entry = {"command": command, "args": args, "env": env}
     if client in ("claude-code", "vscode"):
         entry = {"type": "stdio", **entry}

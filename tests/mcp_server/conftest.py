@@ -21,6 +21,7 @@ def served(tmp_path, llm_server, comfyui):
         "SCRIPTORIUM_COMFYUI_URL": comfyui.url,
         "SCRIPTORIUM_MCP_ALLOWED_DIRS": str(allowed),
         "SCRIPTORIUM_MCP_BUDGET": "40",
+        "SCRIPTORIUM_MCP_TOOLSETS": "core,team",
     }
     env.pop("SCRIPTORIUM_MCP_TOKEN", None)
     server = MCPHTTPServer(env, cwd=tmp_path)

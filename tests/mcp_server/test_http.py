@@ -1,5 +1,5 @@
-"""The streamable HTTP transport as a real process: the token (any case of Bearer, constant-time compared),
-RFC 9728 metadata and WWW-Authenticate, the Host/Origin allow-list, and which files a tool may read."""
+"""The streamable HTTP transport as a real process: the token (any case of Bearer, constant-time compared) and
+its RFC 6750 challenges, the Host/Origin allow-list, and which files a tool may read."""
 
 import asyncio
 import os
@@ -47,22 +47,27 @@ def exposed(tmp_path):
     server.stop()
 
 
-def test_token_metadata_and_www_authenticate(exposed):
+def test_token_challenges_follow_rfc_6750(exposed):
     server, _ = exposed
-    refused = httpx.post(f"{server.url}/mcp", json=INIT, headers=HEADERS)
-    assert refused.status_code == 401 and "SCRIPTORIUM_MCP_TOKEN" in refused.json()["message"]
-    challenge = refused.headers["www-authenticate"]
-    metadata_url = "https://scriptorium.test/.well-known/oauth-protected-resource/mcp"
-    assert challenge.startswith("Bearer ") and f'resource_metadata="{metadata_url}"' in challenge
-    metadata = httpx.get(f"{server.url}/.well-known/oauth-protected-resource/mcp").json()
-    assert metadata["resource"] == PUBLIC and metadata["bearer_methods_supported"] == ["header"]
-    wrong = httpx.post(f"{server.url}/mcp", json=INIT, headers={**HEADERS, "Authorization": f"Bearer {TOKEN}x"})
-    assert wrong.status_code == 401
-    prefix = httpx.post(f"{server.url}/mcp", json=INIT, headers={**HEADERS, "Authorization": f"Bearer {TOKEN[:-1]}"})
-    assert prefix.status_code == 401
+    # RFC 6750 3.1: a request without credentials gets the challenge without an error code.
+    for headers in (HEADERS, {**HEADERS, "Authorization": "Basic dXNlcjpwdw=="}):
+        refused = httpx.post(f"{server.url}/mcp", json=INIT, headers=headers)
+        assert refused.status_code == 401 and "SCRIPTORIUM_MCP_TOKEN" in refused.json()["message"]
+        challenge = refused.headers["www-authenticate"]
+        assert challenge.startswith("Bearer ") and 'realm="' in challenge and "error=" not in challenge, challenge
+    for token in (f"{TOKEN}x", TOKEN[:-1], ""):  # a wrong token, a prefix of the right one, none after Bearer
+        given = f"Bearer {token}".strip()
+        wrong = httpx.post(f"{server.url}/mcp", json=INIT, headers={**HEADERS, "Authorization": given})
+        challenge = wrong.headers["www-authenticate"]
+        assert wrong.status_code == 401 and 'realm="' in challenge and 'error="invalid_token"' in challenge
     for scheme in ("Bearer", "bearer", "BEARER"):
         ok = httpx.post(f"{server.url}/mcp", json=INIT, headers={**HEADERS, "Authorization": f"{scheme} {TOKEN}"})
         assert ok.status_code == 200, (scheme, ok.text)
+    # No OAuth authorization server exists, so no metadata names one.
+    for path in ("/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"):
+        metadata = httpx.get(f"{server.url}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert metadata.status_code == 404 or "authorization_servers" not in metadata.json(), path
+    assert httpx.get(f"{server.url}/health").status_code == 200  # health checks carry no token
 
 
 def test_host_and_origin_allow_list(exposed):

@@ -28,7 +28,7 @@ def allowed(tmp_path) -> Path:
 @pytest.fixture
 def settings(tmp_path, allowed, llm_server, comfyui) -> Settings:
     return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url,
-                    mcp_allowed_dirs=(str(allowed),))
+                    mcp_allowed_dirs=(str(allowed),), mcp_toolsets=("images",))
 
 
 def user_workflow(allowed: Path) -> Path:

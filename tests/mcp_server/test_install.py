@@ -236,3 +236,41 @@ def test_cli_print_writes_nothing_and_install_reports_one_line(home):
     bad = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "emacs"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert bad.returncode != 0 and "emacs" in bad.stderr
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_toolsets_go_into_the_stdio_entrys_args(client, home):
+    path = install(client, "user", home / "project", toolsets=("core", "team"))["path"]
+    got = servers_of(client, read(Path(path)))["scriptorium"]
+    assert got["args"] == ["-m", "mcp_server", "--toolsets", "core,team"]
+
+
+def test_the_installed_entry_starts_a_server_with_its_toolsets(home):
+    import asyncio
+
+    from mcp import Client, StdioServerParameters
+
+    env = {**os.environ, "HOME": str(home / "home")}
+    done = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "cursor", "--toolsets",
+                           "images"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    entry = read(home / "home" / ".cursor" / "mcp.json")["mcpServers"]["scriptorium"]
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], cwd=str(ROOT),
+                                   env={**env, **entry["env"]})
+
+    async def names() -> set[str]:
+        async with Client(params) as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    listed = asyncio.run(names())
+    assert "run_workflow" in listed and "generate_text" not in listed
+
+
+def test_install_refuses_unknown_toolsets_and_toolsets_for_http(home):
+    env = {**os.environ, "HOME": str(home / "home")}
+    unknown = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "codex", "--toolsets",
+                              "writing"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert unknown.returncode == 2 and "unknown toolset 'writing'" in unknown.stderr
+    assert "core, team, images, all" in unknown.stderr
+    with pytest.raises(InstallError, match="--toolsets is for stdio entries"):
+        install("codex", "user", home, client_formats.URL, toolsets=("core",))

@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", message=".*deprecated as of 2026-07-28.*")
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
-    return Settings(home=tmp_path / "home", llm_urls=(f"http://127.0.0.1:{free_port()}/v1",))
+    return Settings(home=tmp_path / "home", llm_urls=(f"http://127.0.0.1:{free_port()}/v1",), mcp_toolsets=("all",))
 
 
 def queued(settings: Settings, n: int) -> list[str]:

@@ -25,7 +25,8 @@ def run(coro):
 
 @pytest.fixture
 def settings(tmp_path, llm_server, comfyui) -> Settings:
-    return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url)
+    return Settings(home=tmp_path / "home", llm_urls=(f"{llm_server.url}/v1",), comfyui_url=comfyui.url,
+                    mcp_toolsets=("all",))
 
 
 def test_every_tool_in_memory_meets_its_output_schema(settings):
@@ -101,7 +102,8 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
             freed = (await call("free_image_memory")).structured_content
             assert freed["freed"] > 0 and freed["after"][0]["vram_free"] > freed["before"][0]["vram_free"]
             missing = await call("get_job", {"job_id": "nope"})
-            assert missing.is_error and "no run 'nope'" in missing.content[0].text
+            assert missing.is_error and "no job 'nope'" in missing.content[0].text
+            assert "list_jobs" in missing.content[0].text
             # run_workflow and upload_image: test_images.py; the shared-run tools: test_runs.py
             assert call.validated == TOOLS - {"run_workflow", "upload_image"} - RUN_TOOLS
             assert init is None or init.version
@@ -179,8 +181,8 @@ def child_env(settings: Settings, **extra) -> dict:
 
 
 def test_stdio_session(settings):
-    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server"], cwd=str(ROOT),
-                                   env=child_env(settings))
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server", "--toolsets", "all"],
+                                   cwd=str(ROOT), env=child_env(settings))
 
     async def go():
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
