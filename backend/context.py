@@ -10,6 +10,7 @@ import logging
 import math
 from dataclasses import replace
 
+from backend.config import EngineConfig
 from backend.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,18 @@ def fit_context(cfg: ModelConfig, setting, max_model_len: int | None) -> tuple[M
                          f"with rope_scaling {_describe(scaling)} (trained at {trained}); {hint} or lower "
                          "max_model_len")
     return replace(cfg, rope_scaling=scaling), max_model_len
+
+
+def serving_config(config: EngineConfig, model: str) -> EngineConfig:
+    """`serve`'s settings for one of its models: a known model's serving length (smollm2: 32768, YaRN x4) when
+    neither max_model_len nor rope_scaling is given; the offline LLM keeps the model's own context."""
+    from backend.model_store import known
+
+    entry = known(model)
+    length = config.max_model_len
+    if length is None and config.rope_scaling is None and entry is not None:
+        length = entry.serve_max_model_len
+    return replace(config, model=model, max_model_len=length)
 
 
 def _describe(scaling: dict | None) -> str:
