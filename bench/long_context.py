@@ -3,7 +3,7 @@
 x4 (what `serve` gives it: 32768 tokens) and without scaling (RoPE extrapolated). One JSON line on stdout; each
 run's figures on stderr as they come.
 
-    PYTHONPATH=. python bench/long_context.py [--length 32768] [--plain-length 16384]
+    python bench/long_context.py [--length 32768] [--plain-length 16384]
 """
 
 import argparse
@@ -13,11 +13,13 @@ import sysconfig
 import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend import LLM, SamplingParams
-from backend.kernels.rotary import cos_sin_table
-from backend.loader import load_tokenizer, locate
+import torch  # noqa: E402
+
+from backend import LLM, SamplingParams  # noqa: E402
+from backend.kernels.rotary import cos_sin_table  # noqa: E402
+from backend.loader import load_tokenizer, locate  # noqa: E402
 
 BANDS = [(0, 8192), (8192, 16384), (16384, 32768), (32768, 65536)]
 
