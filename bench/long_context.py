@@ -1,6 +1,6 @@
 """SmolLM2 (the embedded default, trained at 8192 tokens) past its trained length: the mean next-token loss
 (nats) over bands of positions of one long text (the Python standard library's sources, concatenated), with YaRN
-x4 (what `serve` gives it: 32768 tokens) and without scaling (RoPE extrapolated). One JSON line on stdout; each
+x4 (what `serve` gives it: 32768 tokens), without scaling (RoPE extrapolated) and with YaRN x8 (65536). One JSON line on stdout; each
 run's figures on stderr as they come.
 
     python bench/long_context.py [--length 32768] [--plain-length 16384]
@@ -76,11 +76,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=32768, help="tokens of the YaRN x4 run")
     parser.add_argument("--plain-length", type=int, default=16384, help="tokens of the run without scaling")
+    parser.add_argument("--x8-length", type=int, default=16384,
+                        help="tokens of a YaRN x8 run (what --max-model-len 65536 gives), for its cost at short range")
     args = parser.parse_args()
-    ids = load_tokenizer(locate("smollm2"))(stdlib_text(6 * max(args.length, args.plain_length)))["input_ids"]
-    assert len(ids) >= max(args.length, args.plain_length), "not enough text"
+    ids = load_tokenizer(locate("smollm2"))(stdlib_text(6 * max(args.length, args.plain_length, args.x8_length)))["input_ids"]
+    assert len(ids) >= max(args.length, args.plain_length, args.x8_length), "not enough text"
     rows = [run("yarn_x4", ids, args.length, rope_scaling="yarn:4"),
-            run("none", ids, args.plain_length, rope_scaling="yarn:4", unscaled=True)]
+            run("none", ids, args.plain_length, rope_scaling="yarn:4", unscaled=True),
+            run("yarn_x8", ids, args.x8_length, rope_scaling="yarn:8")]
     print(json.dumps({"model": "smollm2 (SmolLM2-135M-Instruct Q4_1, trained at 8192)",
                       "text": "Python stdlib sources", "mean_loss_nats": rows}))
 
