@@ -113,10 +113,11 @@ def fit_context(cfg: ModelConfig, setting, max_model_len: int | None) -> tuple[M
 
 def serving_config(config: EngineConfig, model: str) -> EngineConfig:
     """`serve`'s settings for one of its models: a known model's serving length (smollm2: 32768, YaRN x4) when
-    neither max_model_len nor rope_scaling is given; the offline LLM keeps the model's own context."""
-    from backend.model_store import known
+    neither max_model_len nor rope_scaling is given, by its alias (a path is served as any file, wherever the
+    home is); the offline LLM keeps the model's own context."""
+    from backend.model_store import KNOWN_MODELS
 
-    entry = known(model)
+    entry = KNOWN_MODELS.get(model)
     length = config.max_model_len
     if length is None and config.rope_scaling is None and entry is not None:
         length = entry.serve_max_model_len

@@ -43,14 +43,6 @@ class ModelStoreError(Exception):
     pass
 
 
-def known(model: str) -> KnownModel | None:
-    """The known model `model` names, by its alias or by the path it is fetched to."""
-    if model in KNOWN_MODELS:
-        return KNOWN_MODELS[model]
-    path = Path(model).expanduser().resolve()
-    return next((m for m in KNOWN_MODELS.values() if m.path().resolve() == path), None)
-
-
 def lookup(alias: str) -> KnownModel:
     try:
         return KNOWN_MODELS[alias]

@@ -25,8 +25,8 @@ def test_serve_gives_smollm2_32768_tokens_and_reports_them(smollm2_path):
         server.stop()
 
 
-def test_one_option_gives_65536_and_the_path_of_the_alias_gets_its_default(smollm2_path, capsys):
-    for args, length in ((["--max-model-len", "65536"], 65536), (["--model", str(smollm2_path)], 32768),
+def test_one_option_gives_65536_and_a_path_keeps_the_files_context(smollm2_path, capsys):
+    for args, length in ((["--max-model-len", "65536"], 65536), (["--model", str(smollm2_path)], 8192),
                          (["--rope-scaling", "yarn:8"], 65536), (["--rope-scaling", "none"], 8192)):
         assert main(["serve", *args, "--print-memory-need"]) == 0
         assert json.loads(capsys.readouterr().out)["models"][0]["max_model_len"] == length
