@@ -13,7 +13,8 @@ def _generate(args: argparse.Namespace) -> int:
     from backend import LLM, SamplingParams
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-              activations=args.activations, max_model_len=args.max_model_len, quantization=args.quantization)
+              activations=args.activations, max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
+              quantization=args.quantization)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             seed=args.seed, stop=args.stop or None)
     if args.chat:
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p_list = models_sub.add_parser("list", help="known models and whether they are present")
     p_list.add_argument("--json", action="store_true")
 
+    from backend.server.serve import add_arguments, rope_scaling_arg
+
     gen = sub.add_parser("generate", help="print one completion")
     gen.add_argument("prompt")
     gen.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
@@ -46,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     gen.add_argument("--activations", default="float32", choices=ACTIVATIONS)
-    gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--max-model-len", type=int, default=None,
+                     help="past the model's trained length RoPE is scaled by YaRN (see serve --help)")
+    gen.add_argument("--rope-scaling", type=rope_scaling_arg, default=None,
+                     help="none, yarn, yarn:FACTOR, linear:FACTOR or JSON (see serve --help)")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -57,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--json", action="store_true")
 
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
-    from backend.server.serve import add_arguments
-
     add_arguments(srv)
 
     args = parser.parse_args(argv)

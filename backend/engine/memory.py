@@ -10,6 +10,7 @@ import torch
 
 from backend.arithmetic import pick_kv_dtype
 from backend.config import EngineConfig
+from backend.context import fit_context
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
@@ -118,8 +119,8 @@ class CacheShape:
     @classmethod
     def of(cls, config: EngineConfig, cfg: ModelConfig, spec: SpeculativeConfig | None, device: torch.device,
            dtype: torch.dtype) -> "CacheShape":
-        """The settings' lengths, else the model's context (at most 8192) and 2048 tokens a step."""
-        max_model_len = config.max_model_len or min(cfg.max_position_embeddings, 8192)
+        """The settings' lengths, else the model's context (at most 8192; backend.context) and 2048 tokens a step."""
+        _, max_model_len = fit_context(cfg, config.rope_scaling, config.max_model_len)
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)
         drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
         kv_dtype = pick_kv_dtype(config.kv_cache_dtype, device, dtype)

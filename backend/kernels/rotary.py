@@ -31,7 +31,42 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        return _yarn_frequencies(inv_freq, head_dim, theta, scaling)
     raise ValueError(f"rope_type {kind!r} is not supported")
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    # YaRN: dimensions that turn fewer than beta_slow times over the trained length are interpolated (divided
+    # by factor), those that turn more than beta_fast times are kept, a linear ramp between the two.
+    factor, trained = scaling["factor"], scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension(turns: float) -> float:
+        return head_dim * math.log(trained / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(fast), dimension(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def attention_factor(scaling: dict | None) -> float:
+    """What YaRN multiplies cos and sin by (so q.k by its square): 1 for every other kind."""
+    if scaling is None or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor, m, m_all = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
 
 def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positions: int) -> torch.Tensor:
@@ -39,7 +74,9 @@ def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positio
     inv_freq = inverse_frequencies(head_dim, theta, scaling)
     freqs = torch.arange(max_positions, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return torch.stack([emb.cos(), emb.sin()], dim=1)
+    table = torch.stack([emb.cos(), emb.sin()], dim=1)
+    scale = attention_factor(scaling)
+    return table if scale == 1.0 else table * scale
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

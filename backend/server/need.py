@@ -8,6 +8,7 @@ import torch
 
 from backend.arithmetic import pick_dtype
 from backend.config import EngineConfig
+from backend.context import serving_config
 from backend.engine.memory import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.loader import locate, read_config
 from backend.spec.config import SpeculativeConfig
@@ -56,7 +57,7 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
 def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memory: int | None) -> dict:
     """What a server of `models` (name, model) needs on the card: enough for its largest model alone (the
     others are unloaded to make room), or the --models-memory they may hold together when that is more."""
-    needs = [model_need(name, replace(config, model=model)) for name, model in models]
+    needs = [model_need(name, serving_config(config, model)) for name, model in models]
     largest = max(needs, key=lambda n: n.total)
     need = largest.total
     if models_memory is not None:

@@ -5,9 +5,9 @@ import json
 import logging
 import signal
 import sys
-from dataclasses import replace
 
 from backend.config import ACTIVATIONS, KV_CACHE_DTYPES, EngineConfig
+from backend.context import serving_config
 from common.sizes import parse_memory
 
 
@@ -20,6 +20,15 @@ def _memory(text: str) -> float | int:
 
 def _budget(text: str) -> float | int | str:
     return text if text == "auto" else _memory(text)
+
+
+def rope_scaling_arg(text: str) -> dict | str:
+    from backend.context import parse_rope_scaling
+
+    try:
+        return parse_rope_scaling(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _experts(text: str) -> int | str:
@@ -65,7 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU, a GGUF kept in its blocks: int8 quantizes each row of x per block of 16 or 32 to "
                              "8 bits and multiplies the codes in integers, as llama.cpp does (2-3x the matmul speed "
                              "with AVX-512 VNNI; no longer exact against transformers)")
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the longest prompt plus completion (default: the model's context, at most 8192; "
+                             "smollm2: 32768, YaRN x4); past the model's trained length RoPE is scaled by YaRN with "
+                             "the factor it needs (65536 on smollm2: x8), unless --rope-scaling says otherwise")
+    parser.add_argument("--rope-scaling", type=rope_scaling_arg, default=None,
+                        help="RoPE scaling, overriding the model file's own: yarn (the factor --max-model-len needs, "
+                             "else 4), yarn:FACTOR, linear:FACTOR, JSON such as '{\"rope_type\": \"yarn\", "
+                             "\"factor\": 4}', or none (no scaling, even where the file has some)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
@@ -141,7 +157,7 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
     return EngineConfig(
         model=model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         activations=args.activations,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
         max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
@@ -167,7 +183,8 @@ def serve(args: argparse.Namespace) -> int:
             print(json.dumps(need))
             return 0
         args.gpu_memory_utilization = need["need_bytes"]
-    config = _engine_config(args, models[0][1], args.gpu_memory_utilization)
+    base = _engine_config(args, models[0][1], args.gpu_memory_utilization)
+    config = serving_config(base, models[0][1])
     import torch
     import uvicorn
 
@@ -198,7 +215,7 @@ def serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    more = [(name, replace(config, model=model)) for name, model in models[1:]]
+    more = [(name, serving_config(base, model)) for name, model in models[1:]]
     budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout)
     app = build_app(config, models[0][0], on_load_error, allow_sleep=not args.no_sleep,
                     max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser, more_models=more,

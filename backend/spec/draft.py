@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.context import fit_context
 from backend.engine.block_manager import BlockManager
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import needs_only_argmax, sampling_probs
@@ -42,6 +43,7 @@ def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: tor
     dtype (its KV cache is made in it), its quantized layers' products as the target's (arithmetic.products)."""
     source = locate(model)
     config, reader = read_config(source)
+    config, _ = fit_context(config, None, max_model_len)  # YaRN where the target's length is past the draft's
     if config.vocab_size != target.vocab_size:
         raise ModelLoadError(f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
                              f"{target.vocab_size}; a draft must share the target's vocabulary")

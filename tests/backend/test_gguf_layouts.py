@@ -163,8 +163,10 @@ def test_a_tensor_the_layout_does_not_have_is_refused(tmp_path):
 
 
 def test_rope_scaling_and_layout_refusals(tmp_path):
-    assert "GGUF rope scaling 'yarn' is not supported" in refusal(
-        minimal_gguf(tmp_path / "y.gguf", extra={"llama.rope.scaling.type": "yarn"}))
+    assert "GGUF rope scaling 'longrope' is not supported" in refusal(
+        minimal_gguf(tmp_path / "y.gguf", extra={"llama.rope.scaling.type": "longrope"}))
+    assert "without llama.rope.scaling.factor" in refusal(
+        minimal_gguf(tmp_path / "f.gguf", extra={"llama.rope.scaling.type": "yarn"}))
     assert "partial rotary embeddings (8 of 16 dimensions)" in refusal(
         minimal_gguf(tmp_path / "p.gguf", extra={"llama.rope.dimension_count": 8}))
     assert "a qwen2moe GGUF needs qwen2moe.expert_count" in refusal(minimal_gguf(tmp_path / "m.gguf", "qwen2moe"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file, save_file
 
@@ -128,6 +128,11 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if (rope.get("rope_type") or rope.get("type")) == "yarn":  # the keys convert_hf_to_gguf.py writes
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     w.add_vocab_size(cfg["vocab_size"])
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
