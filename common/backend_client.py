@@ -14,8 +14,6 @@ They live beside /v1. `detect` tells them apart for SCRIPTORIUM_LLM_SLEEP_API=au
 
 import httpx
 
-SLEEP_APIS = ("scriptorium", "vllm", "sglang", "none")
-
 
 def root(llm_url: str) -> str:
     """http://host:8000/v1 -> http://host:8000."""

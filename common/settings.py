@@ -10,8 +10,10 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from common.backend_client import SLEEP_APIS
 from common.paths import data_home
+
+# How a backend is put to sleep and woken (ops' stack file and the orchestrator's settings both name one).
+SLEEP_APIS = ("scriptorium", "vllm", "sglang", "none")
 
 DEFAULT_LLM_URL = "http://127.0.0.1:8000/v1"
 ENV = {  # field -> environment variable

@@ -3,6 +3,7 @@
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         except InstallError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        if args.command == "install" and args.http_url is None and not args.dry_run:
+            result["notes"] += _prime(entry_toolsets)
         if args.json:
             print(json.dumps(result))
         elif result.get("snippet"):
@@ -83,10 +86,24 @@ def main(argv: list[str] | None = None) -> int:
         from mcp_server.http import serve_http
 
         return serve_http(settings, args.host, args.port, args.budget)
-    from mcp_server.server import build_server
+    from mcp_server.stdio_front import Front, answers_path
 
-    build_server(settings, budget=args.budget).run("stdio")
-    return 0
+    def load():
+        from mcp_server.server import build_server
+
+        server = build_server(settings, budget=args.budget)
+        return lambda: server.run("stdio")
+
+    return Front(answers_path(settings.home, settings.mcp_toolsets, args.budget), load).serve()
+
+
+def _prime(entry_toolsets: tuple[str, ...] | None) -> list[str]:
+    """The entry's server started once here, so that the agent's first start answers at once."""
+    from mcp_server.stdio_front import prime
+
+    command = [sys.executable, "-m", "mcp_server", *(["--toolsets", ",".join(entry_toolsets)] if entry_toolsets else [])]
+    problems = prime(command, dict(os.environ), cwd=Path(__file__).resolve().parents[1])
+    return [f"the server's first answers are not remembered yet: {p}" for p in problems]
 
 
 if __name__ == "__main__":

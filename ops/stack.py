@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.settings import SLEEP_APIS
 from common.sizes import SizeError, in_bytes, parse_memory
 
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^{}]|\{[^{}]*\})*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
@@ -67,9 +68,6 @@ class Service:
                 raise StackError(f"{self.name}: x-ops.gpu_memory is auto, but its need was not measured")
             return self.need
         return in_bytes(self.gpu_memory, total)
-
-
-SLEEP_APIS = ("scriptorium", "vllm", "sglang", "none")
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:

@@ -5,6 +5,7 @@ answer, and the server must have answered every request it got with a 2xx."""
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,10 @@ def run(args: list, home: Path, env: dict, timeout: float = 900) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    """SmolLM2 with room for Codex's prompt (~9,700 tokens) and aliases for Claude Code's model names."""
+    """SmolLM2 as serve starts it (32,768 tokens: room for Codex's prompt of ~9,700), with aliases for Claude
+    Code's model names."""
     log = tmp_path_factory.mktemp("logs") / "smol.log"
-    server = LoggedServer(log, "smollm2", "--max-model-len", "16384", "--model-alias", "claude-*=smollm2",
-                          "--log-level", "debug")
+    server = LoggedServer(log, "smollm2", "--model-alias", "claude-*=smollm2", "--log-level", "debug")
     yield server
     assert server.stop() == 0
 
@@ -115,3 +116,19 @@ def test_codex_exec_answers_through_the_responses_api(smol, tmp_path):
     log = smol.log.read_text()
     assert "'web_search' tools run on OpenAI's servers, not here; left out of the prompt" in log
     assert "multi_agent_v1__" in log  # Codex's own namespace, offered by qualified name
+
+
+def test_codex_offers_our_mcp_tools_once_installed(smol, tmp_path):
+    """`python -m mcp_server install --client codex` registers us; Codex starts our MCP server and offers its
+    tools to the model in the same turn (they reach the prompt: the server logs the offered names)."""
+    codex = cli("codex")
+    codex_home(tmp_path, smol.url)
+    env = {"SCRIPTORIUM_API_KEY": "unused", "SCRIPTORIUM_HOME": os.environ["SCRIPTORIUM_HOME"]}
+    installed = run([sys.executable, "-m", "mcp_server", "install", "--client", "codex"], tmp_path,
+                    {**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    before = smol.log.read_text().count("tools offered to the model")
+    out = run([codex, "exec", "--skip-git-repo-check", "--color", "never", ASK], tmp_path, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    offered = [line for line in smol.log.read_text().splitlines() if "tools offered to the model" in line]
+    assert any("scriptorium" in line and "generate_text" in line for line in offered[before:]), offered[before:]
