@@ -1,9 +1,10 @@
 """llama.cpp's time to first token on an agent's turns, run by bench/agents.py in llama-cpp-python's own venv.
 
-Reads {"model", "turns": [[token ids], ...], "threads", "n_ctx", "trained"} on stdin: each turn's prompt extends the
-one before (an agent's conversation), and llama-cpp-python re-evaluates only the tokens past the prefix it
-holds, as llama.cpp's server does with its prompt cache. Prints {"seconds": [per turn]}: from the call to the
-first sampled token. An n_ctx past the trained length gets YaRN, as our server does.
+Reads {"model", "turns": [[token ids], ...], "threads", "n_ctx", "trained"} on stdin: each turn's prompt
+extends the one before (an agent's conversation), and llama-cpp-python re-evaluates only the tokens past the
+prefix it holds (generate keeps the longest common prefix), as llama.cpp's server does with its prompt cache.
+Prints {"seconds": [per turn]}: from the call to the first sampled token. An n_ctx past the trained length gets
+YaRN, as our server does.
 """
 
 import json
@@ -24,7 +25,7 @@ def main() -> None:
     seconds = []
     for turn in job["turns"]:
         start = time.perf_counter()
-        next(iter(llm.generate(turn, temp=0.0, reset=False)))
+        next(iter(llm.generate(turn, temp=0.0)))  # reset=True: it keeps the longest common prefix
         seconds.append(time.perf_counter() - start)
     print(json.dumps({"seconds": seconds}))
 

@@ -11,7 +11,6 @@ A client whose first message is not `initialize` (the stateless protocol era), o
 version not seen before, waits for the SDK server and gets its answers.
 """
 
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +20,11 @@ import threading
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: starts at once may keep one version's answers, not both
+    fcntl = None
 
 REPLAY = "scriptorium-front:"
 END = b'"scriptorium-front:end"\n'  # written after the SDK's last line: a copy of the pipe may outlive it
@@ -76,7 +80,6 @@ class Front:
         self.init_answered = False
         self.replies: dict[str, dict] = {}  # replayed method -> the SDK's result
         self.replayed = threading.Event()  # the SDK answered the replayed initialize
-        self.failed: BaseException | None = None
         self.handed_over = threading.Event()
 
     def serve(self) -> int:
@@ -100,7 +103,7 @@ class Front:
         os.dup2(2, 1)
         _send(self.sdk_out, END)
         self.reader.join()
-        return 1 if self.failed else 0
+        return 0
 
     def _before_hand_over(self, raw: bytes) -> None:
         try:
@@ -167,9 +170,9 @@ class Front:
     def _run_sdk(self, run_sdk: Callable[[], None]) -> None:
         try:
             run_sdk()
-        except BaseException as e:  # noqa: BLE001 - said on stderr; the exit code says it too
-            self.failed = e
+        except BaseException as e:  # noqa: BLE001 - the client must see the process end, with the reason
             print(f"error: the MCP server stopped: {e}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def _replay(self) -> None:
         """The client's initialize (answered by the SDK now, unless the front did), then the lists to check."""
@@ -218,7 +221,8 @@ class Front:
         try:
             self.answers_file.parent.mkdir(parents=True, exist_ok=True)
             with open(self.answers_file.with_suffix(".lock"), "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # starts at once (install primes two) each add their version
+                if fcntl:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # starts at once (install primes two) each add their version
                 answers = _read(self.answers_file)
                 for method, result in replies.items():
                     answers.setdefault(method, {})[wanted] = result

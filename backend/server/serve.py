@@ -41,6 +41,8 @@ def _experts(text: str) -> int | str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as `vllm serve MODEL` takes it: the same as a first --model")
     parser.add_argument("--model", action="append", default=None,
                         help="an alias (smollm2), a Hugging Face directory or a .gguf, optionally as NAME=MODEL (the "
                              "name clients use); repeat for several models behind one server: the first loads at "
@@ -169,7 +171,8 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
 def serve(args: argparse.Namespace) -> int:
     """Settings or models that are wrong raise ValueError, ModelLoadError or ModelStoreError: `python -m backend`
     prints them as `error: ...` and exits with 2, before the port is taken."""
-    models = named_models(args.model, args.served_model_name)
+    models = named_models([*([args.model_tag] if args.model_tag else []), *(args.model or [])] or None,
+                          args.served_model_name)
     aliases = model_aliases(args.model_alias, [name for name, _ in models])
     if args.max_loaded_models is not None and args.max_loaded_models < 1:
         raise ValueError("--max-loaded-models must be at least 1")

@@ -57,3 +57,12 @@ def test_the_largest_models_weights_kv_cache_and_activations(need, smollm2_path,
 def test_a_model_that_is_not_there_is_named(need):
     done = need("--model", "/nowhere/model.gguf")
     assert done.returncode == 2 and "/nowhere/model.gguf" in done.stderr and not done.stdout
+
+
+def test_the_model_as_vllm_serve_takes_it(need, tiny_dir):
+    """`serve MODEL` as `vllm serve MODEL`: the same as a first --model, before any other."""
+    tiny = tiny_dir("qwen2")
+    done = need("smollm2", "--model", f"tiny={tiny}", "--max-model-len", "1000")
+    assert done.returncode == 0, done.stderr
+    assert [m["name"] for m in json.loads(done.stdout)["models"]] == ["smollm2", "tiny"]
+    assert need("/nowhere/model.gguf").returncode == 2
