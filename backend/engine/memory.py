@@ -47,11 +47,15 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+CUDA_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
 def check_cuda_block_size(block_size: int) -> None:
-    """The attention kernels load one cache block as a tile: a power of two, and at least the 16 rows
-    of a tensor-core matrix product."""
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two of at least 16 on CUDA, got {block_size}; use 16 or 32")
+    """The attention kernels multiply at least the 16 rows of a tensor-core matrix product and read the cache
+    in tiles that do not depend on the block size; these are the sizes compiled and checked for sm_80/89/90."""
+    if block_size not in CUDA_BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {', '.join(map(str, CUDA_BLOCK_SIZES))} on CUDA, "
+                         f"got {block_size}; use 16 (the default) or 32")
 
 
 def allowed_bytes(setting: float | int, card_total: int) -> int:

@@ -35,6 +35,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 # Paged decode attention (GQA, block tables, variable lengths) -----------------------------------------
 
+# Keys and values are read in tiles of KV_TILE tokens whatever the cache's block size (every token's block is
+# looked up on its own), so shared memory does not grow with block_size: 256-token blocks fit an RTX 4090 too.
+KV_TILE = 64
+
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, scale, window,
                    table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -53,7 +57,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_pt
     m = tl.full([BLOCK_G], -float("inf"), tl.float32)
     denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    offs = tl.arange(0, TILE)  # TILE tokens (whole cache blocks) per step
+    offs = tl.arange(0, TILE)  # TILE tokens per step, each looked up in its own cache block
     first = tl.maximum(ctx - window, 0) // TILE  # tiles wholly before the sliding window are skipped
     for n in range(first, tl.cdiv(ctx, TILE)):
         pos = n * TILE + offs
@@ -85,7 +89,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sli
     group = hq // hkv
     _decode_kernel[(b, hkv)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out, scale, window,
                              block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
-                             GROUP=group, BLOCK_G=max(_pow2(group), 16), TILE=max(bs, 64))
+                             GROUP=group, BLOCK_G=max(_pow2(group), 16), TILE=KV_TILE)
     return out
 
 
@@ -155,7 +159,7 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max
     grid = (context_lens.shape[0], hq, triton.cdiv(max_q_len, block_m))
     _prefill_kernel[grid](q.contiguous(), k_cache, v_cache, block_tables, cu_q, context_lens, out, scale, window,
                           block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
-                          BLOCK_M=block_m, TILE=max(bs, 64))
+                          BLOCK_M=block_m, TILE=KV_TILE)
     return out
 
 

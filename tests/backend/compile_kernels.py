@@ -14,6 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from backend.engine.memory import CUDA_BLOCK_SIZES
 from backend.kernels import quant_moe_triton as qmt
 from backend.kernels import quant_triton as qt
 from backend.kernels import triton_kernels as tk
@@ -59,8 +60,9 @@ def signature(kernel, args, kwargs) -> tuple[dict, dict, dict]:
     return sig, consts, options
 
 
-def launches(dtype, model):
-    """Call every wrapper as the engine does for this model and dtype; return the recorded launches."""
+def launches(dtype, model, block_sizes=(16,)):
+    """Call every wrapper as the engine does for this model and dtype (the attention kernels with a cache of
+    each block size: the first one in every shape, the others in the largest); return the recorded launches."""
     hq, hkv, d, hidden, inter, experts, top_k = MODELS[model]
     recorders = {}
     for name in ("_store_kv_kernel", "_decode_kernel", "_prefill_kernel", "_rms_norm_kernel", "_rotary_kernel",
@@ -79,6 +81,11 @@ def launches(dtype, model):
         for chunk in (30, 70):  # query tiles of 32 and 64 rows
             tk.prefill_attention(torch.zeros(chunk + 21, hq, d, dtype=dtype), k_cache, v_cache, tables,
                                  torch.tensor([0, 1, 21, chunk + 21]), lens, chunk, d ** -0.5, window)
+    for size in block_sizes[1:]:
+        cache = torch.zeros(2, size, hkv, d, dtype=dtype)
+        tk.decode_attention(torch.zeros(3, hq, d, dtype=dtype), cache, cache, tables, lens, d ** -0.5)
+        tk.prefill_attention(torch.zeros(91, hq, d, dtype=dtype), cache, cache, tables,
+                             torch.tensor([0, 1, 21, 91]), lens, 70, d ** -0.5)
     x, w = torch.zeros(5, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
     tk.rms_norm(x, w, 1e-6)
     tk.rms_norm(x, w, 1e-6, residual=x)
@@ -144,10 +151,14 @@ def quant_launches(dtype, model, formats, moe_formats):
 
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
+    capabilities = set()
     for (capability, dtype, model), (formats, moe_formats) in zip(CASES, QUANT):
         case = f"sm_{capability}-{TYPES[dtype]}-{model}"
+        # Every block size the engine accepts on CUDA, once per card (the first case of each).
+        sizes = (16,) if capability in capabilities else CUDA_BLOCK_SIZES
+        capabilities.add(capability)
         seen = set()
-        for kernel, args, kwargs in launches(dtype, model) + quant_launches(dtype, model, formats, moe_formats):
+        for kernel, args, kwargs in launches(dtype, model, sizes) + quant_launches(dtype, model, formats, moe_formats):
             sig, consts, options = signature(kernel, args, kwargs)
             key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
             if key in seen:

@@ -59,11 +59,23 @@ def test_every_gguf_format_compiles_for_the_card(capability, compiled):
 
 
 def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():
-    """Block tables index the cache in blocks that the attention kernels load as one tile."""
-    from backend.engine.memory import check_cuda_block_size
+    """Block tables index the cache in blocks; the compiled ones (every case above builds them) are accepted."""
+    from backend.engine.memory import CUDA_BLOCK_SIZES, check_cuda_block_size
 
-    check_cuda_block_size(16)
-    check_cuda_block_size(32)
-    for bad in (8, 24):
-        with pytest.raises(ValueError, match="block_size must be a power of two of at least 16 on CUDA"):
+    for good in CUDA_BLOCK_SIZES:
+        check_cuda_block_size(good)
+    for bad in (8, 24, 512):
+        with pytest.raises(ValueError, match="block_size must be one of 16, 32, 64, 128, 256 on CUDA"):
             check_cuda_block_size(bad)
+
+
+@pytest.mark.parametrize("capability", [90, 89, 80])
+def test_every_accepted_block_size_compiles_within_the_cards_shared_memory(capability, compiled):
+    from backend.engine.memory import CUDA_BLOCK_SIZES
+
+    rows = [r for case in compiled.values() for r in case if r["capability"] == capability
+            and r["kernel"] in ("_decode_kernel", "_prefill_kernel")]
+    for kernel in ("_decode_kernel", "_prefill_kernel"):
+        assert {int(r["constants"]["BS"]) for r in rows if r["kernel"] == kernel} == set(CUDA_BLOCK_SIZES)
+    for row in rows:  # the shared-memory check itself is test_every_kernel_compiles_for_the_card's
+        assert "error" not in row and row["shared"] <= row["shared_limit"], row

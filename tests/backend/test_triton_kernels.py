@@ -66,6 +66,25 @@ def test_decode_attention_padding_row_is_zero():
     assert torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.parametrize("bs", [128, 256])
+def test_attention_over_blocks_larger_than_a_tile(bs):
+    """A cache block wider than the kernels' 64-token tile: a tile reads part of one block, as on a 4090 with
+    block_size 256 (the tile stays small so shared memory does not grow with the block)."""
+    assert bs > tk.KV_TILE
+    hq, hkv, d, contexts, chunks = 4, 2, 16, [1, 70, 300], [1, 70, 45]
+    k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 8)
+    lens = torch.tensor(contexts)
+    q = rand(len(contexts), hq, d)
+    torch.testing.assert_close(tk.decode_attention(q, k_cache, v_cache, tables, lens, 0.25),
+                               attention.decode_attention(q, k_cache, v_cache, tables, lens, 0.25), atol=1e-5, rtol=1e-5)
+    q = rand(sum(chunks), hq, d)
+    cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
+    ours = tk.prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(chunks), 0.3)
+    for i, ctx in enumerate(contexts):
+        expected = attention.prefill_attention(q[cu[i]:cu[i + 1]], k_cache, v_cache, tables[i], ctx, 0.3)
+        torch.testing.assert_close(ours[cu[i]:cu[i + 1]], expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("window", [None, 7, 90])
 @pytest.mark.parametrize("contexts,chunks", [
     ([1, 20, 45, 16], [1, 20, 13, 3]),  # one token; a whole prompt; a cached prefix + a chunk; a short chunk
