@@ -10,8 +10,13 @@ import pytest
 # Tests never write to the user's data directory: a run-wide home unless the caller chose one (CI does).
 os.environ.setdefault("SCRIPTORIUM_HOME", str(Path(__file__).resolve().parent.parent / ".home"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Triton kernels run on the CPU through Triton's interpreter: set before any module defines a kernel.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU, Triton kernels run on the CPU through Triton's interpreter (set before any module defines a
+# kernel); with one they are compiled, so that the CUDA tests and graph capture test what users run.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -11,4 +11,11 @@ import torch
 
 
 def use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("SCRIPTORIUM_TRITON") == "1"
+    if t.is_cuda:
+        return True
+    if os.environ.get("SCRIPTORIUM_TRITON") != "1":
+        return False
+    if os.environ.get("TRITON_INTERPRET") != "1":  # a compiled kernel would read CPU pointers as device memory
+        raise RuntimeError("SCRIPTORIUM_TRITON=1 sends CPU tensors through the Triton kernels, which only "
+                           "Triton's interpreter can run: set TRITON_INTERPRET=1 too, or unset SCRIPTORIUM_TRITON")
+    return True

@@ -1,8 +1,25 @@
+import os
 import platform
 from pathlib import Path
 
 import pytest
 import torch
+
+# Tests that send CPU tensors through the Triton kernels (SCRIPTORIUM_TRITON=1) need the interpreter, which
+# tests/conftest.py turns on only without a GPU; with one, the CUDA tests run the same kernels compiled.
+interpreted_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                      reason="runs the CUDA path's kernels on CPU tensors: needs TRITON_INTERPRET=1")
+KERNEL_DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda")
+
+
+def on_kernel_device(fn, *args, **kwargs):
+    """fn (a Triton kernel's wrapper) where the kernels run: compiled on the GPU, or interpreted on the CPU.
+    Tensor arguments are moved there and the results brought back, to compare with CPU references."""
+    def there(v):
+        return v.to(KERNEL_DEVICE) if isinstance(v, torch.Tensor) else v
+
+    out = fn(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
+    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import torch
 from backend import LLM, SamplingParams
 from backend.engine.memory import warm_up
 from backend.loader import load_model, locate, read_config
-from tests.backend.conftest import prompts_of_lengths
+from tests.backend.conftest import interpreted_only, prompts_of_lengths
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -98,6 +98,7 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     assert [r["identical"] for r in rows if r["figure"] == "speculative_self_draft"] == [True, True]
 
 
+@interpreted_only
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_a_padded_static_decode_batch_matches_the_eager_step(family, tiny_dir, monkeypatch):
     """What a CUDA graph replays: a decode batch written into the static inputs and padded to its bucket,
@@ -184,3 +185,18 @@ def test_gpu_memory_is_a_fraction_or_a_size_as_compose_yaml_writes_it():
     for bad in (0.0, 1.5, -3, True):
         with pytest.raises(ValueError, match="gpu_memory_utilization must be a fraction in"):
             EngineConfig(model="m", gpu_memory_utilization=bad)
+
+
+def test_cpu_tensors_never_reach_compiled_kernels(monkeypatch):
+    """SCRIPTORIUM_TRITON=1 runs the CUDA path's kernels on CPU tensors only under the interpreter: compiled, they
+    would read host pointers as device memory. On a GPU machine the tests run compiled (tests/conftest.py)."""
+    from backend.kernels import use_triton
+
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1 too"):
+        use_triton(torch.zeros(1))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_triton(torch.zeros(1))
+    monkeypatch.delenv("SCRIPTORIUM_TRITON")
+    assert not use_triton(torch.zeros(1))

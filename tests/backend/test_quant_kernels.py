@@ -9,6 +9,7 @@ from backend.kernels import native, quant_triton
 from backend.quant import cpu_native
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
+from tests.backend.conftest import interpreted_only, on_kernel_device
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
@@ -22,7 +23,7 @@ def cols_of(name: str) -> int:
 def triton_matmul(x, raw, name):
     fmt = BY_NAME[name]
     cols = x.shape[1]
-    return quant_triton.qlinear(x, raw, fmt.ggml_type, raw.shape[0], cols, row_bytes(fmt, cols))
+    return on_kernel_device(quant_triton.qlinear, x, raw, fmt.ggml_type, raw.shape[0], cols, row_bytes(fmt, cols))
 
 
 def cpu_matmul(x, raw, name):
@@ -124,6 +125,7 @@ def test_a_wrong_scale_offset_fails_the_checks(name):
             assert_exact(cpu_matmul(x, wrong, name), ref)
 
 
+@interpreted_only
 def test_quant_weight_paths_agree_on_an_expert_stack():
     """QuantWeight.matmul: the reference, Triton and CPU-repacked paths on expert 1 of a stack of 3."""
     name, cols = "Q4_K", 512
@@ -146,6 +148,6 @@ def test_float_parts_and_the_dense_code_path():
     """A fused layer may mix formats and floats; format 0 is a plain matrix in the kernels."""
     x = torch.randn(6, 64)
     w = torch.randn(20, 64)
-    assert_exact(quant_triton.qlinear(x, w, 0, 20, 64, 0), x @ w.T)
-    assert_exact(quant_triton.qlinear(x[:2], w, 0, 20, 64, 0), x[:2] @ w.T)
+    assert_exact(on_kernel_device(quant_triton.qlinear, x, w, 0, 20, 64, 0), x @ w.T)
+    assert_exact(on_kernel_device(quant_triton.qlinear, x[:2], w, 0, 20, 64, 0), x[:2] @ w.T)
 

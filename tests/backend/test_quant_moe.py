@@ -10,6 +10,7 @@ from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
 from backend.quant.modules import QuantWeight
+from tests.backend.conftest import interpreted_only
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 E, H, INTER, TOP_K = 4, 256, 256, 2
@@ -33,6 +34,7 @@ def routed(tokens: int):
     return x, weights, ids
 
 
+@interpreted_only
 @pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_quantized_experts_match_float_experts(formats, tokens, monkeypatch):
@@ -49,6 +51,7 @@ def test_quantized_experts_match_float_experts(formats, tokens, monkeypatch):
     torch.testing.assert_close(module(x, weights, ids), ref, **tol)  # the CPU kernel
 
 
+@interpreted_only
 def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatch):
     module, w_gate_up, w_down = experts(("Q4_K", "Q4_K", "Q6_K"))
     dense = QuantWeight(None, H, INTER, lead=(E,), device="cpu")

@@ -1,16 +1,16 @@
-"""Every Triton kernel against its torch reference, on the CPU through Triton's interpreter."""
+"""Every Triton kernel against its torch reference: compiled on a GPU, or on the CPU through Triton's
+interpreter (tests/conftest.py turns it on where there is no GPU). The references run on the CPU."""
 
 import math
-import os
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-assert os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET=1"
 
 from backend.kernels import attention, moe, norm, rotary  # noqa: E402
 from backend.kernels import triton_kernels as tk  # noqa: E402
+from tests.backend.conftest import KERNEL_DEVICE, interpreted_only, on_kernel_device  # noqa: E402
 
 G = torch.Generator().manual_seed(0)
 
@@ -42,9 +42,9 @@ def test_store_kv_matches_and_skips_padding_slots():
     expected_k, expected_v = torch.zeros(4, 8, 2, 8), torch.zeros(4, 8, 2, 8)
     keep = slots >= 0
     attention.store_kv(k[keep], v[keep], expected_k, expected_v, slots[keep])
-    k_cache, v_cache = torch.zeros(4, 8, 2, 8), torch.zeros(4, 8, 2, 8)
-    tk.store_kv(k, v, k_cache, v_cache, slots)
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    k_cache, v_cache = torch.zeros(4, 8, 2, 8, device=KERNEL_DEVICE), torch.zeros(4, 8, 2, 8, device=KERNEL_DEVICE)
+    tk.store_kv(*(t.to(KERNEL_DEVICE) for t in (k, v)), k_cache, v_cache, slots.to(KERNEL_DEVICE))
+    assert torch.equal(k_cache.cpu(), expected_k) and torch.equal(v_cache.cpu(), expected_v)
 
 
 @pytest.mark.parametrize("hq,hkv,d,window", [(8, 2, 16, None), (4, 4, 24, None), (6, 3, 16, 5), (9, 3, 16, 70)])
@@ -56,13 +56,13 @@ def test_decode_attention(hq, hkv, d, window):
     q = rand(len(lengths), hq, d)
     lens = torch.tensor(lengths)
     expected = attention.decode_attention(q, k_cache, v_cache, tables, lens, 0.25, window)
-    ours = tk.decode_attention(q, k_cache, v_cache, tables, lens, 0.25, window)
+    ours = on_kernel_device(tk.decode_attention, q, k_cache, v_cache, tables, lens, 0.25, window)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_decode_attention_padding_row_is_zero():
     k_cache, v_cache, tables, _ = paged_cache([5], 2, 16, 16, 4)
-    out = tk.decode_attention(rand(1, 4, 16), k_cache, v_cache, tables, torch.tensor([0]), 0.25)
+    out = on_kernel_device(tk.decode_attention, rand(1, 4, 16), k_cache, v_cache, tables, torch.tensor([0]), 0.25)
     assert torch.equal(out, torch.zeros_like(out))
 
 
@@ -75,11 +75,11 @@ def test_attention_over_blocks_larger_than_a_tile(bs):
     k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 8)
     lens = torch.tensor(contexts)
     q = rand(len(contexts), hq, d)
-    torch.testing.assert_close(tk.decode_attention(q, k_cache, v_cache, tables, lens, 0.25),
+    torch.testing.assert_close(on_kernel_device(tk.decode_attention, q, k_cache, v_cache, tables, lens, 0.25),
                                attention.decode_attention(q, k_cache, v_cache, tables, lens, 0.25), atol=1e-5, rtol=1e-5)
     q = rand(sum(chunks), hq, d)
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
-    ours = tk.prefill_attention(q, k_cache, v_cache, tables, cu, lens, max(chunks), 0.3)
+    ours = on_kernel_device(tk.prefill_attention, q, k_cache, v_cache, tables, cu, lens, max(chunks), 0.3)
     for i, ctx in enumerate(contexts):
         expected = attention.prefill_attention(q[cu[i]:cu[i + 1]], k_cache, v_cache, tables[i], ctx, 0.3)
         torch.testing.assert_close(ours[cu[i]:cu[i + 1]], expected, atol=1e-5, rtol=1e-5)
@@ -95,7 +95,8 @@ def test_prefill_attention_over_cached_prefixes(window, contexts, chunks):
     k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, bs, 40)
     q = rand(sum(chunks), hq, d)
     cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
-    ours = tk.prefill_attention(q, k_cache, v_cache, tables, cu, torch.tensor(contexts), max(chunks), 0.3, window)
+    ours = on_kernel_device(tk.prefill_attention, q, k_cache, v_cache, tables, cu, torch.tensor(contexts),
+                            max(chunks), 0.3, window)
     for i, ctx in enumerate(contexts):
         expected = attention.prefill_attention(q[cu[i]:cu[i + 1]], k_cache, v_cache, tables[i], ctx, 0.3, window)
         torch.testing.assert_close(ours[cu[i]:cu[i + 1]], expected, atol=1e-5, rtol=1e-5)
@@ -103,8 +104,9 @@ def test_prefill_attention_over_cached_prefixes(window, contexts, chunks):
 
 def test_rms_norm_with_and_without_residual():
     x, res, w = rand(5, 48), rand(5, 48), rand(48)
-    torch.testing.assert_close(tk.rms_norm(x, w, 1e-6), norm.rms_norm(x, w, 1e-6), atol=1e-5, rtol=1e-5)
-    out, summed = tk.rms_norm(x, w, 1e-6, residual=res)
+    torch.testing.assert_close(on_kernel_device(tk.rms_norm, x, w, 1e-6), norm.rms_norm(x, w, 1e-6),
+                               atol=1e-5, rtol=1e-5)
+    out, summed = on_kernel_device(tk.rms_norm, x, w, 1e-6, residual=res)
     expected_out, expected_sum = norm.add_rms_norm(x, res, w, 1e-6)
     torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(summed, expected_sum)
@@ -115,7 +117,8 @@ def test_rotary():
     positions = torch.tensor([0, 3, 17, 63, 5])
     cos, sin = table[positions, 0], table[positions, 1]
     x = rand(5, 3, 24)
-    torch.testing.assert_close(tk.apply_rotary(x, cos, sin), rotary.apply_rotary(x, cos, sin), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(on_kernel_device(tk.apply_rotary, x, cos, sin), rotary.apply_rotary(x, cos, sin),
+                               atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [(9, 6, 2, 40, 24), (1, 4, 2, 32, 16), (33, 8, 3, 48, 40)])
@@ -126,12 +129,13 @@ def test_fused_moe(tokens, experts, top_k, hidden, inter):
     logits[:, 0] = -1e9  # expert 0 receives no tokens
     weights, ids = moe.route(logits, top_k, renormalize=True)
     expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
-    torch.testing.assert_close(tk.fused_moe(x, w_gate_up, w_down, weights, ids), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids), expected,
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_align_by_expert_pads_each_expert_to_whole_blocks():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
-    pairs, experts, used = tk.align_by_expert(ids, 5, 4)
+    pairs, experts, used = on_kernel_device(tk.align_by_expert, ids, 5, 4)
     assert used.tolist() == [3] and experts[:3].tolist() == [0, 2, 3]  # experts 1 and 4 get no block
     assert pairs[:12].view(-1, 4).tolist() == [[1, 4, -1, -1], [0, 2, 5, -1], [3, -1, -1, -1]]
     # Sized from the shape alone (6 pairs + 5 experts * 3 rows of padding, in whole blocks): no device sync.
@@ -144,10 +148,12 @@ def test_fused_moe_tile_shapes(tiles):
     x, w_gate_up, w_down = rand(21, 72), rand(6, 2 * 40, 72) / 4, rand(6, 72, 40) / 4
     weights, ids = moe.route(rand(21, 6), 2, renormalize=False)
     expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
-    torch.testing.assert_close(tk.fused_moe(x, w_gate_up, w_down, weights, ids, tiles=tiles), expected,
+    torch.testing.assert_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids, tiles=tiles),
+                               expected,
                                atol=1e-4, rtol=1e-4)
 
 
+@interpreted_only
 @pytest.mark.parametrize("family", ["qwen3", "mixtral", "mistral"])
 def test_a_whole_model_on_the_triton_path_matches_the_torch_path(family, tiny_dir, monkeypatch):
     """The CUDA path (batch tensors, mixed decode + chunked prefill, every kernel) run through the interpreter."""
@@ -161,3 +167,58 @@ def test_a_whole_model_on_the_triton_path_matches_the_torch_path(family, tiny_di
     monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
     llm = LLM(str(tiny_dir(family)), block_size=16, max_num_batched_tokens=24)  # chunks prompts beside decodes
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == expected
+
+
+# Half precision, on a GPU only: Triton's interpreter multiplies bf16 wrongly. The kernels take inputs rounded to
+# the dtype and the fp32 references take the same rounded values, so what differs is the kernels' own rounding:
+# the output (half a unit in the last place: 2**-8 of the value in bf16, 2**-11 in fp16) and, in attention and
+# the MoE, one intermediate rounded to the dtype before a second product (as much again). Twice their sum:
+HALF_TOLERANCE = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
+needs_gpu = pytest.mark.skipif(KERNEL_DEVICE.type != "cuda", reason="half precision is checked on a GPU")
+
+
+def assert_half_close(ours: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = HALF_TOLERANCE[dtype]
+    torch.testing.assert_close(ours.float(), expected, atol=tol * expected.abs().max().item(), rtol=tol)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_attention_against_fp32(dtype):
+    contexts, chunks, hq, hkv, d = [1, 45, 200], [1, 13, 70], 8, 2, 64
+    k_cache, v_cache, tables, _ = paged_cache(contexts, hkv, d, 16, 40)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    lens = torch.tensor(contexts)
+    q = rand(len(contexts), hq, d).to(dtype)
+    expected = attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), tables, lens, 0.125)
+    assert_half_close(on_kernel_device(tk.decode_attention, q, k_cache, v_cache, tables, lens, 0.125), expected, dtype)
+    q = rand(sum(chunks), hq, d).to(dtype)
+    cu = torch.tensor([0] + list(torch.cumsum(torch.tensor(chunks), 0)))
+    ours = on_kernel_device(tk.prefill_attention, q, k_cache, v_cache, tables, cu, lens, max(chunks), 0.125)
+    for i, ctx in enumerate(contexts):
+        expected = attention.prefill_attention(q[cu[i]:cu[i + 1]].float(), k_cache.float(), v_cache.float(),
+                                               tables[i], ctx, 0.125)
+        assert_half_close(ours[cu[i]:cu[i + 1]], expected, dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_norm_rotary_and_moe_against_fp32(dtype):
+    x, res, w = (t.to(dtype) for t in (rand(5, 576), rand(5, 576), rand(576)))
+    assert_half_close(on_kernel_device(tk.rms_norm, x, w, 1e-6), norm.rms_norm(x.float(), w.float(), 1e-6), dtype)
+    out, summed = on_kernel_device(tk.rms_norm, x, w, 1e-6, residual=res)
+    expected_out, expected_sum = norm.add_rms_norm(x.float(), res.float(), w.float(), 1e-6)
+    assert_half_close(summed, expected_sum, dtype)
+    # The kernel normalises the sum it rounded to the dtype, as the model's next layer reads it.
+    assert_half_close(out, norm.rms_norm(summed.float(), w.float(), 1e-6), dtype)
+    table = rotary.cos_sin_table(64, 10000.0, None, 64)
+    positions = torch.tensor([0, 3, 17, 63, 5])
+    cos, sin = table[positions, 0].to(dtype), table[positions, 1].to(dtype)
+    x = rand(5, 3, 64).to(dtype)
+    assert_half_close(on_kernel_device(tk.apply_rotary, x, cos, sin),
+                      rotary.apply_rotary(x.float(), cos.float(), sin.float()), dtype)
+    x = rand(33, 256).to(dtype)
+    w_gate_up, w_down = (rand(8, 2 * 128, 256) / 16).to(dtype), (rand(8, 256, 128) / 16).to(dtype)
+    weights, ids = moe.route(rand(33, 8), 2, renormalize=True)
+    expected = moe.fused_moe(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
+    assert_half_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids), expected, dtype)
