@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: up test lint model bench tools
+.PHONY: up test lint model bench tools device-wheels
 
 # A venv with the project installed.
 $(VENV)/.installed: pyproject.toml
@@ -50,3 +50,9 @@ bench: $(VENV)/.installed model
 up: $(VENV)/.installed model
 	$(VENV)/bin/ops up
 	$(PY) -m mcp_server.try_pipeline
+
+# What the GPU machine lacks (it has no network; its Python is 3.12), for bench/device_check.sh: carry .wheels.
+device-wheels:
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+		--platform manylinux2014_x86_64 -d .wheels gguf xgrammar apache-tvm-ffi pydantic pydantic-core \
+		annotated-types typing-inspection

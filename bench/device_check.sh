@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The one-shot GPU check, run from the repository root on a lent device machine (no network there):
+#   make device-wheels                      (here: the wheels the machine lacks, into .wheels/)
+#   device run, carry [".wheels"], command: bash bench/device_check.sh
+# Installs what is missing from .wheels/, runs the CUDA tests with compiled kernels (no interpreter), then
+# bench/device.py; everything lands in $OUT (tests.log, bench.jsonl, summary.json). Budget: under 8 minutes.
+set -uo pipefail
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1 SCRIPTORIUM_HOME="${SCRIPTORIUM_HOME:-/tmp/scriptorium-home}"
+unset TRITON_INTERPRET SCRIPTORIUM_TRITON
+start=$(date +%s)
+
+missing=$("$PY" - <<'PYCODE'
+import importlib.util
+print(" ".join(name for name in ("gguf", "xgrammar") if importlib.util.find_spec(name) is None))
+PYCODE
+)
+if [ -n "$missing" ]; then
+    [ -d .wheels ] || { echo "missing: $missing; run 'make device-wheels' here and carry .wheels" >&2; exit 2; }
+    "$PY" -m pip install -q --no-index --find-links .wheels $missing 2>&1 | tail -3
+fi
+{ nvidia-smi -L; "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+    | tee "$OUT/machine.txt"
+
+# The kernels against their references (fp32, bf16, fp16), the CUDA path's engine tests, structured output.
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/backend/test_triton_kernels.py \
+    tests/backend/test_quant_cuda.py tests/backend/test_cuda_path.py tests/backend/test_structured_output.py \
+    > "$OUT/tests.log" 2>&1
+tests_rc=$?
+tail -15 "$OUT/tests.log"
+
+left=$((470 - ($(date +%s) - start)))
+timeout "$left" "$PY" bench/device.py > "$OUT/bench.jsonl" 2> "$OUT/bench.err"
+bench_rc=$?
+cat "$OUT/bench.jsonl"
+tail -5 "$OUT/bench.err"
+
+printf '{"tests_rc": %s, "bench_rc": %s, "seconds": %s}\n' "$tests_rc" "$bench_rc" "$(($(date +%s) - start))" \
+    | tee "$OUT/summary.json"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
