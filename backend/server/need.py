@@ -11,6 +11,7 @@ from backend.config import EngineConfig
 from backend.context import serving_config
 from backend.engine.memory import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.loader import locate, read_config
+from backend.quant.memory import loaded_recipe, weight_bytes
 from backend.spec.config import SpeculativeConfig
 
 
@@ -18,10 +19,11 @@ from backend.spec.config import SpeculativeConfig
 class ModelNeed:
     name: str
     model: str
-    weights: int  # on disk: what a load puts on the card (quantized blocks stay as they are)
+    weights: int  # what a load puts on the card (quantized blocks stay as they are): the file, or its resident part
     kv_cache: int  # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for)
     activations: int
     max_model_len: int
+    host_experts: int = 0  # offloaded experts (--moe-gpu-experts N), pinned in host memory instead
 
     @property
     def total(self) -> int:
@@ -36,22 +38,34 @@ def disk_bytes(model: str) -> int:
     return sum(p.stat().st_size for p in source.path.glob("*.safetensors"))
 
 
+def placed_weights(config: EngineConfig, cfg, reader, dtype: torch.dtype) -> tuple[int, int]:
+    """(on the card, in host memory): the file's bytes, or with --moe-gpu-experts N the weights a load keeps on the
+    card (N experts per layer) and the offloaded experts it pins in host memory, from the tensors' formats."""
+    gpu_experts = config.moe_gpu_experts
+    if not isinstance(gpu_experts, int) or not cfg.is_moe or gpu_experts >= cfg.num_experts:
+        return disk_bytes(config.model), 0  # "auto" fits whatever budget it gets: the need is all of it
+    source = locate(config.model)
+    weights = weight_bytes(cfg, loaded_recipe(reader, config.quantization, source.random_format, dtype))
+    return weights.resident(gpu_experts), weights.total - weights.resident(gpu_experts)
+
+
 def model_need(name: str, config: EngineConfig) -> ModelNeed:
-    cfg, _ = read_config(locate(config.model))
+    cfg, reader = read_config(locate(config.model))
     # The dtype a GPU gets, without asking one: pick_dtype's rules for a device that is neither CPU nor CUDA.
     dtype = pick_dtype(config.dtype, torch.device("meta"), cfg.torch_dtype)
     spec = SpeculativeConfig.parse(config.speculative)
     # a GPU's cache takes the model's dtype (kv_cache_dtype is the CPU's)
     shape = CacheShape.of(replace(config, kv_cache_dtype="auto"), cfg, spec, torch.device("meta"), dtype)
     per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
-    weights = disk_bytes(config.model)
+    weights, host = placed_weights(config, cfg, reader, dtype)
     if spec is not None and spec.model:
         # The draft keeps a cache of the target's length beside its own weights.
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
         per_block += kv_bytes_per_block(draft_cfg, config.block_size, shape.kv_dtype)
     return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, shape.max_model_len),
-                     activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len)
+                     activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len,
+                     host)
 
 
 def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memory: int | None) -> dict:
@@ -64,5 +78,6 @@ def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memo
         need = max(need, models_memory + largest.activations)
     return {"need_bytes": need, "largest": largest.name, "models_memory": models_memory,
             "models": [{"name": n.name, "model": n.model, "weights_bytes": n.weights, "kv_cache_bytes": n.kv_cache,
-                        "activation_bytes": n.activations, "max_model_len": n.max_model_len, "need_bytes": n.total}
+                        "activation_bytes": n.activations, "max_model_len": n.max_model_len, "need_bytes": n.total,
+                        "host_experts_bytes": n.host_experts}
                        for n in needs]}

@@ -66,3 +66,28 @@ def test_the_model_as_vllm_serve_takes_it(need, tiny_dir):
     assert done.returncode == 0, done.stderr
     assert [m["name"] for m in json.loads(done.stdout)["models"]] == ["smollm2", "tiny"]
     assert need("/nowhere/model.gguf").returncode == 2
+
+
+def test_offloaded_experts_are_counted_in_host_memory_not_on_the_card(need, tiny_gguf):
+    """--moe-gpu-experts N: the card holds every tensor but the experts, and N of each layer's experts; the rest
+    are pinned in host memory. Checked against the GGUF's own tensors: quantized ones stay as their blocks, float
+    ones (norms, the router) are held in bf16 on a GPU."""
+    from gguf import GGUFReader
+
+    from backend.quant.formats import BY_NAME
+
+    path, _ = tiny_gguf("mixtral")  # 4 experts per layer
+    tensors = GGUFReader(path).tensors
+
+    def held(t) -> int:
+        return int(t.n_bytes) if t.tensor_type.name in BY_NAME else int(t.n_elements) * 2
+
+    experts = sum(held(t) for t in tensors if "_exps" in t.name)
+    others = sum(held(t) for t in tensors if "_exps" not in t.name)
+    everything = json.loads(need("--model", str(path)).stdout)["models"][0]
+    assert everything["weights_bytes"] == path.stat().st_size and everything["host_experts_bytes"] == 0
+    one = json.loads(need("--model", str(path), "--moe-gpu-experts", "1").stdout)["models"][0]
+    assert one["host_experts_bytes"] == 3 * experts // 4
+    # The rest from the model's shapes (norms counted in fp32, as the engine's own sizing counts them).
+    assert one["weights_bytes"] == pytest.approx(others + experts // 4, rel=0.01)
+    assert one["need_bytes"] == one["weights_bytes"] + one["kv_cache_bytes"] + one["activation_bytes"]
