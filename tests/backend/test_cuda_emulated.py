@@ -1,0 +1,98 @@
+"""The whole CUDA path end to end on the CPU (tests/backend/cuda_emulation.py): Triton kernels interpreted, CUDA
+graphs captured and replayed in emulation with a watch for host syncs. Greedy tokens must be the CPU path's:
+quantized GGUF models (dense and MoE, experts resident and offloaded), prefix-cached prefill, speculative decoding
+with graphs on both runners; fp16 weights, eager against graphs."""
+
+import pytest
+
+from backend import LLM, SamplingParams
+from tests.backend.conftest import interpreted_only, prompts_of_lengths
+from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, replays
+
+pytestmark = interpreted_only
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+SETTINGS = dict(block_size=16, max_num_seqs=4, max_model_len=256)
+PROMPTS = prompts_of_lengths(3, 21, 40)
+
+
+def tokens(llm, prompts) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+def cpu_path(model: str, prompts, **settings) -> list[list[int]]:
+    return tokens(LLM(model, **SETTINGS, **settings), prompts)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_quantized_models_with_graphs_and_a_cached_prefix(family, tiny_gguf, monkeypatch):
+    path = str(tiny_gguf(family)[0])
+    longer = [PROMPTS[2] + PROMPTS[1]]  # the third prompt's blocks are cached by the first call
+    expected = cpu_path(path, PROMPTS), cpu_path(path, longer)
+    emulate_cuda(monkeypatch)
+    llm = LLM(path, **SETTINGS)
+    [runner] = capture_graphs(llm)
+    assert sorted(runner.graphs) == [1, 2, 4]
+    assert tokens(llm, PROMPTS) == expected[0]
+    assert tokens(llm, longer) == expected[1]
+    assert replays(runner) > 0 and llm.engine.block_manager.prefix_hits > 0
+
+
+def test_offloaded_experts_stay_eager_and_agree(tiny_gguf, monkeypatch):
+    path = str(tiny_gguf("mixtral")[0])
+    expected = cpu_path(path, PROMPTS)
+    emulate_cuda(monkeypatch)
+    llm = LLM(path, **SETTINGS, moe_gpu_experts=2)
+    assert capture_graphs(llm) == []  # the host chooses which experts to copy in: no graph
+    assert tokens(llm, PROMPTS) == expected
+
+
+@pytest.mark.parametrize("spec", [{"method": "draft", "num_tokens": 3}, {"method": "ngram", "prompt_lookup_min": 1}])
+def test_speculative_decoding_with_graphs_on_both_runners(spec, tiny_dir, monkeypatch):
+    target, draft = str(tiny_dir("llama")), str(tiny_dir("qwen2"))
+    spec = {**spec, "model": draft} if spec["method"] == "draft" else spec
+    expected = cpu_path(target, PROMPTS)
+    emulate_cuda(monkeypatch)
+    llm = LLM(target, **SETTINGS, speculative=spec)
+    runners = capture_graphs(llm)
+    assert len(runners) == (2 if spec["method"] == "draft" else 1)
+    assert tokens(llm, PROMPTS) == expected
+    assert llm.engine.stats()["spec_draft_tokens"] > 0
+    assert all(replays(r) > 0 for r in runners)
+
+
+def test_fp16_weights_replay_what_eager_steps_compute(tiny_dir, monkeypatch):
+    emulate_cuda(monkeypatch)
+    model = str(tiny_dir("qwen3"))
+    eager = tokens(LLM(model, **SETTINGS, dtype="float16"), PROMPTS)
+    llm = LLM(model, **SETTINGS, dtype="float16")
+    [runner] = capture_graphs(llm)
+    assert tokens(llm, PROMPTS) == eager and replays(runner) > 0
+
+
+def test_the_emulated_graph_replays_its_inputs_and_catches_host_syncs():
+    """The emulation itself: a replay reads the static inputs' new values into the captured output, and a forward
+    that reads a tensor's value on the host, written in backend/, fails its capture."""
+    import torch
+
+    from backend.kernels import rotary
+    from tests.backend.cuda_emulation import EmulatedGraph, HostSyncInCapture, capture
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class Syncing(torch.nn.Module):
+        def forward(self, x):
+            return x * float(x.sum())  # as `.item()` or `if x.sum() > 0:` would
+
+    Syncing.forward.__code__ = Syncing.forward.__code__.replace(co_filename=rotary.__file__)  # as if in backend/
+    static = torch.ones(3)
+    graph = EmulatedGraph()
+    with capture(graph):
+        out = Double()(static)
+    static.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    graph.replay()
+    assert out.tolist() == [2.0, 4.0, 6.0]
+    with pytest.raises(HostSyncInCapture, match=r"Tensor.__float__\(\) at .*rotary.py"):
+        with capture(EmulatedGraph()):
+            Syncing()(static)
