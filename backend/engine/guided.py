@@ -71,4 +71,6 @@ class GuidedDecoding:
         bitmask = self.xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
         for i in rows:
             matchers[i].fill_next_token_bitmask(bitmask, i)
-        self.xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
+        # The matchers fill the mask on the host; xgrammar applies it only on the logits' own device.
+        self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                             vocab_size=self.vocab_size, indices=rows)

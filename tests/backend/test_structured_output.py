@@ -85,3 +85,25 @@ def test_properties_come_out_in_the_schemas_order(llm):
     out = llm.generate(prompts_of_lengths(5), SamplingParams(temperature=0, max_tokens=60, guided_json=schema),
                        use_tqdm=False)[0].outputs[0]
     assert out.text.startswith('{"zeta": ') and list(json.loads(out.text)) == ["zeta", "alpha"]
+
+
+def test_the_mask_meets_the_logits_on_their_device(tiny_dir, monkeypatch):
+    """On CUDA the logits live on the card while the matchers fill their mask on the host; xgrammar refuses to
+    apply a mask from another device. Here the logits sit on the meta device, another device than the host's
+    (xgrammar's apply is recorded: it cannot compute there); on a GPU the tests above run it for real."""
+    from types import SimpleNamespace
+
+    import torch
+    import xgrammar
+
+    from backend.engine.guided import GuidedDecoding
+    from backend.loader import load_tokenizer, locate
+
+    guided = GuidedDecoding(load_tokenizer(locate(str(tiny_dir("llama")))), 512)
+    matchers = [None, guided.matcher(True)]
+    applied = []
+    monkeypatch.setattr(guided, "xgr", SimpleNamespace(
+        allocate_token_bitmask=xgrammar.allocate_token_bitmask,
+        apply_token_bitmask_inplace=lambda logits, mask, **kw: applied.append((logits.device, mask.device, kw))))
+    guided.mask(torch.empty(2, 512, device="meta"), matchers)
+    assert applied == [(torch.device("meta"), torch.device("meta"), {"vocab_size": 512, "indices": [1]})]
