@@ -134,6 +134,30 @@ def decode_speed(llm: LLM, new_tokens: int) -> float:
     return new_tokens / max(t_full - t_first, 1e-9)
 
 
+def offload_figure(llm: LLM, name: str, smoke: bool) -> dict:
+    """Decode with offloaded experts: tokens/s, and the expert bytes copied to the card per decode token."""
+    caches = [m.expert_cache for m in llm.engine.model.modules() if getattr(m, "expert_cache", None) is not None]
+    one_expert = [sum(h[0].numel() * h.element_size() for h in c.host) for c in caches]
+
+    def copied() -> int:
+        return sum(c.misses * b for c, b in zip(caches, one_expert))
+
+    new_tokens = 8 if smoke else 64
+    prompt = [[random.randrange(500) for _ in range(32)]]
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    runs = {}
+    for tokens in (1, new_tokens + 1):  # the prompt and a first token, then the same with the decode after it
+        before, start = copied(), time.perf_counter()
+        llm.generate(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
+        runs[tokens] = (time.perf_counter() - start, copied() - before)
+    (t_first, b_first), (t_full, b_full) = runs[1], runs[new_tokens + 1]
+    return {"figure": "decode_batch1_offloaded", "model": name, "weights": "Q4_K",
+            "gpu_experts_per_layer": caches[0].slots if caches else None,
+            "host_expert_gib": round(sum(c.host_bytes() for c in caches) / 2**30, 2),
+            "tok_s": round(new_tokens / max(t_full - t_first, 1e-9), 1),
+            "pcie_bytes_per_token": int((b_full - b_first) / new_tokens)}
+
+
 def throughput(llm: LLM, sequences: int, low: int, high: int, vocab: int) -> dict:
     rng = random.Random(0)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(sequences)]
@@ -289,6 +313,13 @@ def main() -> None:
         llm = LLM(path, device=device, dtype=dtype, max_num_seqs=8, max_model_len=4096 if not smoke else 256,
                   max_num_batched_tokens=8192 if not smoke else 256)
         emit(**decode_figure(llm, "mixtral-8x7b-like", bandwidth, smoke, weights="Q4_K"))
+        del llm
+        free(device)
+        # The same on an RTX 4090's budget: 24 GiB, experts that do not fit stay in host memory.
+        llm = LLM(path, device=device, dtype=dtype, max_num_seqs=8, max_model_len=4096 if not smoke else 256,
+                  max_num_batched_tokens=8192 if not smoke else 256, moe_gpu_experts=2 if smoke else "auto",
+                  gpu_memory_utilization=0.9 if smoke else 24 * 2**30)
+        emit(**offload_figure(llm, "mixtral-8x7b-like", smoke))
         del llm
         free(device)
         for row in moe_kernels(device, torch_dtype, smoke):

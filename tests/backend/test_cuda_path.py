@@ -91,7 +91,10 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     figures = [r["figure"] for r in rows]
     assert figures.count("decode_batch1") == 4 and "throughput" in figures and figures.count("fused_moe") == 2
-    q4_k = [r for r in rows if r.get("weights") == "Q4_K"]  # the Mixtral-shaped model in random Q4_K blocks
+    [offloaded] = [r for r in rows if r["figure"] == "decode_batch1_offloaded"]  # 2 of 8 experts per layer on the card
+    assert offloaded["gpu_experts_per_layer"] == 2 and offloaded["tok_s"] > 0 and offloaded["pcie_bytes_per_token"] > 0
+    # the Mixtral-shaped model in random Q4_K blocks
+    q4_k = [r for r in rows if r.get("weights") == "Q4_K" and r["figure"] == "decode_batch1"]
     assert len(q4_k) == 1 and q4_k[0]["tok_s"] > 0 and q4_k[0]["weight_bytes_per_token"] > 0
     # The fused kernel computes what transformers' Mixtral block computes, on the same weights.
     assert all(r["relative_error_vs_transformers"] < 1e-4 for r in rows if r["figure"] == "fused_moe")
