@@ -220,7 +220,8 @@ def auto_gpu_experts(config: EngineConfig, cfg: ModelConfig, weights: WeightByte
     chosen = cfg.num_experts if n is None else n
     log.info("moe_gpu_experts=auto: %d of %d experts per layer on the device (%.2f GiB of weights there, %.2f GiB "
              "in host memory) within a budget of %.2f GiB after %.2f GiB for activations and a minimum KV cache",
-             chosen, cfg.num_experts, weights.resident(n) / GIB, (weights.total - weights.resident(n)) / GIB,
+             chosen, cfg.num_experts, weights.resident(n) / GIB,
+             weights.host(n, cfg.num_experts, cfg.num_experts_per_tok) / GIB,
              budget / GIB, reserved / GIB)
     return n
 

@@ -31,16 +31,17 @@ class SparseMoE(nn.Module):
         self.experts = experts
 
     def offload(self, slots: int, device: torch.device) -> None:
-        """Keep the experts in host memory with `slots` of them on `device` (see ExpertCache)."""
+        """Keep `slots` experts on `device` and the rest in host memory (see ExpertCache): as many slots rotate
+        as one token routes to, so that any token's experts are on the device together."""
         from backend.models.expert_cache import ExpertCache
 
         if self.experts is not None:
             experts = self.experts
-            self.expert_cache = ExpertCache(experts.tensors(), slots, device,
+            self.expert_cache = ExpertCache(experts.tensors(), slots, self.top_k, device,
                                             lambda x, stacks, w, ids: experts(x, w, ids, stacks))
             experts.release()  # the module keeps the formats and shapes; module.to(device) moves nothing
             return
-        self.expert_cache = ExpertCache([self.w_gate_up.data, self.w_down.data], slots, device,
+        self.expert_cache = ExpertCache([self.w_gate_up.data, self.w_down.data], slots, self.top_k, device,
                                         lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
         del self.w_gate_up, self.w_down  # no longer parameters: module.to(device) must not move them
 

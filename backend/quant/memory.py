@@ -64,6 +64,14 @@ class WeightBytes:
             return self.total
         return self.dense + sum(b * gpu_experts for b in self.per_expert)
 
+    def host(self, gpu_experts: int | None, num_experts: int, top_k: int) -> int:
+        """In host memory with `gpu_experts` slots per layer: the experts that do not stay on the device for good
+        (all but gpu_experts - top_k of them, the slots that rotate: backend/models/expert_cache.py)."""
+        if gpu_experts is None or gpu_experts >= num_experts:
+            return 0
+        kept = gpu_experts - max(1, min(top_k, gpu_experts))
+        return sum(b * (num_experts - kept) for b in self.per_expert)
+
 
 def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     h, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

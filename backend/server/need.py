@@ -46,7 +46,7 @@ def placed_weights(config: EngineConfig, cfg, reader, dtype: torch.dtype) -> tup
         return disk_bytes(config.model), 0  # "auto" fits whatever budget it gets: the need is all of it
     source = locate(config.model)
     weights = weight_bytes(cfg, loaded_recipe(reader, config.quantization, source.random_format, dtype))
-    return weights.resident(gpu_experts), weights.total - weights.resident(gpu_experts)
+    return weights.resident(gpu_experts), weights.host(gpu_experts, cfg.num_experts, cfg.num_experts_per_tok)
 
 
 def model_need(name: str, config: EngineConfig) -> ModelNeed:

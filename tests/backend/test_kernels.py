@@ -215,6 +215,26 @@ def test_scaled_rope_frequencies_match_transformers(rope):
     torch.testing.assert_close(inverse_frequencies(128, 500000.0, rope), expected)
 
 
+def test_an_expert_cache_keeps_only_offloaded_experts_in_host_memory():
+    """3 slots for 6 experts, top-2: experts 0 stays on the device for good (no host copy, never copied again),
+    two slots rotate among experts 1-5. Every batch's output is the all-resident one."""
+    from backend.kernels.moe import fused_moe, route
+    from backend.models.expert_cache import ExpertCache
+
+    g = torch.Generator().manual_seed(3)
+    w_gate_up, w_down = torch.randn(6, 2 * 24, 16, generator=g), torch.randn(6, 16, 24, generator=g)
+    cache = ExpertCache([w_gate_up, w_down], 3, 2, torch.device("cpu"),
+                        lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
+    assert cache.resident == 1 and [h.shape[0] for h in cache.host] == [5, 5]
+    assert cache.host_bytes() == 5 * (2 * 24 * 16 + 16 * 24) * 4
+    for tokens in (1, 1, 3, 8, 1):
+        x = torch.randn(tokens, 16, generator=g)
+        weights, ids = route(torch.randn(tokens, 6, generator=g), 2, renormalize=True)
+        torch.testing.assert_close(cache.compute(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids),
+                                   atol=1e-5, rtol=1e-5)
+    assert 0 not in cache.slot_of and set(cache.slot_of.values()) <= {1, 2} and cache.misses > 0
+
+
 def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_output(tiny_dir):
     from backend import LLM, SamplingParams
     from backend.models.moe import SparseMoE

@@ -69,8 +69,8 @@ def test_the_model_as_vllm_serve_takes_it(need, tiny_dir):
 
 
 def test_offloaded_experts_are_counted_in_host_memory_not_on_the_card(need, tiny_gguf):
-    """--moe-gpu-experts N: the card holds every tensor but the experts, and N of each layer's experts; the rest
-    are pinned in host memory. Checked against the GGUF's own tensors: quantized ones stay as their blocks, float
+    """--moe-gpu-experts N: the card holds every tensor but the experts, and N of each layer's experts; those that
+    do not stay there for good are pinned in host memory. Checked against the GGUF's own tensors: quantized ones stay as their blocks, float
     ones (norms, the router) are held in bf16 on a GPU."""
     from gguf import GGUFReader
 
@@ -86,8 +86,12 @@ def test_offloaded_experts_are_counted_in_host_memory_not_on_the_card(need, tiny
     others = sum(held(t) for t in tensors if "_exps" not in t.name)
     everything = json.loads(need("--model", str(path)).stdout)["models"][0]
     assert everything["weights_bytes"] == path.stat().st_size and everything["host_experts_bytes"] == 0
-    one = json.loads(need("--model", str(path), "--moe-gpu-experts", "1").stdout)["models"][0]
-    assert one["host_experts_bytes"] == 3 * experts // 4
-    # The rest from the model's shapes (norms counted in fp32, as the engine's own sizing counts them).
-    assert one["weights_bytes"] == pytest.approx(others + experts // 4, rel=0.01)
-    assert one["need_bytes"] == one["weights_bytes"] + one["kv_cache_bytes"] + one["activation_bytes"]
+    # 3 slots: expert 0 stays on the card for good, two slots rotate (top-2) among experts 1-3, kept in host memory
+    three = json.loads(need("--model", str(path), "--moe-gpu-experts", "3").stdout)["models"][0]
+    assert three["host_experts_bytes"] == 3 * experts // 4
+    # The card's part from the model's shapes (norms counted in fp32, as the engine's own sizing counts them).
+    assert three["weights_bytes"] == pytest.approx(others + 3 * experts // 4, rel=0.01)
+    assert three["need_bytes"] == three["weights_bytes"] + three["kv_cache_bytes"] + three["activation_bytes"]
+    # 2 slots: both rotate, every expert is in host memory
+    two = json.loads(need("--model", str(path), "--moe-gpu-experts", "2").stdout)["models"][0]
+    assert two["host_experts_bytes"] == experts and two["weights_bytes"] < three["weights_bytes"]
