@@ -154,20 +154,27 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
-        _pack_for_cpu(model, products)
+        _pack_for_cpu(model, products, source.gguf_file)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device)
     return model.to(device).eval()
 
 
-def _pack_for_cpu(model: CausalLM, products: str) -> None:
-    from backend.quant import cpu_native
+def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
+    """Repack quantized weights for our CPU kernel, or map a GGUF's earlier repack (backend/quant/pack_cache.py)."""
+    from backend.quant import cpu_native, pack_cache
     from backend.quant.modules import QuantWeight
 
-    if cpu_native.enabled():
-        for m in model.modules():
-            if isinstance(m, QuantWeight):
-                m.pack_for_cpu(products)
+    if not cpu_native.enabled():
+        return
+    entry = pack_cache.entry_path(gguf, products) if gguf is not None else None
+    if entry is not None and pack_cache.load(model, entry):
+        return
+    for m in model.modules():
+        if isinstance(m, QuantWeight):
+            m.pack_for_cpu(products)
+    if entry is not None:
+        pack_cache.save(model, entry)
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:

@@ -1,0 +1,70 @@
+"""The CPU repack of a GGUF's weights is kept on disk and mapped by the next load (backend/quant/pack_cache.py):
+the same outputs as a fresh repack, and an entry that is stale, torn or another model's is never used."""
+
+import logging
+import os
+
+import pytest
+
+from backend import LLM, SamplingParams
+from backend.quant import cpu_native, pack_cache
+from backend.quant.modules import QuantWeight
+from tests.backend.conftest import prompts_of_lengths
+
+pytestmark = pytest.mark.skipif(not cpu_native.enabled(), reason="no C compiler for the CPU kernels")
+PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+PROMPTS = prompts_of_lengths(5, 30)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(pack_cache, "cache_dir", lambda: tmp_path)
+    return tmp_path / "packed"
+
+
+def outputs(path) -> list:
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs)
+            for o in LLM(str(path), block_size=16).generate(PROMPTS, PARAMS, use_tqdm=False)]
+
+
+def no_repacking(monkeypatch):
+    def refuse(self, products="float32"):
+        raise AssertionError(f"{self} was repacked, not read from the cache")
+    monkeypatch.setattr(QuantWeight, "pack_for_cpu", refuse)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_a_second_load_maps_the_first_ones_repack(family, tiny_gguf, cache, monkeypatch):
+    path = tiny_gguf(family)[0]
+    fresh = outputs(path)
+    [entry] = cache.glob("*.pt")
+    with monkeypatch.context() as m:
+        no_repacking(m)
+        assert outputs(path) == fresh
+
+
+def test_a_changed_file_gets_a_new_entry(tiny_gguf, cache, monkeypatch):
+    path = tiny_gguf("llama")[0]
+    fresh = outputs(path)
+    [old] = cache.glob("*.pt")
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # as a rewritten file would
+    assert pack_cache.entry_path(path, "float32") != old
+    assert outputs(path) == fresh
+    assert len(list(cache.glob("*.pt"))) == 2
+
+
+def test_a_torn_or_foreign_entry_is_rebuilt_never_used(tiny_gguf, cache, caplog):
+    path, other = tiny_gguf("llama")[0], tiny_gguf("qwen3_moe")[0]
+    fresh = outputs(path)
+    entry = pack_cache.entry_path(path, "float32")
+    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])  # a write cut short
+    with caplog.at_level(logging.WARNING, logger="backend.quant.pack_cache"):
+        assert outputs(path) == fresh
+    assert "cannot be used" in caplog.text and entry.stat().st_size > 0
+    outputs(other)
+    pack_cache.entry_path(other, "float32").replace(entry)  # another model's repack under this file's key
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="backend.quant.pack_cache"):
+        assert outputs(path) == fresh
+    assert "not this model's" in caplog.text
