@@ -3,6 +3,7 @@
 import contextlib
 import hashlib
 import json
+import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from backend.model_store import resolve
 from backend.models.transformer import CausalLM
 from backend.quant.formats import BY_NAME
 from backend.weights import iter_safetensors, load_weights, materialise
+
+log = logging.getLogger(__name__)
 
 # quantization: None keeps the checkpoint's own format (a GGUF's blocks stay quantized); "dequantize"
 # expands a GGUF's weights to the compute dtype at load (exact and larger; on the CPU, slower); "int8" and
@@ -170,9 +173,12 @@ def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
     entry = pack_cache.entry_path(gguf, products) if gguf is not None else None
     if entry is not None and pack_cache.load(model, entry):
         return
-    for m in model.modules():
-        if isinstance(m, QuantWeight):
-            m.pack_for_cpu(products)
+    weights = [m for m in model.modules() if isinstance(m, QuantWeight)]
+    if entry is not None:
+        log.info("repacking %d quantized weights for the CPU kernel (once for this file: kept in %s)", len(weights),
+                 entry.parent)
+    for m in weights:
+        m.pack_for_cpu(products)
     if entry is not None:
         pack_cache.save(model, entry)
 

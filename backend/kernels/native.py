@@ -117,6 +117,7 @@ def build(march: str = "native") -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the CPU kernels for this CPU with %s (once: kept in %s)", compiler, out.parent)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = Path(tmp) / out.name
         proc = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True,
