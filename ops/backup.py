@@ -5,6 +5,7 @@ is copied with SQLite's online backup API, so a backup taken while jobs write is
 Models (only with --include models) go to a content-addressed store <root>/objects/<sha256>
 shared by every backup, so an unchanged file is never copied twice. Every file is fsynced before
 the backup's directory is renamed into place, so a backup that is listed survives a power cut.
+Nothing is read through a link, and links and special files are listed as skipped (ops/backup_fs.py).
 """
 
 import hashlib

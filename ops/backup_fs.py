@@ -160,9 +160,11 @@ def scan(base: Path, top: str, ignore=lambda name: False) -> Tree:
         tree.skipped.append({"path": top, "note": skip_note(mode)})
         return tree
 
-    def unreadable(e: OSError) -> None:
-        where = Path(e.filename).relative_to(base) if e.filename else top
-        tree.skipped.append({"path": str(where), "note": f"cannot be read: {e.strerror}"})
+    def unreadable(e: OSError) -> None:  # fwalk names a directory it cannot open by its last component only
+        name = Path(str(e.filename or top))
+        where = name.relative_to(base) if name.is_absolute() and name.is_relative_to(base) else name
+        tree.skipped.append({"path": f"{top}/.../{where}" if not name.is_absolute() else str(where),
+                             "note": f"a directory that cannot be read ({e.strerror}), skipped"})
 
     found: list[tuple[str, os.stat_result]] = []
     names: Counter = Counter()
