@@ -5,6 +5,7 @@ is copied with SQLite's online backup API, so a backup taken while jobs write is
 Models (only with --include models) go to a content-addressed store <root>/objects/<sha256>
 shared by every backup, so an unchanged file is never copied twice. Every file is fsynced before
 the backup's directory is renamed into place, so a backup that is listed survives a power cut.
+Nothing is read through a link, and links and special files are listed as skipped (ops/backup_fs.py).
 """
 
 import hashlib
@@ -13,6 +14,7 @@ import os
 import shutil
 import socket
 import sqlite3
+import stat
 import tempfile
 import time
 from datetime import datetime
@@ -20,8 +22,20 @@ from pathlib import Path
 
 from common.files import atomic_write_text, fsync_dir
 from common.hashing import sha256_file
+from ops import backup_fs
 from ops.backup_prune import prune, prune_plan
-from ops.backup_store import MANIFEST, OBJECTS, Backup, BackupError, Broken, list_backups, scan, store_lock
+from ops.backup_restore import restore, verify
+from ops.backup_store import (
+    MANIFEST,
+    OBJECTS,
+    Backup,
+    BackupError,
+    Broken,
+    failure,
+    list_backups,
+    scan,
+    store_lock,
+)
 
 __all__ = ["MANIFEST", "Backup", "BackupError", "Broken", "create", "find", "get", "list_backups", "prune",
            "prune_plan", "restore", "root_for", "scan", "sha256", "verify"]
@@ -32,20 +46,6 @@ sha256 = sha256_file  # the name backup's callers (verify, tests) use
 
 def root_for(home: Path, to: str | None) -> Path:
     return Path(to).expanduser() if to else home / "backups"
-
-
-def copy_hashed(source: Path, target: Path) -> dict:
-    """Copy source to target, hashing the bytes as they are written, and fsync it; keeps the mtime."""
-    digest, size = hashlib.sha256(), 0
-    with open(source, "rb") as src, open(target, "wb") as dst:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            dst.write(chunk)
-            digest.update(chunk)
-            size += len(chunk)
-        dst.flush()
-        os.fsync(dst.fileno())
-    shutil.copystat(source, target)
-    return {"sha256": digest.hexdigest(), "size": size}
 
 
 def _fsync_file(path: Path) -> None:
@@ -64,15 +64,15 @@ def _sqlite_copy(source: Path, target: Path) -> None:
     _fsync_file(target)
 
 
-def _store_object(objects: Path, path: Path) -> dict:
-    """Put a model file into the content-addressed store (once per distinct content)."""
-    digest = sha256(path)
+def _store_object(objects: Path, source: int) -> dict:
+    """Put a model file (an open descriptor) into the content-addressed store, once per distinct content."""
+    digest = backup_fs.sha256_fd(source)
     if (objects / digest).exists():
-        return {"sha256": digest, "size": path.stat().st_size, "object": digest}
+        return {"sha256": digest, "size": os.fstat(source).st_size, "object": digest}
     fd, tmp = tempfile.mkstemp(dir=objects, prefix=f".{digest}.", suffix=".partial")
-    os.close(fd)
     try:
-        copied = copy_hashed(path, Path(tmp))
+        with os.fdopen(fd, "wb") as dst:
+            copied = backup_fs.copy_fd(source, dst)
         # Named by what was copied: if the file changed meanwhile, the name still matches the bytes stored.
         os.replace(tmp, objects / copied["sha256"])
     except BaseException:
@@ -80,17 +80,6 @@ def _store_object(objects: Path, path: Path) -> dict:
         raise
     fsync_dir(objects)
     return {**copied, "object": copied["sha256"]}
-
-
-def _failure(e: Exception, root: Path, what: str) -> BackupError:
-    """One line for the person: which path, what went wrong."""
-    if isinstance(e, sqlite3.Error):
-        return BackupError(f"cannot {what}: the job database could not be copied: {e}")
-    filename = getattr(e, "filename", None)
-    reason = getattr(e, "strerror", None) or str(e)
-    if filename and not str(Path(filename).absolute()).startswith(str(root.absolute())):
-        return BackupError(f"cannot {what}: cannot read {filename}: {reason}")
-    return BackupError(f"cannot {what} to {root}: {reason}")
 
 
 def create(home: Path, root: Path, configs: list[Path], include_models: bool = False,
@@ -102,7 +91,7 @@ def create(home: Path, root: Path, configs: list[Path], include_models: bool = F
         with store_lock(root, exclusive=False):  # prune keeps every object while this backup is written
             return _create(home, root, configs, include_models, docker_images or [])
     except (OSError, sqlite3.Error) as e:
-        raise _failure(e, root, "write the backup") from None
+        raise failure(e, root, "write the backup") from None
 
 
 def _create(home: Path, root: Path, configs: list[Path], include_models: bool,
@@ -120,31 +109,64 @@ def _create(home: Path, root: Path, configs: list[Path], include_models: bool,
         dirs.update(p for p in target.parents if p.is_relative_to(partial))
         return target
 
+    skipped: list[dict] = []
+
+    def copy(base: Path, found: backup_fs.Found, store, entry: dict) -> None:
+        """Copy one file, unless it is (or became, since the scan) a link or a special file, or has a hard link
+        outside: then it is skipped with a note in the manifest."""
+        try:
+            fd = backup_fs.open_file(base, found.path)
+        except backup_fs.Unsafe as e:
+            skipped.append({**entry, "note": f"{e}: not copied"})
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            return  # gone: like a file that never was
+        try:
+            links = os.fstat(fd).st_nlink
+            if links > found.links:
+                skipped.append({**entry, "note": f"has {links} hard links, some outside: not copied"})
+                return
+            files.append({**entry, **store(fd)})
+        finally:
+            os.close(fd)
+
+    def into_backup(relative: str):
+        def store(fd: int) -> dict:
+            with open(place(relative), "wb") as dst:
+                return backup_fs.copy_fd(fd, dst)
+        return store
+
     try:
         for config in configs:
-            if config.is_file():
-                files.append({"path": f"configs/{config.name}", "source": str(config),
-                              **copy_hashed(config, place(f"configs/{config.name}"))})
+            relative = f"configs/{config.name}"
+            copy(config.parent, backup_fs.Found(config.name, 1), into_backup(relative),
+                 {"path": relative, "source": str(config)})
         jobs = home / "jobs.db"
-        if jobs.exists():
+        st = jobs.lstat() if jobs.exists() or jobs.is_symlink() else None
+        if st and not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+            note = backup_fs.skip_note(st.st_mode) if not stat.S_ISREG(st.st_mode) else \
+                f"has {st.st_nlink} hard links: not copied"
+            skipped.append({"path": "jobs.db", "note": note})
+        elif st:
             _sqlite_copy(jobs, place("jobs.db"))
             files.append({"path": "jobs.db", "sha256": sha256(partial / "jobs.db"),
                           "size": (partial / "jobs.db").stat().st_size})
-        runs = home / "runs"
-        if runs.is_dir():
-            for path in sorted(p for p in runs.rglob("*") if p.is_file() and not p.name.endswith(".partial")):
-                relative = str(path.relative_to(home))
-                files.append({"path": relative, **copy_hashed(path, place(relative))})
-        if include_models and (home / "models").is_dir():
+        runs = backup_fs.scan(home, "runs", ignore=lambda name: name.endswith(".partial"))
+        skipped += runs.skipped
+        for found in runs.files:
+            copy(home, found, into_backup(found.path), {"path": found.path})
+        if include_models:
+            models = backup_fs.scan(home, "models")
+            skipped += models.skipped
             objects = root / OBJECTS
             objects.mkdir(exist_ok=True)
-            for path in sorted(p for p in (home / "models").rglob("*") if p.is_file()):
-                files.append({"path": str(path.relative_to(home)), **_store_object(objects, path)})
+            for found in models.files:
+                copy(home, found, lambda fd: _store_object(objects, fd), {"path": found.path})
         for service, image_stream in docker_images:
             files.append({"path": f"docker/{service}.tar", **_save_image(service, image_stream,
                                                                          place(f"docker/{service}.tar"))})
         manifest = {"id": backup_id, "created": time.time(), "host": socket.gethostname(), "home": str(home),
-                    "include_models": include_models, "files": files}
+                    "include_models": include_models, "files": files, "skipped": skipped}
         atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=2))
         for directory in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
             fsync_dir(directory)  # every entry is on disk before the backup becomes visible
@@ -153,7 +175,7 @@ def _create(home: Path, root: Path, configs: list[Path], include_models: bool,
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return Backup(backup_id, final, manifest["created"], files)
+    return Backup(backup_id, final, manifest["created"], files, skipped=skipped)
 
 
 def _save_image(service: str, image_stream, target: Path) -> dict:
@@ -195,73 +217,3 @@ def get(root: Path, backup_id: str | None) -> Backup:
     if isinstance(chosen, Broken):
         raise BackupError(f"backup {chosen.id} cannot be used: {chosen.problem} ({chosen.path})")
     return chosen
-
-
-def _stored(root: Path, backup: Backup, entry: dict) -> Path:
-    return root / OBJECTS / entry["object"] if entry.get("object") else backup.path / entry["path"]
-
-
-def _inside(path: Path, directory: Path) -> bool:
-    return path.resolve().is_relative_to(directory.resolve())
-
-
-def verify(root: Path, backup: Backup | Broken) -> list[str]:
-    """Every file re-hashed; returns one line per bad entry, missing or corrupt file."""
-    if isinstance(backup, Broken):
-        return [f"broken: {backup.path / MANIFEST}: {backup.problem}"]
-    problems = list(backup.problems)
-    with store_lock(root, exclusive=False, required=False):
-        for entry in backup.files:
-            path = _stored(root, backup, entry)
-            home = root / OBJECTS if entry.get("object") else backup.path
-            if not path.is_file():
-                problems.append(f"missing: {entry['path']} ({path})")
-            elif not _inside(path, home):
-                problems.append(f"unsafe: {entry['path']} ({path}) leads outside {home}")
-            elif path.stat().st_size != entry["size"] or sha256(path) != entry["sha256"]:
-                problems.append(f"corrupt: {entry['path']} ({path}): checksum does not match the manifest")
-    return problems
-
-
-def restore(root: Path, backup: Backup, target: Path, force: bool = False) -> list[Path]:
-    """Write the backup's files under `target` (configs under target/configs); returns what was written.
-    Nothing is written unless every entry verifies and lands inside target."""
-    try:
-        with store_lock(root, exclusive=False, required=False):  # prune cannot delete it meanwhile
-            return _restore(root, backup, target, force)
-    except OSError as e:
-        raise _failure(e, target, "restore the backup") from None
-
-
-def _restore(root: Path, backup: Backup, target: Path, force: bool) -> list[Path]:
-    problems = verify(root, backup)
-    if problems:
-        raise BackupError("the backup does not verify, nothing was restored:\n" + "\n".join(problems))
-    entries = [e for e in backup.files if not e["path"].startswith("docker/")]
-    outside = [f"{e['path']} ({(target / e['path']).resolve()})" for e in entries
-               if not _inside(target / e["path"], target)]
-    if outside:  # through a symlink under target: refuse, as tarfile's data filter does
-        raise BackupError(f"restoring would write outside {target}, nothing was restored: " + ", ".join(outside))
-    existing = [target / e["path"] for e in entries if (target / e["path"]).exists()]
-    if existing and not force:
-        shown = ", ".join(str(p) for p in existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
-        raise BackupError(f"restoring would overwrite {shown}; pass --force to replace them (or --to another dir)")
-    written = []
-    for entry in entries:
-        destination = target / entry["path"]
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        tmp = destination.with_name(f".{destination.name}.restoring")
-        try:
-            if copy_hashed(_stored(root, backup, entry), tmp)["sha256"] != entry["sha256"]:
-                raise BackupError(f"{entry['path']} changed in the backup while it was restored; "
-                                  f"{len(written)} files were restored, run verify")
-            if entry["path"] == "jobs.db":  # a stale write-ahead log must not be replayed onto the restored db
-                for suffix in ("-wal", "-shm"):
-                    Path(str(destination) + suffix).unlink(missing_ok=True)
-            os.replace(tmp, destination)  # atomic: readers see the old file or the whole new one
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(destination.parent)
-        written.append(destination)
-    return written

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import json
 import re
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -25,6 +26,17 @@ class BackupError(Exception):
     pass
 
 
+def failure(e: Exception, root: Path, what: str) -> BackupError:
+    """One line for the person: which path, what went wrong."""
+    if isinstance(e, sqlite3.Error):
+        return BackupError(f"cannot {what}: the job database could not be copied: {e}")
+    filename = getattr(e, "filename", None)
+    reason = getattr(e, "strerror", None) or str(e)
+    if filename and not str(Path(filename).absolute()).startswith(str(root.absolute())):
+        return BackupError(f"cannot {what}: cannot read {filename}: {reason}")
+    return BackupError(f"cannot {what} to {root}: {reason}")
+
+
 @dataclass
 class Backup:
     id: str
@@ -33,6 +45,7 @@ class Backup:
     files: list[dict]  # the entries that passed the checks
     problems: list[str] = field(default_factory=list)  # one line per entry that did not, naming it
     objects: set[str] = field(default_factory=set)  # every object name any entry refers to
+    skipped: list[dict] = field(default_factory=list)  # what was not copied, with why (links, special files)
 
     @property
     def size(self) -> int:
@@ -120,7 +133,9 @@ def load(path: Path) -> Backup:
         if parents & seen:
             problems.append(f"bad entry {entry['path']!r}: a parent directory of it is listed as a file")
     # The directory name is the id: a manifest's own "id" could disagree with it or repeat another's.
-    return Backup(path.name, path, float(created), files, problems, objects)
+    skipped = data.get("skipped")  # absent from backups made before links were skipped
+    skipped = [s for s in skipped if isinstance(s, dict)] if isinstance(skipped, list) else []
+    return Backup(path.name, path, float(created), files, problems, objects, skipped)
 
 
 def scan(root: Path) -> tuple[list[Backup], list[Broken]]:

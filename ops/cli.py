@@ -273,8 +273,11 @@ def _backup(args) -> int:
         stack = load(args.file)
         made = backup.create(lifecycle.home(), root, _backup_configs(stack), include_models="models" in args.include,
                              docker_images=_docker_images(stack, time.strftime("%Y%m%d-%H%M%S")))
+        for skip in made.skipped:  # links, fifos, sockets, devices: never followed nor opened
+            print(f"note: not backed up: {skip['path']}: {skip['note']}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"id": made.id, "path": str(made.path), "files": len(made.files), "bytes": made.size}))
+            print(json.dumps({"id": made.id, "path": str(made.path), "files": len(made.files), "bytes": made.size,
+                              "skipped": made.skipped}))
         else:
             print(f"backup {made.id}: {len(made.files)} files, {fmt(made.size)} in {made.path}")
         return 0

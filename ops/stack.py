@@ -1,7 +1,8 @@
 """The stack as compose.yaml describes it, plus each service's `x-ops` block.
 
 Values are interpolated the way Compose does (${VAR}, ${VAR:-default}, ${VAR-default},
-${VAR:?error}, $$), so `docker compose up` and `ops up` read the same file the same way.
+${VAR:?error}, $$), so `docker compose up` and `ops up` read the same file the same way: into the
+parsed document, never into its text (ops/interpolation.py), so a value cannot add keys.
 """
 
 import os
@@ -12,9 +13,7 @@ from pathlib import Path
 
 from common.settings import SLEEP_APIS
 from common.sizes import SizeError, in_bytes, parse_memory
-
-_VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])((?:[^{}]|\{[^{}]*\})*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-
+from ops.interpolation import InterpolationError, substitute
 
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
 
@@ -70,26 +69,6 @@ class Service:
         return in_bytes(self.gpu_memory, total)
 
 
-def interpolate(text: str, env: dict[str, str]) -> str:
-    def replace(m: re.Match) -> str:
-        whole = m.group(0)
-        if whole == "$$":
-            return "$"
-        name = m.group(1) or m.group(5)
-        colon, op, arg = m.group(2), m.group(3), m.group(4)
-        value = env.get(name)
-        missing = value is None or (colon == ":" and value == "")
-        if op == "-":
-            return interpolate(arg, env) if missing else value
-        if op == "?":
-            if missing:
-                raise StackError(f"compose.yaml needs ${{{name}}}: {arg or 'set it in the environment'}")
-            return value
-        return value or ""
-
-    return _VAR.sub(replace, text)
-
-
 def parse_size(value, where: str) -> int | float:
     """'18GiB' -> bytes; 0.4 -> a fraction of the card; 1073741824 -> bytes (common.sizes' grammar)."""
     try:
@@ -118,13 +97,14 @@ def _environment(value) -> dict[str, str]:
     return env
 
 
+_PLACEHOLDER = re.compile(r"\{(python|port|home)\}")
+
+
 def _expand(parts, context: dict[str, str]) -> list[str]:
-    return [str(p).replace("{python}", sys.executable).format_map(_Defaulting(context)) for p in parts]
-
-
-class _Defaulting(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+    """The file's {python}, {port} and {home} filled in. Not str.format: a value from the environment may hold
+    braces ("{", "{0}"), which must stay characters, not fail or pick up other fields."""
+    context = {**context, "python": sys.executable}
+    return [_PLACEHOLDER.sub(lambda m: context[m.group(1)], str(p)) for p in parts]
 
 
 @dataclass
@@ -154,11 +134,13 @@ def _read(path: Path, env: dict[str, str]) -> dict:
     from ruamel.yaml import YAML
 
     try:
-        data = YAML(typ="safe").load(interpolate(path.read_text(), env))
-    except StackError:
-        raise
+        data = YAML(typ="safe").load(path.read_text())
     except Exception as e:  # the YAML parser's own errors
         raise StackError(f"{path} is not valid YAML: {e}") from None
+    try:
+        data = substitute(data, env)  # after parsing: a value is a string, never more YAML
+    except InterpolationError as e:
+        raise StackError(f"{path}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
         raise StackError(f"{path} has no services")
     return data
@@ -221,7 +203,10 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
         for line in env_file.read_text().splitlines():
             if "=" in line and not line.lstrip().startswith("#"):
                 key, _, value = line.partition("=")
-                env.setdefault(key.strip(), value.strip().strip("\"'"))
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+                    value = value[1:-1]  # one pair of enclosing quotes; a quote inside or at one end is kept
+                env.setdefault(key.strip(), value)
     data = _read(path, env)
     services = {}
     for name, spec in data["services"].items():

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 
 from common.gpu import Device, GPUProcess
+from ops.interpolation import interpolate
 from ops.plan import make_plan, order
-from ops.stack import StackError, interpolate, load, parse_size
+from ops.stack import StackError, load, parse_size
 from tests.backend.server_process import ROOT
 from tests.ops.conftest import run_ops
 
