@@ -119,6 +119,22 @@ def qwen_server(tmp_path_factory):
     assert proc.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def smol(smol_server):
+    """The official OpenAI client on smol_server (a test module may define its own `smol`)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny(qwen_server):
+    """The official OpenAI client on qwen_server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key="unused", max_retries=0)
+
+
 # Our C kernels' builds: for this CPU, and on an x86 CPU its other code paths too.
 KERNEL_BUILDS = {"native": None, "avx2": "haswell", "portable": "x86-64"}
 

@@ -4,7 +4,6 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 WEATHER_SCHEMA = {"type": "object", "properties": {
@@ -13,16 +12,6 @@ WEATHER_SCHEMA = {"type": "object", "properties": {
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
            "parameters": WEATHER_SCHEMA}
 ASK = "What is the weather like in Paris today?"
-
-
-@pytest.fixture(scope="module")
-def tiny(qwen_server):
-    return openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def smol(smol_server):
-    return openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=600)
 
 
 def test_text_response_matches_chat_and_streams_typed_events(tiny):

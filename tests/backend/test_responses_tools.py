@@ -25,16 +25,6 @@ CODEX_FIELDS = {"reasoning": {"summary": "auto"}, "include": ["reasoning.encrypt
                 "text": {"verbosity": "low"}, "parallel_tool_calls": True, "tool_choice": "auto"}
 
 
-@pytest.fixture(scope="module")
-def tiny(qwen_server):
-    return openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def smol(smol_server):
-    return openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=600)
-
-
 def prompt_tokens(client, tools, input_items=ASK) -> int:
     return client.responses.create(model="tiny", input=input_items, tools=tools, max_output_tokens=1,
                                    temperature=0).usage.input_tokens

@@ -10,7 +10,6 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 WEATHER_SCHEMA = {"type": "object", "properties": {
@@ -21,16 +20,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-
-
-@pytest.fixture(scope="module")
-def smol(smol_server):
-    return openai.OpenAI(base_url=f"{smol_server.url}/v1", api_key="unused", max_retries=0, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def tiny(qwen_server):
-    return openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key="unused", max_retries=0)
 
 
 def call_of(message) -> tuple[str, dict]:
