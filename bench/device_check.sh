@@ -4,12 +4,23 @@
 #   device run, carry [".wheels"], command: bash bench/device_check.sh
 # Installs what is missing from .wheels/, runs the CUDA tests with compiled kernels (no interpreter), then
 # bench/device.py; everything lands in $OUT (tests.log, bench.jsonl, summary.json). Budget: under 8 minutes.
+# DEVICE_CHECK_SMOKE=1 runs the same steps on a CPU, small (one kernel test, bench/device.py --smoke): the
+# script's own test (tests/backend/test_cuda_path.py).
 set -uo pipefail
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1 SCRIPTORIUM_HOME="${SCRIPTORIUM_HOME:-/tmp/scriptorium-home}"
-unset TRITON_INTERPRET SCRIPTORIUM_TRITON
+unset SCRIPTORIUM_TRITON
+smoke=()
+bench_args=()
+if [ "${DEVICE_CHECK_SMOKE:-}" = 1 ]; then
+    export TRITON_INTERPRET=1
+    smoke=(-k store_kv)
+    bench_args=(--smoke)
+else
+    unset TRITON_INTERPRET
+fi
 start=$(date +%s)
 
 missing=$("$PY" - <<'PYCODE'
@@ -21,18 +32,18 @@ if [ -n "$missing" ]; then
     [ -d .wheels ] || { echo "missing: $missing; run 'make device-wheels' here and carry .wheels" >&2; exit 2; }
     "$PY" -m pip install -q --no-index --find-links .wheels $missing 2>&1 | tail -3
 fi
-{ nvidia-smi -L; "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+{ nvidia-smi -L 2>/dev/null || echo "no GPU"; "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
     | tee "$OUT/machine.txt"
 
 # The kernels against their references (fp32, bf16, fp16), the CUDA path's engine tests, structured output.
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/backend/test_triton_kernels.py \
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rfE "${smoke[@]}" tests/backend/test_triton_kernels.py \
     tests/backend/test_quant_cuda.py tests/backend/test_cuda_path.py tests/backend/test_structured_output.py \
     > "$OUT/tests.log" 2>&1
 tests_rc=$?
 tail -15 "$OUT/tests.log"
 
 left=$((470 - ($(date +%s) - start)))
-timeout "$left" "$PY" bench/device.py > "$OUT/bench.jsonl" 2> "$OUT/bench.err"
+timeout "$left" "$PY" bench/device.py "${bench_args[@]}" > "$OUT/bench.jsonl" 2> "$OUT/bench.err"
 bench_rc=$?
 cat "$OUT/bench.jsonl"
 tail -5 "$OUT/bench.err"

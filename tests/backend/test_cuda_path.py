@@ -203,3 +203,24 @@ def test_cpu_tensors_never_reach_compiled_kernels(monkeypatch):
     assert use_triton(torch.zeros(1))
     monkeypatch.delenv("SCRIPTORIUM_TRITON")
     assert not use_triton(torch.zeros(1))
+
+
+def test_the_device_check_script_runs_its_steps(tmp_path):
+    """bench/device_check.sh, small, on the CPU: machine line, kernel tests, benchmark figures and a summary in
+    $OUT, exit code 0 (on a GPU it runs the same steps in full)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.backend.server_process import ROOT
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE_CHECK_SMOKE": "1"}
+    done = subprocess.run(["bash", "bench/device_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tests_rc"] == 0 and summary["bench_rc"] == 0
+    assert "passed" in (tmp_path / "tests.log").read_text()
+    figures = [json.loads(line)["figure"] for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert "decode_batch1_offloaded" in figures and figures[-1] == "total"
