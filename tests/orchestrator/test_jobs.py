@@ -1,4 +1,5 @@
-"""The job store on its own: real SQLite files, and the CLI as a real process."""
+"""The job store on its own: real SQLite files, and the CLI as a real process. Ids are exact in the store's get
+(what the API and the MCP tools use); only the CLI takes a unique prefix, and says which run it named."""
 
 import sqlite3
 
@@ -18,11 +19,26 @@ def home_settings(tmp_path) -> Settings:
 def test_wildcards_in_a_typed_id_match_nothing(home_settings, typed):
     store = JobStore(home_settings.jobs_db)
     run = store.create_run("article", {"topic": "wildcards"})
-    with pytest.raises(JobError, match="no run"):
-        store.get(typed)
+    for lookup in (store.get, store.find):
+        with pytest.raises(JobError, match="no run"):
+            lookup(typed)
     result = run_cli(home_settings, "show", typed)
     assert result.returncode == 1 and "no run" in result.stderr and "Traceback" not in result.stderr
-    assert store.get(run.id[:8]).id == run.id  # a real prefix still finds it
+    assert store.find(run.id[:8]).id == run.id  # a real prefix still finds it at the CLI
+
+
+def test_the_store_and_api_take_exact_ids_only(home_settings):
+    from orchestrator import api
+
+    run = JobStore(home_settings.jobs_db).create_run("article", {"topic": "exact"}, status="done")
+    for typed in (run.id[:1], run.id[:8], run.id[:-1], run.id + " "):
+        with pytest.raises(JobError, match="no run"):
+            api.get(typed, home_settings)
+        with pytest.raises(JobError, match="no run"):
+            api.cancel(typed, home_settings)
+    assert api.get(run.id, home_settings).id == run.id
+    shown = run_cli(home_settings, "show", run.id[:15], "--json")
+    assert shown.returncode == 0 and f"run {run.id}" in shown.stderr  # the CLI names the run a prefix matched
 
 
 def test_an_empty_id_matches_nothing(home_settings):
@@ -39,9 +55,11 @@ def test_a_prefix_shared_by_two_runs_is_ambiguous(home_settings):
             db.execute("INSERT INTO runs (id, kind, params, status, created, updated) "
                        "VALUES (?, 'article', '{\"topic\": \"t\"}', 'done', 0, 0)", (run_id,))
     with pytest.raises(JobError, match="ambiguous"):
-        store.get("20250101-000000-aa")
-    assert store.get("20250101-000000_").id == "20250101-000000_ccccc"  # '_' is itself, not any character
-    assert store.get("20250101-000000-aab").id == "20250101-000000-aabbbb"
+        store.find("20250101-000000-aa")
+    assert store.find("20250101-000000_").id == "20250101-000000_ccccc"  # '_' is itself, not any character
+    assert store.find("20250101-000000-aab").id == "20250101-000000-aabbbb"
+    with pytest.raises(JobError, match="no run"):
+        store.get("20250101-000000-aab")
 
 
 OLD_STEPS = """CREATE TABLE steps (run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, name TEXT NOT NULL,
