@@ -80,7 +80,7 @@ def resume(run_id: str, settings: Settings | None = None) -> Run:
 def status(run_id: str, settings: Settings | None = None) -> dict:
     settings = settings or Settings.from_env()
     store = store_for(settings)
-    run = pool.placed([store.get(run_id)], store)[0]
+    run = get(run_id, settings)
     return {**run.to_dict(), "steps": [s.to_dict() for s in store.steps(run.id)]}
 
 
@@ -90,9 +90,13 @@ def cancel(run_id: str, settings: Settings | None = None) -> Run:
 
 
 def get(run_id: str, settings: Settings | None = None) -> Run:
-    """The run with exactly this id (with its queue position while it waits)."""
-    store = store_for(settings or Settings.from_env())
-    return pool.placed([store.get(run_id)], store)[0]
+    """The run with exactly this id (with its queue position while it waits). Looking moves the queue on, as a
+    listing does: an agent polling its queued job is what starts it when nothing else would."""
+    settings = settings or Settings.from_env()
+    store = store_for(settings)
+    run = store.get(run_id)
+    pool.settle(store, settings)
+    return pool.placed([store.get(run.id)], store)[0]
 
 
 def wait_settled(run_id: str, settings: Settings, timeout: float = 5.0) -> Run:

@@ -173,14 +173,17 @@ class JobStore:
             raise UnknownRun(f"no run {typed!r}; `python -m orchestrator list` shows the runs")
         return _run(row)
 
-    def active(self, kinds: tuple[str, ...], db: sqlite3.Connection | None = None) -> list[Run]:
-        """Runs of these kinds that are queued or running, in queue order (db: inside the caller's transaction)."""
-        sql = (f"SELECT * FROM runs WHERE status IN ('queued', 'running') AND kind IN ({', '.join('?' * len(kinds))}) "
-               "ORDER BY COALESCE(queued_at, created), id")
+    def active(self, kinds: tuple[str, ...], db: sqlite3.Connection | None = None,
+               finished_since: float | None = None) -> list[Run]:
+        """Runs of these kinds that are queued or running (and those that finished after `finished_since`), in queue
+        order; db: inside the caller's transaction."""
+        sql = (f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))}) "
+               "AND (status IN ('queued', 'running') OR finished > ?) ORDER BY COALESCE(queued_at, created), id")
+        args = (*kinds, time.time() + 1 if finished_since is None else finished_since)
         if db is not None:
-            return [_run(r) for r in db.execute(sql, kinds).fetchall()]
+            return [_run(r) for r in db.execute(sql, args).fetchall()]
         with self._connect() as conn:
-            return [_run(r) for r in conn.execute(sql, kinds).fetchall()]
+            return [_run(r) for r in conn.execute(sql, args).fetchall()]
 
     def recent(self, limit: int = 50) -> list[Run]:
         with self._connect() as db:

@@ -14,11 +14,15 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 
 from orchestrator.jobs import JobError, JobStore, Run, StoreError
 from orchestrator.settings import Settings
 
 POOLED = ("article", "stage")  # image jobs are not pooled: they wait in ComfyUI's own queue
+# A worker whose job has ended holds its place until its process is gone (it is exiting, or becoming the worker of
+# the next job), so that no new worker starts beside it; its run is looked at for this long after it ended.
+LINGER = 120.0
 
 
 class QueueFull(JobError):
@@ -41,10 +45,19 @@ def spawn_worker(run_id: str, settings: Settings) -> int:
     return proc.pid
 
 
-def split(active: list[Run]) -> tuple[int, list[Run]]:
-    """(how many pooled jobs have a live process, the ones waiting for a worker in queue order)."""
+def split(runs: list[Run]) -> tuple[int, list[Run]]:
+    """(the places taken: pooled jobs with a live process, and live workers whose job has just ended; the jobs
+    waiting for a worker, in queue order). This process's own ended jobs take no place: it is the one moving on."""
+    active = [r for r in runs if r.status in ("queued", "running")]
     live = sum(1 for r in active if r.worker_alive)
-    return live, [r for r in active if r.status == "queued" and not r.worker_alive]
+    working = {r.pid for r in active}
+    leaving = {r.pid for r in runs if r.status not in ("queued", "running") and r.pid not in working
+               and r.pid != os.getpid() and r.worker_alive}
+    return live + len(leaving), [r for r in active if r.status == "queued" and not r.worker_alive]
+
+
+def pooled(store: JobStore, db=None) -> list[Run]:
+    return store.active(POOLED, db, finished_since=time.time() - LINGER)
 
 
 def positions(store: JobStore) -> dict[str, int]:
@@ -67,7 +80,7 @@ def enqueue(store: JobStore, kind: str, params: dict, settings: Settings, client
     """A new pooled job: started now when a worker is free, else queued. QueueFull when it would wait and the
     client already has max_queued_per_client jobs waiting (checked and inserted in one transaction)."""
     with store.transaction() as db:
-        live, waiting = split(store.active(POOLED, db))
+        live, waiting = split(pooled(store, db))
         if live + len(waiting) >= settings.max_jobs:
             mine = sum(1 for r in waiting if r.client == client)
             if mine >= settings.max_queued_per_client:
@@ -84,7 +97,7 @@ def enqueue(store: JobStore, kind: str, params: dict, settings: Settings, client
 def _take(store: JobStore, settings: Settings, skip: set[str]) -> str | None:
     """Mark the next waiting job as this process's, if fewer than max_jobs run; its id, or None."""
     with store.transaction() as db:
-        live, waiting = split(store.active(POOLED, db))
+        live, waiting = split(pooled(store, db))
         waiting = [r for r in waiting if r.id not in skip]
         if not waiting or live >= settings.max_jobs:
             return None
@@ -106,7 +119,7 @@ def dispatch(store: JobStore, settings: Settings, keep_one: bool = False) -> str
         try:
             spawn_worker(run_id, settings)
         except OSError as e:
-            store.update(run_id, status="failed", error=f"its worker could not be started: {e}")
+            store.update(run_id, status="failed", pid=None, error=f"its worker could not be started: {e}")
     return kept
 
 
