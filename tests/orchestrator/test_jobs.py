@@ -1,6 +1,7 @@
 """The job store on its own: real SQLite files, and the CLI as a real process. Ids are exact in the store's get
 (what the API and the MCP tools use); only the CLI takes a unique prefix, and says which run it named."""
 
+import json
 import sqlite3
 
 import pytest
@@ -91,3 +92,21 @@ def test_a_database_from_before_hashes_is_migrated_in_place(home_settings):
     with sqlite3.connect(home_settings.jobs_db) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] >= 2
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_the_cli_listing_shows_queue_positions(home_settings):
+    import os
+
+    store = JobStore(home_settings.jobs_db)
+    store.create_run("article", {"topic": "held"}, status="running", client="cli", pid=os.getpid())  # the one place
+    waiting = [store.create_run("article", {"topic": f"waits {i}"}, client="cli").id for i in range(2)]
+    one_place = {"SCRIPTORIUM_MAX_JOBS": "1"}
+    listed = json.loads(run_cli(home_settings, "list", "--json", extra_env=one_place).stdout)["runs"]
+    assert {r["id"]: r["queue_position"] for r in listed if r["id"] in waiting} == {waiting[0]: 1, waiting[1]: 2}
+    text = run_cli(home_settings, "list", extra_env=one_place).stdout
+    assert f"{waiting[1]}  queued #2" in text
+    shown = json.loads(run_cli(home_settings, "show", waiting[1], "--json", extra_env=one_place).stdout)
+    assert shown["status"] == "queued" and shown["queue_position"] == 2
+    cancelled = run_cli(home_settings, "cancel", waiting[0], "--json", extra_env=one_place)
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    assert store.get(waiting[1]).status == "queued" and store.get(waiting[1]).pid is None  # still waiting, now first
