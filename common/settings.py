@@ -37,6 +37,8 @@ ENV = {  # field -> environment variable
     "lease_idle": "SCRIPTORIUM_LEASE_IDLE",
     "lease_drain_timeout": "SCRIPTORIUM_LEASE_DRAIN_TIMEOUT",
     "lease_memory_timeout": "SCRIPTORIUM_LEASE_MEMORY_TIMEOUT",
+    "max_jobs": "SCRIPTORIUM_MAX_JOBS",
+    "max_queued_per_client": "SCRIPTORIUM_MAX_QUEUED_PER_CLIENT",
 }
 
 
@@ -46,6 +48,11 @@ class SettingsError(ValueError):
 
 def _home() -> Path:
     return data_home()
+
+
+def default_max_jobs() -> int:
+    """Job workers mostly wait on the LLM (which batches their requests), so one per core, at least 2, at most 16."""
+    return max(2, min(16, os.cpu_count() or 2))
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class Settings:
     lease_idle: float = 30.0  # seconds ComfyUI stays idle before the card goes back to the LLM
     lease_drain_timeout: float = 120.0  # longest wait for the LLM's requests in flight to finish
     lease_memory_timeout: float = 60.0  # longest wait for the freed memory to show on the card
+    max_jobs: int = field(default_factory=default_max_jobs)  # article and stage jobs running at once; more wait
+    max_queued_per_client: int = 20  # jobs one client (its MCP clientInfo name, or "cli") may have waiting
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -126,6 +135,11 @@ def _coerce(name: str, value, source: str):
             number = float(value)
             if number < 0 or (number == 0 and name not in ("lease_idle",)):
                 raise ValueError("must be positive")
+            return number
+        if name in ("max_jobs", "max_queued_per_client"):
+            number = int(value)
+            if number < (1 if name == "max_jobs" else 0):
+                raise ValueError("must be at least 1" if name == "max_jobs" else "must not be negative")
             return number
         if name == "mcp_allowed_dirs":
             dirs = value.split(os.pathsep) if isinstance(value, str) else list(value)

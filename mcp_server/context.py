@@ -35,6 +35,13 @@ def state_of(ctx: Context) -> State:
     return ctx.request_context.lifespan_context
 
 
+def client_name(ctx: Context) -> str:
+    """Who is calling: the name the client gave in its clientInfo (what a job's history and queue cap count by)."""
+    params = ctx.session.client_params
+    info = getattr(params, "client_info", None) if params is not None else None
+    return getattr(info, "name", None) or "unnamed client"
+
+
 def checked_file(ctx: Context, roots: ListRootsResult | None, value: str, what: str = "file") -> str:
     """The resolved path of a file argument, refused (as the tool's error) outside the allowed directories."""
     return str(state_of(ctx).files.check(value, root_paths(roots), what))

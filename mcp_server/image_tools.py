@@ -99,7 +99,7 @@ async def start_and_follow(ctx: Context, params: dict) -> CallToolResult:
         async with ComfyUIClient(url) as comfy:
             await comfy.check_choices(workflow)
         run = await asyncio.to_thread(api.start_image, params, state.settings)
-    except (api.ParamsError, api.TemplateError, ComfyUIError) as e:
+    except (api.ParamsError, api.TemplateError, api.JobError, ComfyUIError) as e:
         raise ToolError(str(e)) from None
     return image_result(await follow(ctx, run))
 

@@ -8,7 +8,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, state_of
+from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, client_name, state_of
 from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
@@ -51,7 +51,8 @@ def job_info(run) -> JobInfo:
         typed = ArticleJobResult(**run.result) if run.kind == "article" else ImageJobResult(**run.result)
     status = "interrupted" if run.interrupted else run.status
     return JobInfo(job_id=run.id, kind=run.kind, status=status, stage=run.stage, progress=run.progress,
-                   message=run.message, error=run.error, result=typed, resources=resources)
+                   message=run.message, error=run.error, queue_position=run.queue_position, result=typed,
+                   resources=resources)
 
 
 async def cancel_and_settle(job_id: str, ctx: Context, timeout: float = 5.0):
@@ -92,16 +93,19 @@ def register(server: MCPServer) -> None:
         roots: Roots = None,
     ) -> JobStarted:
         """Write an illustrated article (research, writing, illustration, assembly) as a background job. Returns
-        a job_id at once: poll get_job(job_id) for progress and the files."""
+        a job_id at once: poll get_job(job_id) for progress and the files. When every worker is busy the job
+        waits, queued, with its place in the queue."""
         state = state_of(ctx)
         sources = [checked_file(ctx, roots, s, "source") for s in sources]
         try:
             run = await asyncio.to_thread(api.start_article, {
                 "topic": topic, "audience": audience, "sections": sections, "images": images,
-                "words_per_section": words_per_section, "sources": sources}, state.settings)
-        except api.ParamsError as e:
+                "words_per_section": words_per_section, "sources": sources}, state.settings, client_name(ctx))
+        except (api.ParamsError, api.JobError) as e:
             raise ToolError(str(e)) from None
-        return JobStarted(job_id=run.id, status=run.status, message="started; poll get_job with this job_id")
+        said = f"queued: number {run.queue_position} for a worker" if run.queue_position else "started"
+        return JobStarted(job_id=run.id, status=run.status, queue_position=run.queue_position,
+                          message=f"{said}; poll get_job with this job_id")
 
     @server.tool(title="Get a job", annotations=READ_ONLY)
     async def get_job(job_id: Annotated[str, Field(min_length=1)], ctx: Context) -> JobInfo:
@@ -110,7 +114,8 @@ def register(server: MCPServer) -> None:
 
     @server.tool(title="Cancel a job", annotations=DESTRUCTIVE)
     async def cancel_job(job_id: Annotated[str, Field(min_length=1)], ctx: Context) -> JobInfo:
-        """Cancel a job: aborts its LLM requests and its ComfyUI prompt. A finished job stays as it is."""
+        """Cancel a job by its full id: aborts its LLM requests and its ComfyUI prompt; a queued one never
+        starts. A finished job stays as it is."""
         run = _run(job_id, ctx)
         if run.status in FINAL:
             return job_info(run)

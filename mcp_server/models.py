@@ -17,10 +17,14 @@ class Message(BaseModel):
     content: str
 
 
+QUEUE_POSITION = "while it waits for a worker (status queued): its place in the queue, 1 starts next; else null"
+
+
 class JobStarted(BaseModel):
     job_id: str
     status: str
     message: str
+    queue_position: int | None = Field(None, description=QUEUE_POSITION)
 
 
 class ImageJobResult(BaseModel):
@@ -59,13 +63,15 @@ class StageJobResult(BaseModel):
 class JobInfo(BaseModel):
     job_id: str
     kind: Literal["article", "image", "stage"] = Field(description="stage: one stage of a shared run")
-    status: str = Field(description="queued | running | done | failed | cancelled; interrupted = marked running "
+    status: str = Field(description="queued (waiting for a worker, or starting) | running | done | failed | "
+                                    "cancelled; interrupted = marked running "
                                     "but its worker is gone (`python -m orchestrator resume` continues it); "
                                     "open = a shared run (get_run shows its parts)")
     stage: str | None
     progress: float
     message: str | None
     error: str | None
+    queue_position: int | None = Field(None, description=QUEUE_POSITION)
     result: ArticleJobResult | ImageJobResult | StageJobResult | None
     resources: list[str] = Field(description="scriptorium:// URIs of the job and its files")
 

@@ -11,7 +11,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, READ_ONLY, Roots, checked_file, state_of
+from mcp_server.context import CREATES, READ_ONLY, Roots, checked_file, client_name, state_of
 from mcp_server.image_tools import follow
 from mcp_server.job_tools import stage_result
 from mcp_server.lazy import lazy
@@ -29,10 +29,8 @@ JOB_PREFIX = "scriptorium://jobs/"
 
 
 def actor(ctx: Context, tool: str) -> "api.Actor":
-    """Who is calling: the name the client gave in its clientInfo."""
-    params = ctx.session.client_params
-    info = getattr(params, "client_info", None) if params is not None else None
-    return api.Actor(getattr(info, "name", None) or "unnamed client", tool)
+    """Who is calling, with which tool."""
+    return api.Actor(client_name(ctx), tool)
 
 
 async def _call(function, *args, **kwargs):
@@ -49,6 +47,9 @@ def outcome(job) -> StageOutcome:
         message = (
             "its worker stopped before the stage finished: call the same tool again to finish what is missing"
         )
+    elif job.queue_position:
+        message = (f"queued for a worker (number {job.queue_position}): call get_job with this job_id until its "
+                   "status is done, then get_run")
     elif job.status in ("queued", "running"):
         message = "still working: call get_job with this job_id until its status is done, then get_run"
     status = "interrupted" if job.interrupted else job.status

@@ -3,11 +3,13 @@ write, illustrate and assemble for a shared run's stages one at a time."""
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import time
 
-from orchestrator import api, run_cli
+from orchestrator import api, pool, run_cli
 from orchestrator.clients.comfyui import ComfyUIError, Interrupted
 from orchestrator.clients.llm import LLMError
 from orchestrator.jobs import JobError, JobStore
@@ -59,6 +61,8 @@ def _print_run(run: dict, as_json: bool) -> None:
         print(json.dumps(run, indent=2, default=str))
         return
     state = "interrupted (resume it)" if run.get("interrupted") else run["status"]
+    if run.get("queue_position"):
+        state += f" (number {run['queue_position']} in the queue for a worker)"
     print(f"run       {run['id']}\nstatus    {state}\nstage     {run.get('stage') or '-'}\n"
           f"progress  {run['progress'] * 100:.0f}%\ntopic     {_about(run['params'])}")
     if run.get("error"):
@@ -77,6 +81,26 @@ def _about(params: dict) -> str:
     if params.get("stage"):
         return f"{params['stage']} of {params['run_id']}"
     return params.get("topic") or params.get("prompt") or params.get("template") or ""
+
+
+def _resolve(store: JobStore, typed: str) -> str:
+    """At the CLI a unique prefix of an id will do (people type them from `list`); the run it names is said."""
+    run = store.find(typed)
+    if run.id != typed:
+        print(f"{typed}: run {run.id}", file=sys.stderr)
+    return run.id
+
+
+def _move_queue(take_next: bool) -> None:
+    """After a job ends here: start the jobs waiting for a worker. take_next: this process is a pool worker and
+    becomes the worker of the next one itself (so the pool never holds more processes than max_jobs)."""
+    with contextlib.suppress(SettingsError, JobError, OSError):
+        settings = Settings.from_env()
+        store = JobStore(settings.jobs_db)
+        if not take_next:
+            pool.settle(store, settings)
+        elif (run_id := pool.dispatch(store, settings, keep_one=True)) is not None:
+            pool.become(run_id, settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,21 +133,32 @@ def main(argv: list[str] | None = None) -> int:
     work_p = sub.add_parser("work", help=argparse.SUPPRESS)
     work_p.add_argument("run_id")
     args = parser.parse_args(argv)
+    code = _command(args)
+    if args.command in ("work", "run", "resume", *run_cli.STAGE_COMMANDS):
+        _move_queue(take_next=args.command == "work")
+    return code
 
+
+def _command(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         store = JobStore(settings.jobs_db)
+        if getattr(args, "run_id", None) is not None and args.command != "work":  # the worker gets exact ids
+            args.run_id = _resolve(store, args.run_id)
         if args.command == "run":
             params = ArticleParams(
                 topic=args.topic, audience=args.audience, sections=args.sections, words_per_section=args.words,
                 images=args.images, sources=args.source, template=args.template, seed=args.seed,
                 temperature=args.temperature, llm_url=args.llm, comfyui_url=args.comfyui, model=args.model,
             )
-            run = store.create_run("article", params.to_dict())
             if args.detach:
-                api.spawn_worker(run.id, settings)
-                print(json.dumps({"run_id": run.id}) if args.json else run.id)
+                run = pool.enqueue(store, "article", params.to_dict(), settings, "cli")
+                if args.json:
+                    print(json.dumps({"run_id": run.id, "status": run.status, "queue_position": run.queue_position}))
+                else:
+                    print(run.id)
                 return 0
+            run = store.create_run("article", params.to_dict(), status="running", client="cli", pid=os.getpid())
             started = time.monotonic()
             result = _execute(store, run.id, settings, quiet=args.json)
             if args.json:
@@ -165,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "cancel":
             run = store.request_cancel(args.run_id)
-            _print_run(run.to_dict(), args.json)
+            _print_run(api.get(run.id, settings).to_dict(), args.json)
             return 0
         if args.command == "list":
             runs = api.list_runs(args.limit, settings)
@@ -176,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 for r in runs:
                     state = "interrupted" if r["interrupted"] else r["status"]
+                    if r.get("queue_position"):
+                        state = f"queued #{r['queue_position']}"
                     print(f"{r['id']}  {state:<11} {r['progress'] * 100:4.0f}%  {_about(r['params'])[:60]}")
             return 0
     except (Cancelled, Interrupted):

@@ -1,28 +1,30 @@
 """The orchestrator's Python API (the MCP server calls it): start, follow, cancel and list runs.
 
 A run started here is worked on by its own detached process (`python -m orchestrator work ID`),
-so it outlives the caller; its state lives in SQLite and its files in the run directory.
+so it outlives the caller; its state lives in SQLite and its files in the run directory. Article and
+stage jobs share a bounded pool of such workers (orchestrator/pool.py): the ones over its size wait,
+queued. Ids are exact here: a prefix names no run.
 """
 
 import base64
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from orchestrator import run_edits, run_view
+from orchestrator import pool, run_edits, run_view
 from orchestrator.history import Actor, VersionConflict
-from orchestrator.jobs import JobError, JobStore, Run, UnknownRun
+from orchestrator.jobs import JobError, JobStore, Run, StoreError, UnknownRun
 from orchestrator.pipeline.image import ImageParams, build_workflow
 from orchestrator.pipeline.params import LENGTHS, ArticleParams, ParamsError
 from orchestrator.pipeline.stage_job import StageParams
+from orchestrator.pool import QueueFull, spawn_worker
 from orchestrator.run_edits import EditError
 from orchestrator.settings import Settings
 from orchestrator.workflows import TemplateError
 
-__all__ = ["Actor", "EditError", "JobError", "ParamsError", "Run", "TemplateError", "VersionConflict", "cancel",
+__all__ = ["Actor", "EditError", "JobError", "ParamsError", "QueueFull", "Run", "StoreError", "TemplateError",
+           "VersionConflict", "cancel",
            "create_article_run", "create_run", "create_stage_job", "get", "get_run", "image_workflow", "list_runs",
            "outline_schema", "page", "reject_section", "resume", "set_image", "set_outline", "set_section", "spawn_worker",
            "start_article", "start_image", "start_stage", "status", "UnknownRun", "wait_settled"]
@@ -32,23 +34,10 @@ def store_for(settings: Settings) -> JobStore:
     return JobStore(settings.jobs_db)
 
 
-def create_article_run(params: dict, settings: Settings) -> Run:
+def create_article_run(params: dict, settings: Settings, client: str = "api") -> Run:
+    """An article job in the queue (the next dispatch starts it when a worker is free)."""
     validated = ArticleParams.from_dict(params)  # refuse bad input before anything is stored
-    return store_for(settings).create_run("article", validated.to_dict())
-
-
-def spawn_worker(run_id: str, settings: Settings) -> int:
-    """Start the detached process that works on the run; returns its pid."""
-    settings.logs_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, SCRIPTORIUM_HOME=str(settings.home), SCRIPTORIUM_LLM_URL=",".join(settings.llm_urls),
-               SCRIPTORIUM_LLM_STRUCTURED_OUTPUT="1" if settings.llm_structured_output else "0")
-    if settings.comfyui_url:
-        env["SCRIPTORIUM_COMFYUI_URL"] = settings.comfyui_url
-    with open(settings.logs_dir / f"run-{run_id}.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "work", run_id], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    store_for(settings).update(run_id, pid=proc.pid)
-    return proc.pid
+    return store_for(settings).create_run("article", validated.to_dict(), client=client)
 
 
 def image_workflow(params: dict) -> dict:
@@ -65,28 +54,33 @@ def start_image(params: dict, settings: Settings | None = None) -> Run:
     return store_for(settings).get(run.id)
 
 
-def start_article(params: dict, settings: Settings | None = None) -> Run:
+def start_article(params: dict, settings: Settings | None = None, client: str = "api") -> Run:
+    """An article job: started at once when a worker is free, else queued (QueueFull past the client's cap)."""
     settings = settings or Settings.from_env()
-    run = create_article_run(params, settings)
-    spawn_worker(run.id, settings)
-    return store_for(settings).get(run.id)
+    validated = ArticleParams.from_dict(params)
+    return pool.enqueue(store_for(settings), "article", validated.to_dict(), settings, client)
 
 
 def resume(run_id: str, settings: Settings | None = None) -> Run:
+    """Continue a failed or interrupted run: a pooled one joins the back of the queue, an image job restarts."""
     settings = settings or Settings.from_env()
-    run = store_for(settings).get(run_id)
-    if run.status in ("done", "cancelled"):
-        return run
-    if run.status in ("queued", "running") and run.worker_alive:
-        return run  # already being worked on
-    spawn_worker(run.id, settings)
-    return store_for(settings).get(run.id)
+    store = store_for(settings)
+    run = store.get(run_id)
+    if run.status in ("done", "cancelled") or run.status in ("queued", "running") and run.worker_alive:
+        return get(run.id, settings)  # finished, or already being worked on
+    if run.kind not in pool.POOLED:
+        spawn_worker(run.id, settings)
+        return store.get(run.id)
+    if run.status != "queued":
+        store.update(run.id, status="queued", pid=None, error=None, queued_at=time.time())
+    pool.dispatch(store, settings)
+    return get(run.id, settings)
 
 
 def status(run_id: str, settings: Settings | None = None) -> dict:
     settings = settings or Settings.from_env()
     store = store_for(settings)
-    run = store.get(run_id)
+    run = get(run_id, settings)
     return {**run.to_dict(), "steps": [s.to_dict() for s in store.steps(run.id)]}
 
 
@@ -96,7 +90,13 @@ def cancel(run_id: str, settings: Settings | None = None) -> Run:
 
 
 def get(run_id: str, settings: Settings | None = None) -> Run:
-    return store_for(settings or Settings.from_env()).get(run_id)
+    """The run with exactly this id (with its queue position while it waits). Looking moves the queue on, as a
+    listing does: an agent polling its queued job is what starts it when nothing else would."""
+    settings = settings or Settings.from_env()
+    store = store_for(settings)
+    run = store.get(run_id)
+    pool.settle(store, settings)
+    return pool.placed([store.get(run.id)], store)[0]
 
 
 def wait_settled(run_id: str, settings: Settings, timeout: float = 5.0) -> Run:
@@ -119,7 +119,9 @@ def page(limit: int, cursor: str | None, settings: Settings) -> tuple[list[Run],
             before = (float(created), str(run_id))
         except (ValueError, TypeError):
             raise JobError(f"cursor {cursor!r} is not one list_jobs gave out; start again without a cursor") from None
-    runs = store_for(settings).page(limit + 1, before)
+    store = store_for(settings)
+    pool.settle(store, settings)  # a listing moves the queue on, also when every worker died
+    runs = pool.placed(store.page(limit + 1, before), store)
     if len(runs) <= limit:
         return runs, None
     last = runs[limit - 1]
@@ -178,22 +180,29 @@ def set_image(run_id: str, index: int, path: Path, actor: Actor, prompt: str | N
     return run_edits.set_image(store_for(settings), settings, run_id, index, path, prompt, expected_version, actor)
 
 
+def stage_params(run_id: str, stage: str, args: dict, actor: Actor, settings: Settings) -> StageParams:
+    run = run_edits.article_run(store_for(settings), run_id)
+    return StageParams(run.id, stage, {k: v for k, v in args.items() if v is not None}, actor.client, actor.tool)
+
+
 def create_stage_job(run_id: str, stage: str, args: dict, actor: Actor, settings: Settings) -> Run:
-    """The job of one stage on a shared run, not yet started (the CLI does it in the foreground)."""
-    store = store_for(settings)
-    run = run_edits.article_run(store, run_id)
-    params = StageParams(run.id, stage, {k: v for k, v in args.items() if v is not None}, actor.client, actor.tool)
-    return store.create_run("stage", params.to_dict())
+    """The job of one stage on a shared run, done by this process in the foreground (the CLI): it holds no
+    worker's place, so the pool never starts it elsewhere."""
+    params = stage_params(run_id, stage, args, actor, settings)
+    return store_for(settings).create_run("stage", params.to_dict(), status="running", client=actor.client,
+                                          pid=os.getpid())
 
 
 def start_stage(run_id: str, stage: str, args: dict, actor: Actor, settings: Settings | None = None) -> Run:
-    """Do one stage on a shared run in a worker of its own; follow the returned job like any other."""
+    """Do one stage on a shared run in a worker of the pool (queued while none is free); follow the returned
+    job like any other."""
     settings = settings or Settings.from_env()
-    job = create_stage_job(run_id, stage, args, actor, settings)
-    spawn_worker(job.id, settings)
-    return store_for(settings).get(job.id)
+    params = stage_params(run_id, stage, args, actor, settings)
+    return pool.enqueue(store_for(settings), "stage", params.to_dict(), settings, actor.client)
 
 
 def list_runs(limit: int = 50, settings: Settings | None = None) -> list[dict]:
     settings = settings or Settings.from_env()
-    return [r.to_dict() for r in store_for(settings).recent(limit)]
+    store = store_for(settings)
+    pool.settle(store, settings)
+    return [r.to_dict() for r in pool.placed(store.recent(limit), store)]

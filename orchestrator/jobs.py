@@ -10,51 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.procs import pid_alive
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    params TEXT NOT NULL,
-    status TEXT NOT NULL,           -- queued | running | done | failed | cancelled; open: a shared run
-    stage TEXT,
-    progress REAL NOT NULL DEFAULT 0,
-    message TEXT,
-    error TEXT,
-    result TEXT,
-    pid INTEGER,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    finished REAL
-);
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    name TEXT NOT NULL,
-    status TEXT NOT NULL,           -- running | done | failed | skipped
-    output TEXT,
-    error TEXT,
-    started REAL,
-    finished REAL,
-    files TEXT,                     -- {relative path: {sha256, size}} of what the step wrote
-    inputs TEXT,                    -- {step name: digest} of the steps it consumed, when it finished
-    PRIMARY KEY (run_id, name)
-);
-CREATE TABLE IF NOT EXISTS history (
-    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    part TEXT NOT NULL,             -- the step that holds the part: research, write:00, illustrate:01, assemble
-    version INTEGER NOT NULL,
-    client TEXT NOT NULL,           -- who changed it (an MCP client's name, the CLI, the pipeline)
-    tool TEXT NOT NULL,             -- and with what
-    at REAL NOT NULL,
-    digest TEXT NOT NULL,           -- the step's digest after the change
-    content TEXT,                   -- an outline's JSON or a section's text: no version is ever lost
-    note TEXT,                      -- the instructions or prompt it was made with
-    PRIMARY KEY (run_id, part, version)
-);
-"""
-SCHEMA_VERSION = 2  # 1: steps without files/inputs (their outputs are checked for presence only)
-STEP_COLUMNS = {"files": "TEXT", "inputs": "TEXT"}
+from orchestrator.job_schema import SCHEMA, migrate
+from orchestrator.store_errors import describe
 
 ACTIVE = ("queued", "running")
 
@@ -65,6 +22,10 @@ class JobError(Exception):
 
 class UnknownRun(JobError):
     """No run has the id asked for."""
+
+
+class StoreError(JobError):
+    """The job database cannot be opened or written (a full disk, a read-only data directory)."""
 
 
 @dataclass
@@ -83,6 +44,9 @@ class Run:
     created: float
     updated: float
     finished: float | None
+    client: str | None = None
+    queued_at: float | None = None
+    queue_position: int | None = None  # 1 for the next job to start; None when it is not waiting (pool.py)
 
     @property
     def worker_alive(self) -> bool:
@@ -126,14 +90,20 @@ def step_digest(output, files: dict | None) -> str:
 class JobStore:
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(describe(self.path, e)) from None
         with self._connect() as db:
             db.executescript(SCHEMA)
-            _migrate(db)
+            migrate(db)
 
     @contextmanager
     def _connect(self):
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(describe(self.path, e)) from None
         try:
             db.execute("PRAGMA journal_mode=WAL")
             # FULL, not WAL's usual NORMAL: NORMAL may lose the last commits on a power cut, and a run id
@@ -144,6 +114,8 @@ class JobStore:
             db.execute("PRAGMA busy_timeout=30000")
             db.row_factory = sqlite3.Row
             yield db
+        except sqlite3.OperationalError as e:  # full, read-only, unopenable: SQLite has rolled the change back
+            raise StoreError(describe(self.path, e)) from None
         finally:
             db.close()
 
@@ -155,33 +127,63 @@ class JobStore:
             try:
                 yield db
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # an I/O error may have rolled it back already
+                    db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
 
     # Runs ----------------------------------------------------------------------------------------------
 
-    def create_run(self, kind: str, params: dict, status: str = "queued") -> Run:
+    def create_run(self, kind: str, params: dict, status: str = "queued", client: str | None = None,
+                   pid: int | None = None, db: sqlite3.Connection | None = None) -> Run:
+        """A new run. pid: the process already working on it (a foreground run: no worker will be started for it);
+        db: a connection inside a transaction to insert it with (pool.py checks the queue in the same one)."""
         now = time.time()
         run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
-        with self._connect() as db:
-            db.execute("INSERT INTO runs (id, kind, params, status, created, updated) VALUES (?, ?, ?, ?, ?, ?)",
-                       (run_id, kind, json.dumps(params), status, now, now))
+        row = (run_id, kind, json.dumps(params), status, now, now, client, pid, now if status == "queued" else None)
+        sql = "INSERT INTO runs (id, kind, params, status, created, updated, client, pid, queued_at) " \
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        if db is not None:
+            db.execute(sql, row)
+            return _run(db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
+        with self._connect() as conn:
+            conn.execute(sql, row)
         return self.get(run_id)
 
     def get(self, run_id: str) -> Run:
+        """The run with exactly this id: tools and the API never match a prefix (an id is what names a job)."""
         with self._connect() as db:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-            if row is None and run_id:  # allow a unique prefix, as people type ids from `list`
-                # substr, not LIKE: '%' and '_' in what was typed are characters, not wildcards
-                rows = db.execute("SELECT * FROM runs WHERE substr(id, 1, ?) = ?", (len(run_id), run_id)).fetchall()
-                if len(rows) == 1:
-                    row = rows[0]
-                elif len(rows) > 1:
-                    raise JobError(f"run id {run_id!r} is ambiguous: {', '.join(r['id'] for r in rows[:5])}")
         if row is None:
             raise UnknownRun(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
         return _run(row)
+
+    def find(self, typed: str) -> Run:
+        """The run with this id or, for people typing ids from `list` at the CLI, the one run it is a prefix of."""
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (typed,)).fetchone()
+            if row is None and typed:
+                # substr, not LIKE: '%' and '_' in what was typed are characters, not wildcards
+                rows = db.execute("SELECT * FROM runs WHERE substr(id, 1, ?) = ? LIMIT 6",
+                                  (len(typed), typed)).fetchall()
+                if len(rows) > 1:
+                    raise JobError(f"run id {typed!r} is ambiguous: {', '.join(r['id'] for r in rows[:5])}")
+                row = rows[0] if rows else None
+        if row is None:
+            raise UnknownRun(f"no run {typed!r}; `python -m orchestrator list` shows the runs")
+        return _run(row)
+
+    def active(self, kinds: tuple[str, ...], db: sqlite3.Connection | None = None,
+               finished_since: float | None = None) -> list[Run]:
+        """Runs of these kinds that are queued or running (and those that finished after `finished_since`), in queue
+        order; db: inside the caller's transaction."""
+        sql = (f"SELECT * FROM runs WHERE kind IN ({', '.join('?' * len(kinds))}) "
+               "AND (status IN ('queued', 'running') OR finished > ?) ORDER BY COALESCE(queued_at, created), id")
+        args = (*kinds, time.time() + 1 if finished_since is None else finished_since)
+        if db is not None:
+            return [_run(r) for r in db.execute(sql, args).fetchall()]
+        with self._connect() as conn:
+            return [_run(r) for r in conn.execute(sql, args).fetchall()]
 
     def recent(self, limit: int = 50) -> list[Run]:
         with self._connect() as db:
@@ -231,14 +233,22 @@ class JobStore:
         return self.get(run_id)
 
     def request_cancel(self, run_id: str) -> Run:
-        run = self.get(run_id)
-        if run.status in ("done", "failed", "cancelled", "open"):  # an open run: its stage jobs are cancelled
-            return run
-        if run.status == "queued" and not run.worker_alive or run.interrupted:
-            self.update(run.id, status="cancelled", cancel_requested=1, message="cancelled")
-        else:
-            self.update(run.id, cancel_requested=1)
-        return self.get(run.id)
+        """Cancel a run: one no process works on (waiting in the queue, or interrupted) at once, a running one
+        by its worker, which looks at the flag between requests. In one transaction, so a queued run is never
+        started by a worker pool and marked cancelled at the same time."""
+        with self.transaction() as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise UnknownRun(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
+            run, now = _run(row), time.time()
+            if run.status in ("done", "failed", "cancelled", "open"):  # an open run: its stage jobs are cancelled
+                return run
+            if run.status == "queued" and not run.worker_alive or run.interrupted:
+                db.execute("UPDATE runs SET status = 'cancelled', cancel_requested = 1, message = 'cancelled', "
+                           "updated = ?, finished = ? WHERE id = ?", (now, now, run_id))
+            else:
+                db.execute("UPDATE runs SET cancel_requested = 1, updated = ? WHERE id = ?", (now, run_id))
+        return self.get(run_id)
 
     def cancel_requested(self, run_id: str) -> bool:
         with self._connect() as db:
@@ -285,7 +295,7 @@ def _run(row: sqlite3.Row) -> Run:
         progress=row["progress"], message=row["message"], error=row["error"],
         result=json.loads(row["result"]) if row["result"] else None, pid=row["pid"],
         cancel_requested=bool(row["cancel_requested"]), created=row["created"], updated=row["updated"],
-        finished=row["finished"],
+        finished=row["finished"], client=row["client"], queued_at=row["queued_at"],
     )
 
 
@@ -294,20 +304,3 @@ def _step(row: sqlite3.Row) -> Step:
                 error=row["error"], started=row["started"], finished=row["finished"],
                 files=json.loads(row["files"]) if row["files"] else None,
                 inputs=json.loads(row["inputs"]) if row["inputs"] else None)
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    """Bring a database made by an older version up to SCHEMA_VERSION (rows already there stay as they are)."""
-    if db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
-        return
-    db.execute("BEGIN IMMEDIATE")  # two processes opening an old database at once: one migrates
-    try:
-        have = {row[1] for row in db.execute("PRAGMA table_info(steps)")}
-        for column, kind in STEP_COLUMNS.items():
-            if column not in have:
-                db.execute(f"ALTER TABLE steps ADD COLUMN {column} {kind}")
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise

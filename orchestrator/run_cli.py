@@ -11,7 +11,8 @@ from orchestrator.jobs import JobStore
 from orchestrator.pipeline.stage_job import run_stage
 from orchestrator.settings import Settings
 
-COMMANDS = ("create", "research", "write", "illustrate", "assemble")
+STAGE_COMMANDS = ("research", "write", "illustrate", "assemble")
+COMMANDS = ("create", *STAGE_COMMANDS)
 
 
 def add_parsers(sub) -> None:

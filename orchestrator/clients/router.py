@@ -48,6 +48,7 @@ class LLMRouter:
         self.clients = [u.client for u in self.pool]
         self.model, self.max_wait, self.connect_wait, self.backoff = model, max_wait, connect_wait, backoff
         self.home = home  # where ops status reads this router's table (common/upstreams.py); None: nowhere
+        self.windows: dict[str, int | None] = {}  # model -> its context as /models lists it (clients/context.py)
         self._flush: asyncio.TimerHandle | None = None
 
     @property

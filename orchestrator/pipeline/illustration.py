@@ -8,6 +8,7 @@ from common.gpu import probe
 from common.sizes import SizeError, in_bytes, parse_memory
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
+from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.lease import Coordinator
 from orchestrator.pipeline.params import ArticleParams
@@ -16,12 +17,14 @@ from orchestrator.workflows import edit
 
 async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: ArticleParams) -> str:
     section = outline["sections"][index]
-    reply = await llm.chat([
+    messages = [
         {"role": "system", "content": "You write prompts for an image generator: one line of concrete visual detail."},
         {"role": "user", "content": (
             f"An illustration for the section \"{section['heading']}\" of the article \"{outline['title']}\" "
             f"({'; '.join(section['key_points'])}). Describe the picture in one sentence: subject, setting, style.")},
-    ], max_tokens=80, temperature=params.temperature, seed=None if params.seed is None else params.seed + 100 + index)
+    ]
+    reply = await llm.chat(messages, max_tokens=await fit(llm, messages, 80), temperature=params.temperature,
+                           seed=None if params.seed is None else params.seed + 100 + index)
     prompt = " ".join(reply["text"].split())[:400]
     return prompt or f"an illustration of {section['heading']}"
 

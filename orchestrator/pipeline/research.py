@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
@@ -88,8 +89,10 @@ async def research(llm: LLMRouter, params: ArticleParams, structured: bool = Tru
     schema = outline_schema(params.sections) if structured else None
     problem, text = "", ""
     for attempt in range(ATTEMPTS):
-        # Room for the schema's longest answer even at one character per token (as small models can write).
-        reply = await llm.chat(messages, max_tokens=150 + 520 * params.sections, temperature=params.temperature,
+        # Room for the schema's longest answer even at one character per token (as small models can write), or
+        # what the model's context leaves: a real outline is far shorter than that longest one.
+        budget = await fit(llm, messages, 150 + 520 * params.sections)
+        reply = await llm.chat(messages, max_tokens=budget, temperature=params.temperature,
                                json_schema=schema, seed=None if params.seed is None else params.seed + attempt)
         text = reply["text"]
         try:

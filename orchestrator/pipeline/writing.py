@@ -1,5 +1,6 @@
 """Writing: one section at a time per request; the run sends them all at once and the backend batches them."""
 
+from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 
@@ -25,9 +26,10 @@ async def write_section(llm: LLMRouter, outline: dict, index: int, params: Artic
                         instructions: str | None = None) -> str:
     """A section's text; an empty answer (a small model can end at once) is asked again, up to ATTEMPTS times."""
     messages = section_messages(outline, index, params, instructions)
+    budget = await fit(llm, messages, int(params.words_per_section * 2.2))
     for attempt in range(ATTEMPTS):
         seed = None if params.seed is None else params.seed + index + 1000 * attempt
-        reply = await llm.chat(messages, max_tokens=int(params.words_per_section * 2.2),
+        reply = await llm.chat(messages, max_tokens=budget,
                                temperature=params.temperature, seed=seed)
         text = reply["text"].strip()
         if text:

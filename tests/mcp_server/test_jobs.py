@@ -2,6 +2,7 @@
 job's changes arrive as notifications/resources/updated, job progress as log messages, and the one prompt."""
 
 import asyncio
+import os
 import warnings
 
 import pytest
@@ -23,8 +24,12 @@ def settings(tmp_path) -> Settings:
 
 
 def queued(settings: Settings, n: int) -> list[str]:
-    """Runs in the store without a worker (they stay queued)."""
-    return [api.create_article_run({"topic": f"topic {i}", "images": 0}, settings).id for i in range(n)]
+    """Runs in the store that stay queued: each held by this process, as a run whose worker is starting is, so
+    listing them does not hand them to workers."""
+    ids = [api.create_article_run({"topic": f"topic {i}", "images": 0}, settings).id for i in range(n)]
+    for run_id in ids:
+        JobStore(settings.jobs_db).update(run_id, pid=os.getpid())
+    return ids
 
 
 def test_list_jobs_pages_with_a_cursor(settings):

@@ -5,7 +5,8 @@ import pytest
 from orchestrator.settings import DEFAULT_LLM_URL, Settings, SettingsError
 
 VARS = ("SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL", "SCRIPTORIUM_MCP_BUDGET",
-        "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT", "SCRIPTORIUM_MCP_TOKEN")
+        "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT", "SCRIPTORIUM_MCP_TOKEN", "SCRIPTORIUM_MAX_JOBS",
+        "SCRIPTORIUM_MAX_QUEUED_PER_CLIENT")
 
 
 @pytest.fixture
@@ -52,4 +53,16 @@ def test_another_config_file_by_variable(home, monkeypatch, tmp_path_factory):
 def test_bad_settings_say_where_and_what(home, text, message):
     (home / "config.toml").write_text(text)
     with pytest.raises(SettingsError, match=message):
+        Settings.from_env()
+
+
+def test_the_job_pool_settings(home, monkeypatch):
+    s = Settings.from_env()
+    assert 2 <= s.max_jobs <= 16 and s.max_queued_per_client == 20
+    monkeypatch.setenv("SCRIPTORIUM_MAX_JOBS", "3")
+    monkeypatch.setenv("SCRIPTORIUM_MAX_QUEUED_PER_CLIENT", "0")
+    s = Settings.from_env()
+    assert s.max_jobs == 3 and s.max_queued_per_client == 0
+    monkeypatch.setenv("SCRIPTORIUM_MAX_JOBS", "0")
+    with pytest.raises(SettingsError, match="SCRIPTORIUM_MAX_JOBS: max_jobs = '0' is not usable"):
         Settings.from_env()
