@@ -19,6 +19,9 @@ class EngineConfig:
     activations: str = "float32"
     max_num_seqs: int = 64
     max_n: int = 16  # sequences one request may ask for (its n)
+    # sequences (prompts x n) one /v1/completions request may ask for: a list of 1,000 prompts would otherwise
+    # queue 1,000 sequences at once
+    max_prompts: int = 128
     max_model_len: int | None = None  # None: the model's context length, capped at 8192 (backend.context)
     # None: the model file's own; "none": no scaling; "yarn", "yarn:4" or a dict: RoPE scaled to serve past the
     # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context).
@@ -37,12 +40,17 @@ class EngineConfig:
     moe_gpu_experts: int | str | None = None
     # None: the checkpoint's own format (a GGUF stays quantized); "dequantize": a GGUF expanded to dtype at load
     quantization: str | None = None
+    # Structured output: the largest JSON schema compiled (as JSON text), and how long the server waits for a
+    # compile before refusing the request (the compile goes on, and its grammar is kept for the next one)
+    max_schema_bytes: int = 256 << 10
+    grammar_compile_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         from backend.context import check_rope_scaling
 
         self.rope_scaling = check_rope_scaling(self.rope_scaling)
-        for name in ("max_num_seqs", "max_n", "max_model_len", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+        for name in ("max_num_seqs", "max_n", "max_prompts", "max_model_len", "max_num_batched_tokens", "block_size",
+                     "num_kv_blocks", "max_schema_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -52,6 +60,8 @@ class EngineConfig:
         g = self.moe_gpu_experts
         if g is not None and g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
             raise ValueError(f"moe_gpu_experts must be an integer >= 1 or 'auto', got {g!r}")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
         m = self.kv_cache_memory
         if m is not None and not ((isinstance(m, float) and 0 < m <= 1) or (isinstance(m, int) and m > 0)):
             raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a number of bytes, got {m!r}")

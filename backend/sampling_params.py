@@ -37,6 +37,8 @@ class SamplingParams:
     logprobs: int | None = None  # how many top logprobs to return besides the sampled token's
     skip_special_tokens: bool = True
     guided_json: dict | str | bool | None = None  # a JSON schema the output must match, or True for any JSON
+    # token id -> a number added to its logit before sampling (OpenAI's and vLLM's logit_bias), kept in [-100, 100]
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -93,6 +95,8 @@ class SamplingParams:
                 raise InvalidParameter("guided_json", f"guided_json must be a JSON schema: {e}") from None
         if self.guided_json is not None and self.guided_json is not True and not isinstance(self.guided_json, dict):
             raise bad("guided_json", "a JSON schema (an object) or true for any JSON value")
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -101,6 +105,30 @@ class SamplingParams:
     def sequence_seed(self, index: int) -> int | None:
         """The seed of the request's index-th sequence: seed + index, wrapped into the 64 bits a generator takes."""
         return None if self.seed is None else (self.seed + index) % 2**64
+
+
+MAX_LOGIT_BIAS = 300  # OpenAI takes up to 300 entries
+
+
+def _logit_bias(bias) -> dict[int, float] | None:
+    """{token id: bias}, ids as integers (or their decimal strings, as JSON carries them), biases clamped to
+    [-100, 100] as OpenAI's range (vLLM clamps too); the ids are checked against the vocabulary by the engine."""
+    if not isinstance(bias, dict):
+        raise InvalidParameter("logit_bias", f"logit_bias must map token ids to numbers, got {bias!r}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise InvalidParameter("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key) if not isinstance(key, bool) else None
+        except (TypeError, ValueError):
+            token = None
+        if token is None or token < 0 or (isinstance(key, str) and not key.strip().isdigit()):
+            raise InvalidParameter("logit_bias", f"logit_bias: {key!r} is not a token id (an integer >= 0)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidParameter("logit_bias", f"logit_bias[{key!r}] must be a number, got {value!r}")
+        out[token] = float(min(max(value, -100.0), 100.0))
+    return out or None
 
 
 def as_sampling_params(params: "SamplingParams | dict | None") -> SamplingParams:

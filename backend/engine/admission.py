@@ -27,6 +27,11 @@ class Limits:
             which = "max_n" if self.max_n <= self.max_num_seqs else "max_num_seqs"
             raise InvalidParameter("n", f"n must be at most {min(self.max_n, self.max_num_seqs)} on this server "
                                    f"({which}), got {params.n}")
+        bias = params.logit_bias or {}
+        outside = [t for t in bias if t >= self.vocab_size]
+        if outside:
+            raise InvalidParameter("logit_bias", f"logit_bias: token id {outside[0]} is not in the vocabulary "
+                                   f"(ids 0 to {self.vocab_size - 1})")
         if params.top_k > self.vocab_size:
             raise InvalidParameter("top_k", f"top_k must be at most the vocabulary size ({self.vocab_size}), or 0 / "
                                    f"-1 for no limit; got {params.top_k}")

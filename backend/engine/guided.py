@@ -16,15 +16,17 @@ from backend.sampling_params import InvalidParameter
 
 MAX_GRAMMARS = 64  # compiled grammars kept; each holds token masks of the whole vocabulary
 COMPILER_CACHE_BYTES = 256 << 20  # xgrammar's own cache of rule masks
+MAX_SCHEMA_DEPTH = 32  # objects and arrays nested in a schema; deeper ones are refused before compiling
 
 
 class GuidedDecoding:
-    def __init__(self, tokenizer, vocab_size: int, max_grammars: int = MAX_GRAMMARS):
+    def __init__(self, tokenizer, vocab_size: int, max_grammars: int = MAX_GRAMMARS, max_schema_bytes: int = 256 << 10):
         import xgrammar
 
         self.xgr = xgrammar
         self.vocab_size = vocab_size
         self.max_grammars = max_grammars
+        self.max_schema_bytes = max_schema_bytes
         self.info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.compiler = xgrammar.GrammarCompiler(self.info, cache_limit_bytes=COMPILER_CACHE_BYTES)
         self._grammars: OrderedDict[str, object] = OrderedDict()
@@ -50,6 +52,13 @@ class GuidedDecoding:
         """A fresh matcher for one sequence; compiled grammars are shared between requests. Thread-safe."""
         # Not sorted: properties come out in the schema's order (a tool call's name before its arguments).
         key = "object" if guided_json is True else json.dumps(guided_json)
+        if len(key) > self.max_schema_bytes:
+            raise InvalidParameter("guided_json", f"guided_json: the JSON schema is {len(key)} bytes, more than this "
+                                   f"server compiles ({self.max_schema_bytes}, serve --max-schema-bytes); shorten it "
+                                   "(a long enum, for one)")
+        if _depth(guided_json) > MAX_SCHEMA_DEPTH:
+            raise InvalidParameter("guided_json", f"guided_json: the JSON schema nests more than {MAX_SCHEMA_DEPTH} "
+                                   "levels of objects and arrays; flatten it")
         with self._lock:
             grammar = self._grammars.get(key)
             if grammar is not None:
@@ -74,3 +83,11 @@ class GuidedDecoding:
         # The matchers fill the mask on the host; xgrammar applies it only on the logits' own device.
         self.xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
                                              vocab_size=self.vocab_size, indices=rows)
+
+
+def _depth(value, level: int = 0) -> int:
+    """How deeply objects and arrays nest in a JSON value (iteratively bounded: stops counting past the limit)."""
+    if level > MAX_SCHEMA_DEPTH or not isinstance(value, (dict, list)):
+        return level
+    children = value.values() if isinstance(value, dict) else value
+    return max((_depth(child, level + 1) for child in children), default=level + 1)

@@ -228,7 +228,8 @@ class LLMEngine:
             return None
         with self._guided_lock:
             if self.sampler.guided is None:
-                self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size)
+                self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size,
+                                                     max_schema_bytes=self.config.max_schema_bytes)
         return self.sampler.guided.matcher(params.guided_json)
 
     def abort_request(self, request_id: str) -> None:

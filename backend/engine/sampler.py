@@ -37,11 +37,24 @@ def has_penalties(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1 or bool(p.frequency_penalty) or bool(p.presence_penalty)
 
 
+def apply_logit_bias(logits: torch.Tensor, biases: list[dict[int, float] | None]) -> None:
+    """In place: each row's biases added to its tokens' logits, in one scatter for the batch."""
+    rows, ids, values = [], [], []
+    for row, bias in enumerate(biases):
+        for token, value in (bias or {}).items():
+            rows.append(row)
+            ids.append(token)
+            values.append(value)
+    device = logits.device
+    logits.index_put_((torch.tensor(rows, device=device), torch.tensor(ids, device=device)),
+                      torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+
+
 def needs_only_argmax(seq: Sequence) -> bool:
     """Greedy with nothing that reads the whole distribution: its token is the argmax of the raw logits,
     which is all that has to leave the device."""
     p = seq.params
-    return p.greedy and p.logprobs is None and not has_penalties(p) and seq.matcher is None
+    return p.greedy and p.logprobs is None and not has_penalties(p) and seq.matcher is None and not p.logit_bias
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -101,7 +114,11 @@ class Sampler:
         return token_list
 
     def processed(self, logits: torch.Tensor, seqs: list[Sequence], histories: list[list[int]]) -> torch.Tensor:
-        """Logits after each row's penalties (over its history) and grammar mask; a copy where either applies."""
+        """Logits after each row's logit_bias, penalties (over its history) and grammar mask; a copy where any
+        applies."""
+        if any(s.params.logit_bias for s in seqs):
+            logits = logits.clone()
+            apply_logit_bias(logits, [s.params.logit_bias for s in seqs])
         if any(has_penalties(s.params) for s in seqs):
             logits = logits.clone()
             apply_penalties(logits, [(s.params, h, s.num_prompt_tokens) for s, h in zip(seqs, histories)])

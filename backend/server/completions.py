@@ -21,6 +21,12 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise APIError(400, "best_of must equal n (candidates are not ranked)", param="best_of")
     if req.logprobs is not None and not 0 <= req.logprobs <= 20:
         raise APIError(400, f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
+    several = isinstance(req.prompt, list) and bool(req.prompt) and not isinstance(req.prompt[0], int)
+    count, limit = (len(req.prompt) if several else 1), engine.engine.config.max_prompts
+    if count * req.n > limit:  # before any prompt is tokenized
+        raise APIError(400, f"this request asks for {count * req.n} sequences ({count} prompts, n={req.n}); this "
+                       f"server takes at most {limit} a request (serve --max-prompts): send them in several "
+                       "requests", param="prompt")
     prompts = await completion_prompts(req.prompt, engine.engine)
     requested = 16 if req.max_tokens is None else req.max_tokens  # the legacy completions API's default
     params = [sampling_params(req, budget(engine.engine, len(p), requested, "max_tokens", "prompt"),

@@ -14,6 +14,8 @@ from backend.sampling_params import InvalidParameter, SamplingParams
 from backend.server.protocol import APIError
 
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+# Schemas compile on threads of their own: a slow compile never holds up the tokenizing of other requests.
+_grammar_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
 
 async def off_loop(fn, *args):
@@ -83,11 +85,17 @@ async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "
     request itself), so a bad one is a 400 and not an error mid-stream."""
     if params.guided_json is None:
         return
+    limit = engine.config.grammar_compile_timeout
+    compiling = asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.guided_matcher, params)
     try:
-        await off_loop(engine.guided_matcher, params)
+        await asyncio.wait_for(asyncio.shield(compiling), limit)
     except InvalidParameter as e:
         message = str(e).replace("guided_json: ", f"{param}: ", 1) if param == "tools" else str(e)
         raise APIError(400, message, param=param) from None
+    except TimeoutError:
+        # The compile goes on in its thread; its grammar is kept, so the same schema sent again starts at once.
+        raise APIError(400, f"{param}: compiling its JSON schema took longer than {limit:g} s (serve "
+                       "--grammar-compile-timeout); simplify the schema, or send it again later", param=param) from None
 
 
 def check_limits(engine: LLMEngine, params: SamplingParams) -> None:

@@ -72,6 +72,7 @@ class CommonRequest(UnicodeBody):
     ignore_eos: bool = False
     guided_json: dict | str | None = None
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
 
 
 class CompletionRequest(CommonRequest):
@@ -156,7 +157,7 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, g
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             logprobs=logprobs, guided_json=guided if guided is not None else guided_json(req),
-            skip_special_tokens=skip_special_tokens)
+            skip_special_tokens=skip_special_tokens, logit_bias=req.logit_bias)
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param) from None
 

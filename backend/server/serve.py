@@ -86,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "\"factor\": 4}', or none (no scaling, even where the file has some)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
+    parser.add_argument("--max-schema-bytes", type=int, default=256 << 10,
+                        help="the largest JSON schema (response_format, guided_json, tools) compiled, in bytes")
+    parser.add_argument("--grammar-compile-timeout", type=float, default=30.0,
+                        help="seconds a request waits for its JSON schema to compile before it is refused")
+    parser.add_argument("--max-prompts", type=int, default=128,
+                        help="the most sequences (prompts times n) one /v1/completions request may ask for")
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
                         help="requests with a larger body are refused with 413 before they are read")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -160,11 +166,13 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
         model=model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
         activations=args.activations,
         max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
-        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_prompts=args.max_prompts,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=gpu_memory, enforce_eager=args.enforce_eager,
         moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
+        max_schema_bytes=args.max_schema_bytes, grammar_compile_timeout=args.grammar_compile_timeout,
     )
 
 

@@ -149,3 +149,33 @@ def test_eos_stops_unless_ignored(tiny_dir):
     ignored = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
                            use_tqdm=False)[0].outputs[0]
     assert ignored.token_ids == tokens and ignored.finish_reason == "length"
+
+
+def test_logit_bias_as_openai_defines_it(tiny_dir):
+    """+100 on a token makes it every greedy choice, -100 on the greedy choice bans it; the same under n-gram
+    speculation (drafts verified against the biased distribution) as without; ids outside the vocabulary are
+    refused naming the id; biases are kept in [-100, 100]."""
+    from backend.sampling_params import InvalidParameter
+
+    model = str(tiny_dir("llama"))
+    prompts = prompts_of_lengths(7, 20)
+    plain, spec = LLM(model, block_size=16), LLM(model, block_size=16, speculative={
+        "method": "ngram", "num_tokens": 3, "prompt_lookup_min": 1})
+
+    def greedy(llm, bias=None) -> list[list[int]]:
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias=bias)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    unbiased = greedy(plain)
+    forced = 123 if unbiased[0][0] != 123 else 124
+    assert greedy(plain, {forced: 100}) == [[forced] * 8] * 2
+    banned = greedy(plain, {str(unbiased[0][0]): -100.0})  # ids as JSON carries them: strings
+    assert banned[0][0] != unbiased[0][0] and unbiased[0][0] not in banned[0]
+    bias = {unbiased[1][1]: -100, unbiased[0][2]: 5.5}
+    assert greedy(spec, bias) == greedy(plain, bias) != unbiased
+    assert spec.engine.stats()["spec_draft_tokens"] > 0
+    with pytest.raises(InvalidParameter, match="token id 5000 is not in the vocabulary"):
+        plain.generate(prompts[0], SamplingParams(logit_bias={5000: 1}), use_tqdm=False)
+    with pytest.raises(InvalidParameter, match="'x' is not a token id"):
+        SamplingParams(logit_bias={"x": 1})
+    assert SamplingParams(logit_bias={"3": 500, 4: -1e9}).logit_bias == {3: 100.0, 4: -100.0}
