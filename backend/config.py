@@ -22,6 +22,8 @@ class EngineConfig:
     # sequences (prompts x n) one /v1/completions request may ask for: a list of 1,000 prompts would otherwise
     # queue 1,000 sequences at once
     max_prompts: int = 128
+    # tokens one embeddings request may hold, all its inputs together; None: 65,536, or max_model_len if longer
+    max_embedding_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length, capped at 8192 (backend.context)
     # None: the model file's own; "none": no scaling; "yarn", "yarn:4" or a dict: RoPE scaled to serve past the
     # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context).
@@ -50,7 +52,7 @@ class EngineConfig:
 
         self.rope_scaling = check_rope_scaling(self.rope_scaling)
         for name in ("max_num_seqs", "max_n", "max_prompts", "max_model_len", "max_num_batched_tokens", "block_size",
-                     "num_kv_blocks", "max_schema_bytes"):
+                     "num_kv_blocks", "max_schema_bytes", "max_embedding_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

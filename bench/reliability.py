@@ -1,10 +1,12 @@
 """Reliability under load: the soak of tests/reliability (concurrent streams, half hanging up at random,
-two identical rounds) and the first-chunk wait of n=2 requests against n=1 ones side by side.
+two identical rounds), the first-chunk wait of n=2 requests against n=1 ones side by side, and the gaps
+between healthy streams' tokens while an embeddings request of long inputs runs beside them.
 
 SmolLM2-135M on the CPU by default. Prints one JSON line: per round the requests sent, completed and
 hung up, 5xx and in-band errors, KV blocks and requests still held afterwards, seconds; the server's
-RSS after each round; and the slowest / median time to first chunk of `--concurrency` n=1 and n=2
-streams. Run: python bench/reliability.py [--requests 200] [--tiny]
+RSS after each round; the slowest / median time to first chunk of `--concurrency` n=1 and n=2
+streams; and the p50 / p99 / max gap between tokens of `--gap-streams` streams alone and while the
+embeddings run (`--gaps-only`: that alone). Run: python bench/reliability.py [--requests 200] [--tiny]
 """
 
 import argparse
@@ -44,12 +46,62 @@ async def first_chunks(url: str, concurrency: int, n: int, max_tokens: int) -> l
         return list(await asyncio.gather(*(one(i, client) for i in range(concurrency))))
 
 
+def _percentiles(gaps: list[float]) -> dict:
+    ordered = sorted(gaps) or [0.0]
+    return {"p50": round(ordered[len(ordered) // 2], 3), "p99": round(ordered[int(len(ordered) * 0.99)], 3),
+            "max": round(ordered[-1], 3), "gaps": len(gaps)}
+
+
+async def token_gaps(url: str, streams: int, max_tokens: int, inputs: list[list[int]] | None) -> dict:
+    """Gaps between the tokens of `streams` completion streams (logprobs=0: a chunk per step's token), over the
+    time an embeddings request of `inputs` runs beside them once they have all started (None: the whole run)."""
+    times: list[list[float]] = [[] for _ in range(streams)]
+
+    async def stream(i: int, client: httpx.AsyncClient) -> None:
+        body = {"prompt": f"Folio {i} of the manuscript says", "max_tokens": max_tokens, "temperature": 0,
+                "logprobs": 0, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: {"):
+                    times[i].append(time.monotonic())
+
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=streams + 1)) as client:
+        tasks = [asyncio.ensure_future(stream(i, client)) for i in range(streams)]
+        window, seconds = (0.0, float("inf")), None
+        if inputs is not None:
+            while not all(times):
+                await asyncio.sleep(0.01)
+            start = time.monotonic()
+            response = await client.post(f"{url}/v1/embeddings", json={"input": inputs})
+            if response.status_code != 200:
+                raise RuntimeError(f"embeddings: {response.status_code} {response.text}")
+            window, seconds = (start, time.monotonic()), time.monotonic() - start
+        await asyncio.gather(*tasks)
+    gaps = [b - a for t in times for a, b in zip(t, t[1:]) if b > window[0] and a < window[1]]
+    return {**_percentiles(gaps), **({"embeddings_s": round(seconds, 2)} if seconds is not None else {})}
+
+
+def gaps_beside_embeddings(url: str, args: argparse.Namespace) -> dict:
+    context = httpx.get(f"{url}/v1/models").json()["data"][0]["max_model_len"]
+    length, tokens = min(args.embed_tokens, context), min(args.gap_tokens, context - 16)
+    # ids below 500: in every vocabulary, the tiny model's included
+    inputs = [[3 + (i * 7 + j * 13) % 497 for j in range(length)] for i in range(args.embed_inputs)]
+    return {"streams": args.gap_streams, "stream_tokens": tokens, "embedding_inputs": args.embed_inputs,
+            "input_tokens": length, "alone": asyncio.run(token_gaps(url, args.gap_streams, tokens, None)),
+            "beside_embeddings": asyncio.run(token_gaps(url, args.gap_streams, tokens, inputs))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=24, help="streams in the n=1 / n=2 comparison")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of SmolLM2")
+    parser.add_argument("--gap-streams", type=int, default=16, help="healthy streams whose token gaps are measured")
+    parser.add_argument("--gap-tokens", type=int, default=256, help="tokens each of them generates")
+    parser.add_argument("--embed-inputs", type=int, default=8, help="inputs of the embeddings request beside them")
+    parser.add_argument("--embed-tokens", type=int, default=1500, help="tokens of each input")
+    parser.add_argument("--gaps-only", action="store_true", help="only the token gaps beside embeddings")
     args = parser.parse_args()
     model = "smollm2"
     if args.tiny:
@@ -57,6 +109,14 @@ def main() -> None:
 
         model = str(build_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
     server = ServerProcess(model, "--max-num-seqs", "64")
+    if args.gaps_only:
+        try:
+            gaps = gaps_beside_embeddings(server.url, args)
+        finally:
+            server.stop()
+        print(json.dumps({"bench": "reliability", "model": "tiny" if args.tiny else "smollm2-135m", "device": "cpu",
+                          "token_gaps_s": gaps}))
+        return
     try:
         rounds, rss = [], []
         for seed in (1, 1):
@@ -69,6 +129,7 @@ def main() -> None:
                            "waiting_after": held["waiting"], "kv_usage_after": held["kv_cache_usage"],
                            "seconds": round(result.seconds, 2)})
         waits = {n: asyncio.run(first_chunks(server.url, args.concurrency, n, 32)) for n in (1, 2)}
+        gaps = gaps_beside_embeddings(server.url, args)
     finally:
         server.stop()
     print(json.dumps({
@@ -78,6 +139,7 @@ def main() -> None:
         "first_chunk_s": {f"n{n}": {"max": round(max(w), 2), "median": round(statistics.median(w), 2)}
                           for n, w in waits.items()},
         "n2_vs_n1_slowest_first_chunk": round(max(waits[2]) / max(waits[1]), 2),
+        "token_gaps_s": gaps,
     }))
 
 

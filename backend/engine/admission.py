@@ -5,6 +5,10 @@ from dataclasses import dataclass
 
 from backend.sampling_params import InvalidParameter, SamplingParams
 
+# Tokens one embeddings request may hold, summed over its inputs (max_embedding_tokens; at least one input of the
+# whole context): a few seconds to a minute of work on the CPU; OpenAI's API takes 300,000 per request.
+MAX_EMBEDDING_TOKENS = 65536
+
 
 @dataclass
 class Limits:
@@ -15,12 +19,15 @@ class Limits:
     # No token is longer than the vocabulary's longest entry, so a text of more characters than this cannot
     # fit in the context (None: no tokenizer); refused before tokenizing it.
     max_prompt_chars: int | None = None
+    max_embedding_tokens: int = MAX_EMBEDDING_TOKENS  # one embeddings request's tokens, all its inputs together
 
     @classmethod
-    def of(cls, tokenizer, vocab_size: int, max_model_len: int, max_n: int, max_num_seqs: int) -> "Limits":
+    def of(cls, tokenizer, vocab_size: int, max_model_len: int, max_n: int, max_num_seqs: int,
+           max_embedding_tokens: int | None = None) -> "Limits":
         longest = max((len(t) for t in tokenizer.get_vocab()), default=1) if tokenizer is not None else None
         return cls(vocab_size, max_model_len, max_n, max_num_seqs,
-                   max_model_len * max(longest, 1) if longest is not None else None)
+                   max_model_len * max(longest, 1) if longest is not None else None,
+                   max_embedding_tokens or max(MAX_EMBEDDING_TOKENS, max_model_len))
 
     def check(self, params: SamplingParams) -> None:
         if params.n > min(self.max_n, self.max_num_seqs):
@@ -35,6 +42,26 @@ class Limits:
         if params.top_k > self.vocab_size:
             raise InvalidParameter("top_k", f"top_k must be at most the vocabulary size ({self.vocab_size}), or 0 / "
                                    f"-1 for no limit; got {params.top_k}")
+
+    def check_embedding(self, inputs: list[list[int]]) -> None:
+        """An embeddings request's inputs (token ids): each one non-empty, in the vocabulary and within the
+        context, and all of them together within max_embedding_tokens."""
+        if not inputs:
+            raise InvalidParameter("input", "input is empty; give at least one text or list of token ids")
+        for i, ids in enumerate(inputs):
+            where = f"input[{i}]" if len(inputs) > 1 else "input"
+            if not ids:
+                raise InvalidParameter(where, f"{where} is empty")
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidParameter(where, f"{where}: token ids must be integers in [0, {self.vocab_size})")
+            if len(ids) > self.max_model_len:
+                raise InvalidParameter(where, f"{where} has {len(ids)} tokens; this model embeds at most "
+                                       f"{self.max_model_len} (max_model_len)")
+        total = sum(len(ids) for ids in inputs)
+        if total > self.max_embedding_tokens:
+            raise InvalidParameter("input", f"input holds {total} tokens in {len(inputs)} inputs; this server embeds at "
+                                   f"most {self.max_embedding_tokens} tokens per request (max_embedding_tokens): "
+                                   "send the inputs in several requests")
 
     def prompt_ids(self, prompt: str | list[int], tokenizer, model_name: str) -> tuple[list[int], str | None]:
         """The prompt's token ids (and its text when given as text), refused when they cannot run."""

@@ -1,77 +1,48 @@
 """Embeddings: each input's last hidden state (after the final norm), mean-pooled over its tokens and
 L2-normalised.
 
-The inputs run through the model as prompt chunks, exactly as prefill does, but outside the scheduler:
-they get free KV blocks of their own for the pass (released after it, never in the prefix cache), so the
-blocks of running generations are not touched. Called on the engine's thread between steps.
+Each input is a sequence of its own (pooling) that the scheduler runs like a prompt that is never sampled
+from: admitted in turn with other requests' sequences, its chunks computed between decode steps within
+the step's token budget, its KV blocks taken and freed like any prompt's (never entering the prefix cache:
+every row's hidden state is needed, so it computes its whole input), and aborting its request frees them.
+The runner returns each chunk's sum of hidden rows; postprocess adds them up and, after the last chunk,
+divides and normalises. The request's outputs are handed out once every input is done.
 """
+
+from collections.abc import Iterator
 
 import torch
 
-from backend.engine.scheduler import ScheduledSeq
+from backend.engine.output import RequestDelta, SequenceDelta
 from backend.engine.sequence import Sequence
 from backend.sampling_params import SamplingParams
 
 POOLING = {"pooling": "mean", "normalized": True, "source": "last hidden state"}
 
 
-class NoRoom(RuntimeError):
-    """The KV cache has too few free blocks for these inputs right now (running generations hold them)."""
-
-
-def _groups(inputs: list[list[int]], free_blocks: int, block_size: int) -> list[list[int]]:
-    """Input indices in groups whose blocks fit in what is free."""
-    groups, current, used = [], [], 0
-    for i, ids in enumerate(inputs):
-        need = -(-len(ids) // block_size)
-        if need > free_blocks:
-            raise NoRoom(f"an input of {len(ids)} tokens needs {need} KV-cache blocks; {free_blocks} are free")
-        if used + need > free_blocks:
-            groups.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += need
-    if current:
-        groups.append(current)
-    return groups
-
-
-@torch.inference_mode()
-def embed(engine, inputs: list[list[int]]) -> list[torch.Tensor]:
-    """One normalised float32 vector (on the CPU) per input of token ids."""
-    bm, runner = engine.block_manager, engine.runner
-    out: list[torch.Tensor | None] = [None] * len(inputs)
+def embedding_sequences(request_id: str, inputs: list[list[int]], seq_ids: Iterator[int]) -> list[Sequence]:
+    """One pooling sequence per input of token ids (already checked: admission.Limits.check_embedding)."""
     params = SamplingParams(max_tokens=1)
-    for group in _groups(inputs, bm.num_free_blocks, bm.block_size):
-        seqs = {}
-        for i in group:
-            blocks = bm.take_blocks(bm.blocks_for(len(inputs[i])))
-            if blocks is None:  # cannot happen between steps; refuse rather than touch others' blocks
-                for seq in seqs.values():
-                    bm.release_blocks(seq.block_table)
-                raise NoRoom("the KV cache filled up")
-            seqs[i] = Sequence(seq_id=-1 - i, request_id="embedding", index=0, token_ids=list(inputs[i]),
-                               num_prompt_tokens=len(inputs[i]), params=params, block_table=blocks)
-        sums = {i: None for i in group}
-        try:
-            while any(s.num_computed_tokens < s.num_tokens for s in seqs.values()):
-                budget, plan = engine.max_num_batched_tokens, []
-                for seq in seqs.values():
-                    take = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                    if take > 0:
-                        plan.append(ScheduledSeq(seq, take))
-                        budget -= take
-                input_ids, positions, meta, _ = runner.prepare(plan)
-                hidden = runner.model(input_ids, positions, meta).float()
-                for item in plan:
-                    i = -1 - item.seq.seq_id
-                    part = hidden[item.hidden_rows].sum(dim=0)
-                    sums[i] = part if sums[i] is None else sums[i] + part
-                    item.seq.num_computed_tokens += item.num_tokens
-        finally:
-            for seq in seqs.values():
-                bm.release_blocks(seq.block_table)
-        for i in group:
-            mean = sums[i] / len(inputs[i])
-            out[i] = torch.nn.functional.normalize(mean, dim=0).cpu()
-    return out
+    # num_cached_tokens 0: it never looks up the prefix cache, so it does not count in its statistics
+    return [Sequence(seq_id=next(seq_ids), request_id=request_id, index=i, token_ids=list(ids),
+                     num_prompt_tokens=len(ids), params=params, pooling=True, num_cached_tokens=0)
+            for i, ids in enumerate(inputs)]
+
+
+def add_rows(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    return part if total is None else total + part
+
+
+def mean_vector(total: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The normalised mean of an input's hidden rows (float32, on the CPU) from their sum."""
+    return torch.nn.functional.normalize(total / num_tokens, dim=0).cpu()
+
+
+def embedding_delta(request_id: str, seqs: list[Sequence]) -> RequestDelta | None:
+    """The request's vectors once every input has finished (None until then: nothing to hand out before)."""
+    if not all(s.finished for s in seqs):
+        return None
+    error = next((s.error for s in seqs if s.error), None)
+    outputs = [SequenceDelta(s.index, [], "", finish_reason=s.finish_reason) for s in seqs]
+    embeddings = None if error or any(s.embedding is None for s in seqs) else [s.embedding for s in seqs]
+    return RequestDelta(request_id, outputs, True, error, embeddings=embeddings)

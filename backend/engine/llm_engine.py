@@ -18,6 +18,7 @@ from backend.context import fit_context
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
+from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
 from backend.engine.memory import (
     CacheShape,
@@ -70,7 +71,7 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
-                                config.max_num_seqs)
+                                config.max_num_seqs, config.max_embedding_tokens)
 
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
@@ -187,10 +188,11 @@ class LLMEngine:
     # Requests ------------------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
-                    params: SamplingParams | dict | None = None) -> None:
+                    params: SamplingParams | dict | None = None, group: str | None = None) -> None:
         """Queue a request, all or nothing: everything that can refuse it runs before any part is queued.
         prompt: text, token ids, or chat messages (through the model's chat template); params: SamplingParams
-        or a dict of its fields (None: the defaults)."""
+        or a dict of its fields (None: the defaults); group: the client's request it is part of (one completion
+        of several prompts), which takes its turns at admission as one (None: a request of its own)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = as_sampling_params(params)
@@ -212,6 +214,7 @@ class LLMEngine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
                 if self.tokenizer is not None else None,
             )
+            seq.group = group
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.sequence_seed(i))
             seqs.append(seq)
@@ -220,6 +223,18 @@ class LLMEngine:
         self.scheduler.add(seqs[0])
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
+
+    def add_embedding_request(self, request_id: str, inputs: list[list[int]]) -> None:
+        """Queue inputs of token ids to embed (engine/embedding.py): the step that finishes the last one hands
+        out their vectors in RequestDelta.embeddings. Refused whole (InvalidParameter) past the limits."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.limits.check_embedding(inputs)
+        seqs = embedding_sequences(request_id, inputs, self._seq_ids)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+        self.prompts[request_id] = None
 
     def guided_matcher(self, params: SamplingParams):
         """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema.
@@ -252,16 +267,19 @@ class LLMEngine:
             return []
         if self.speculator:
             self.speculator.propose(plan, self.sampler)
-        logits = self.runner.execute(plan)  # on the device; each item's logit_rows say which rows are its
+        # logits on the device, each item's logit_rows saying which rows are its; pooled: embedding inputs' row sums
+        logits, pooled = self.runner.execute_pooled(plan)
         self.scheduler.start_forks(plan, self.runner.copy_block)
         tokens, failed = sample_plan(self.sampler, plan, logits)
-        failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer)
+        failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer,
+                                             pooled)
         if self.speculator:
             self.speculator.learn(plan, tokens)
         for seq, error in failed:
             log.error("request %s failed: %s: %s", seq.request_id, type(error).__name__, error)
             self._fail(seq.request_id, f"{type(error).__name__}: {error}")
-        return [self._delta(rid) for rid in dict.fromkeys(item.seq.request_id for item in plan)]
+        deltas = (self._delta(rid) for rid in dict.fromkeys(item.seq.request_id for item in plan))
+        return [d for d in deltas if d is not None]
 
     def step(self) -> list[RequestOutput]:
         """step_deltas() as vLLM's engines report it: each advanced request's output so far."""
@@ -284,13 +302,15 @@ class LLMEngine:
                 seq.error = error
                 self.scheduler.finish(seq, "error")
 
-    def _delta(self, request_id: str) -> RequestDelta:
+    def _delta(self, request_id: str) -> RequestDelta | None:
         seqs = self.requests[request_id]
-        changed = [d for d in (take_delta(s) for s in seqs) if d is not None]
-        finished = all(s.finished for s in seqs)
-        delta = RequestDelta(request_id, changed, finished, next((s.error for s in seqs if s.error), None),
-                             seqs[0].num_cached_tokens or 0)
-        if finished:
+        if seqs[0].pooling:
+            delta = embedding_delta(request_id, seqs)
+        else:
+            changed = [d for d in (take_delta(s) for s in seqs) if d is not None]
+            delta = RequestDelta(request_id, changed, all(s.finished for s in seqs),
+                                 next((s.error for s in seqs if s.error), None), seqs[0].num_cached_tokens or 0)
+        if delta is not None and delta.finished:
             del self.requests[request_id]
             self.prompts.pop(request_id, None)
         return delta

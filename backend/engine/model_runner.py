@@ -185,26 +185,34 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         return self._tensor([t + [0] * (width - len(t)) for t in tables])
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Runs the plan; returns fp32 logits of its sampling rows on the device, item.logit_rows saying
         which are whose: the caller moves to the host only what it needs (token ids, for greedy requests)."""
-        if self.graphs and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
+        return self.execute_pooled(plan)[0]
+
+    @torch.inference_mode()
+    def execute_pooled(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """execute(), and for each embedding input's chunk (item.pool) the fp32 sum of its hidden rows, by its
+        position in the plan."""
+        pooling = any(item.pool for item in plan)
+        if self.graphs and not pooling and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
                 and len(plan) <= max(self.graphs):
             hidden = self._replay(plan)
             for row, item in enumerate(plan):
                 item.hidden_rows = slice(row, row + 1)
             _assign_logit_rows(plan)
-            return self.model.compute_logits(hidden)
+            return self.model.compute_logits(hidden), {}
         input_ids, positions, meta, sample_rows = self.prepare(plan)
-        if self.cpu_decoder is not None and not meta.prefills:
+        # Embeddings come from the model's forward pass, as they always have (the one-call step has kernels of its own).
+        if self.cpu_decoder is not None and not meta.prefills and not pooling:
             hidden = self.cpu_decoder(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
+        pooled = {i: hidden[item.hidden_rows].float().sum(dim=0) for i, item in enumerate(plan) if item.pool}
         if not sample_rows:
-            return torch.empty(0, self.model.config.vocab_size)
+            return torch.empty(0, self.model.config.vocab_size), pooled
         index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[index])
+        return self.model.compute_logits(hidden[index]), pooled
 
 
 def _host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -222,7 +230,7 @@ def _assign_logit_rows(plan: StepPlan) -> list[int]:
     verifies), in plan order; returns the hidden rows they are computed from."""
     rows: list[int] = []
     for item in plan:
-        if item.num_tokens and item.computes_last_token:
+        if item.samples:
             last = item.hidden_rows.stop - 1
             item.logit_rows = slice(len(rows), len(rows) + item.num_draft + 1)
             rows.extend(range(last - item.num_draft, last + 1))

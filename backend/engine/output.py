@@ -7,6 +7,8 @@ never part of the output), so a delta's text is always final.
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from backend.engine.sequence import Sequence
 from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -33,6 +35,7 @@ class RequestDelta:
     finished: bool = False  # every sequence of the request has finished
     error: str | None = None  # processing the request failed; its sequences end with finish_reason "error"
     num_cached_tokens: int = 0
+    embeddings: list[torch.Tensor] | None = None  # an embeddings request's vectors, in its last delta
 
 
 def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int,

@@ -2,24 +2,30 @@
 
 Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first,
 each taking one token (decode, plus the slots of the drafts it will verify) or the next chunk
-of its prompt; waiting sequences then join in arrival order while budget, sequence slots and KV
-blocks last. When a running sequence needs a block and none is free, the newest running
-sequence is preempted: its blocks are freed and it goes back to the front of the queue, to be
-recomputed (mostly from the prefix cache) later.
+of its prompt, a chunk never taking the tokens of the decoding sequences behind it (so a long
+prompt or embedding input delays running streams by at most one step's work per chunk); waiting
+sequences then join, one request's at a time in turns (wait_queue.py), while budget, sequence
+slots and KV blocks last. When a running sequence needs a block and none is free, the newest
+running sequence is preempted: its blocks are freed and it goes back to the front of the queue,
+to be recomputed (mostly from the prefix cache) later.
+
+An embedding input (seq.pooling) is scheduled as a prompt that is never sampled from: the runner
+returns the sum of its hidden rows per chunk, and postprocess finishes it after its last chunk.
 
 The scheduler returns one plan per step and owns the sequences' state after it (postprocess):
 computed-token counts, the prefix-cache hashes of full blocks, appended tokens, finishing.
 """
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from backend.engine.block_manager import BlockManager
+from backend.engine.embedding import add_rows, mean_vector
 from backend.engine.output import append_token
 from backend.engine.sequence import Sequence, Status
+from backend.engine.wait_queue import WaitQueue
 
 
 @dataclass(eq=False)
@@ -31,6 +37,12 @@ class ScheduledSeq:
     draft_probs: torch.Tensor | None = None  # the proposer's distribution per draft (None: deterministic)
     logit_rows: slice | None = None  # its rows of the step's logits (set by the runner)
     hidden_rows: slice | None = None  # its rows of the step's hidden states (set by the runner)
+    pool: bool = False  # an embedding input's chunk: its hidden rows are summed, nothing is sampled
+
+    @property
+    def samples(self) -> bool:
+        """Whether a token is sampled for it this step (the runner gives it logit rows)."""
+        return self.num_tokens > 0 and not self.pool and self.computes_last_token
 
     @property
     def num_draft(self) -> int:
@@ -50,13 +62,13 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.on_release: list[Callable[[Sequence], None]] = []  # when a sequence's blocks are freed
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting.add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -69,7 +81,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        seq.pooled = None  # its rows are computed again
+        self.waiting.add_first(seq)
         self.num_preemptions += 1
 
     def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
@@ -82,7 +95,12 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = seq.num_tokens - seq.num_computed_tokens
-            k = (drafts or {}).get(seq.seq_id, 0) if n == 1 else 0
+            if n > 1:  # a prompt chunk leaves a token for each decoding sequence behind it
+                n = min(n, budget - sum(1 for s in self.running[i + 1:] if s.num_tokens - s.num_computed_tokens == 1))
+                if n < 1:
+                    i += 1
+                    continue
+            k = (drafts or {}).get(seq.seq_id, 0) if n == 1 and not seq.pooling else 0
             if k and (n + k > budget or not self.block_manager.append_slots(seq, n + k)):
                 k = 0
             n = min(n + k, budget)
@@ -93,7 +111,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                plan.append(ScheduledSeq(seq, n, max_drafts=k))
+                plan.append(ScheduledSeq(seq, n, max_drafts=k, pool=seq.pooling))
                 budget -= n
                 i += 1
         if preempted:
@@ -102,18 +120,19 @@ class Scheduler:
         # join the batch with it once its prompt is prefilled.
         slots = len(self.running) + sum(len(s.forks) for s in self.running)
         while self.waiting and budget > 0:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             if slots + 1 + len(seq.forks) > self.max_num_seqs:
                 break
-            hit_ids, hit_hashes = self.block_manager.find_cached_prefix(seq)
+            # An embedding input needs every row's hidden state, so it computes its cached prefix too.
+            hit_ids, hit_hashes = ([], []) if seq.pooling else self.block_manager.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             seq.status = Status.RUNNING
             self.running.append(seq)
             slots += 1 + len(seq.forks)
-            plan.append(ScheduledSeq(seq, n))
+            plan.append(ScheduledSeq(seq, n, pool=seq.pooling))
             budget -= n
         return plan
 
@@ -131,7 +150,7 @@ class Scheduler:
                 if len(self.running) < self.max_num_seqs:
                     copy = self.block_manager.fork(parent, child, parent.num_computed_tokens + item.num_tokens)
                 if copy is False:
-                    self.waiting.appendleft(child)
+                    self.waiting.add_first(child)
                     continue
                 if copy is not None:
                     copy_block(*copy)
@@ -140,14 +159,23 @@ class Scheduler:
                 plan.append(ScheduledSeq(child, 0, logit_rows=item.logit_rows))
 
     def postprocess(self, plan: StepPlan, tokens: list[list[int] | None], eos_token_ids: set[int],
-                    max_model_len: int, tokenizer=None) -> list[tuple[Sequence, Exception]]:
+                    max_model_len: int, tokenizer=None, pooled: dict[int, torch.Tensor] | None = None
+                    ) -> list[tuple[Sequence, Exception]]:
         """Advance each sequence by this step: its KV counts and block hashes, then the tokens sampled for
-        it (tokens[i] for plan[i]: accepted drafts plus one, or None), finishing it where they end it.
+        it (tokens[i] for plan[i]: accepted drafts plus one, or None), finishing it where they end it; an
+        embedding input adds pooled[i], its rows' sum, and finishes with its last chunk.
         Returns the sequences whose tokens could not be taken, with the error."""
         failed = []
-        for item, new in zip(plan, tokens):
+        for i, (item, new) in enumerate(zip(plan, tokens)):
             seq = item.seq
             if seq.finished:
+                continue
+            if item.pool:  # its blocks never enter the prefix cache: it is freed as soon as it is done
+                seq.num_computed_tokens += item.num_tokens
+                seq.pooled = add_rows(seq.pooled, pooled[i])
+                if seq.num_computed_tokens == seq.num_tokens:
+                    seq.embedding = mean_vector(seq.pooled, seq.num_tokens)
+                    self.finish(seq, "stop")
                 continue
             if item.num_draft:  # the last known token and the accepted drafts (all of new but one) have KV now
                 seq.num_computed_tokens += len(new) if new else 1
@@ -175,7 +203,7 @@ class Scheduler:
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
-        elif seq in self.waiting:
+        else:
             self.waiting.remove(seq)
         self._release(seq)
         seq.status = Status.FINISHED

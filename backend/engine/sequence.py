@@ -27,6 +27,11 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None  # set when the request is seeded
     matcher: object | None = None  # structured output: which tokens may come next (xgrammar)
+    group: str | None = None  # whose turn it is at admission (the client's request; None: request_id)
+    # An embedding input: its prompt is computed and its hidden rows pooled, nothing is sampled (engine/embedding.py)
+    pooling: bool = False
+    pooled: torch.Tensor | None = None  # the sum of its hidden rows computed so far
+    embedding: torch.Tensor | None = None  # once its last chunk is computed: the normalised mean
     # n > 1: the siblings that take this sequence's KV once its prompt is prefilled (prefilled once for all)
     forks: list["Sequence"] = field(default_factory=list)
     status: Status = Status.WAITING

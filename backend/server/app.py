@@ -144,7 +144,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             state.loaded_engine()
         for s in registry.loaded():
             if s.sleep_level:
-                await s.engine.call(lambda e: e.wake_up())
+                await s.engine.call(lambda e: e.wake_up(), "wake_up")
                 s.sleep_level = 0
         registry.sleep_level = 0
         return {"is_sleeping": False}
@@ -188,8 +188,8 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         return await use(req.model, lambda s: count_tokens(s, req))
 
     @app.post("/v1/embeddings")
-    async def embeddings(req: EmbeddingRequest):
-        return await use(req.model, lambda s: create_embeddings(s, req))
+    async def embeddings(req: EmbeddingRequest, request: Request):
+        return await use(req.model, lambda s: create_embeddings(s, req, request))
 
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
@@ -222,7 +222,7 @@ async def sleep_model(state: ServerState, level: int, timeout: float) -> None:
     state.draining = True
     try:
         await state.engine.drain(timeout)
-        await state.engine.call(lambda e: e.sleep(level))
+        await state.engine.call(lambda e: e.sleep(level), "sleep")
         state.sleep_level = level
     finally:
         state.draining = False

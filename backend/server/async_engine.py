@@ -10,8 +10,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+import torch
 
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.output import RequestDelta
@@ -32,18 +35,21 @@ class RequestTiming:
     first_finish_reason: str | None = None  # of choice 0: the request's outcome in the metrics
 
 
-# One step of a healthy engine takes well under a second to a few seconds; one that has not returned
-# after this long is wedged (a hung kernel, a deadlock) and /health says so.
-WEDGED_AFTER = 120.0
+# One step of a healthy engine takes well under a second to a few seconds (a full budget of prompt tokens
+# through a large model on the CPU: a minute or two), and the longest call, a wake-up that reads the weights
+# from disk again, about as long; one that has not returned after this long is stuck (a hung kernel, a
+# deadlock) and /health says so (--engine-stuck-after).
+ENGINE_STUCK_AFTER = 300.0
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: ModelMetrics | None = None, wedged_after: float = WEDGED_AFTER):
+    def __init__(self, engine: LLMEngine, metrics: ModelMetrics | None = None,
+                 stuck_after: float = ENGINE_STUCK_AFTER):
         self.engine = engine
         self.metrics = metrics
-        self.wedged_after = wedged_after
+        self.stuck_after = stuck_after
         self.died: str | None = None  # why the loop thread stopped, if it did
-        self._step_started: float | None = None
+        self._busy: tuple[str, float] | None = None  # what the loop thread is running (a step, a call), since when
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, RequestTiming]] = {}
         self._wake = threading.Event()
@@ -59,10 +65,19 @@ class AsyncEngine:
         """Why this engine cannot serve (its loop thread died, or one step has hung), or None when it can."""
         if self.died is not None or (not self._thread.is_alive() and not self._stopping):
             return f"the engine loop stopped: {self.died or 'unknown reason'}; restart the server"
-        started = self._step_started
-        if started is not None and time.monotonic() - started > self.wedged_after:
-            return f"the engine has been stuck in one step for {time.monotonic() - started:.0f} s"
+        busy = self._busy
+        if busy is not None and time.monotonic() - busy[1] > self.stuck_after:
+            return (f"the engine is stuck in {busy[0]}: it has not returned for {time.monotonic() - busy[1]:.0f} s "
+                    f"(--engine-stuck-after {self.stuck_after:g}); restart the server")
         return None
+
+    @contextmanager
+    def _running(self, what: str) -> Iterator[None]:
+        self._busy = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._busy = None
 
     def _outcome(self, outcome: str) -> None:
         if self.metrics:
@@ -70,16 +85,30 @@ class AsyncEngine:
 
     # Called from the event loop ------------------------------------------------------------------------
 
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams) -> AsyncIterator[RequestDelta]:
-        """Yields what each step that advanced the request changed, the last delta finished."""
+    def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
+                 group: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Yields what each step that advanced the request changed, the last delta finished. group: the client's
+        request it is part of (one of a completion's prompts), admitted in turns as one."""
+        return self._follow(request_id, len(prompt), lambda e: e.add_request(request_id, prompt, params, group=group))
+
+    async def embed(self, request_id: str, inputs: list[list[int]]) -> list[torch.Tensor]:
+        """Each input's embedding, computed step by step beside the other requests (aborted when the caller
+        is cancelled: its client went away)."""
+        deltas = [d async for d in self._follow(request_id, sum(len(i) for i in inputs),
+                                                lambda e: e.add_embedding_request(request_id, inputs))]
+        return deltas[-1].embeddings
+
+    async def _follow(self, request_id: str, num_prompt_tokens: int, add: Callable[[LLMEngine], None]
+                      ) -> AsyncIterator[RequestDelta]:
+        """add(engine) on the loop thread, then the request's deltas until the finished one."""
         if self._stopping:
             raise APIError(503, "the server is shutting down", type="service_unavailable")
         if self.died is not None:
             raise APIError(503, self.problem(), type="service_unavailable")
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic(), len(prompt)))
-        self._submit(("add", request_id, prompt, params))
+        self._streams[request_id] = (loop, outputs, RequestTiming(time.monotonic(), num_prompt_tokens))
+        self._submit(("add", request_id, add))
         finished = False
         try:
             while True:
@@ -94,25 +123,27 @@ class AsyncEngine:
             if not finished:  # the client went away, or an error: stop spending compute on it
                 self._submit(("abort", request_id))
 
-    async def call(self, fn: Callable[[LLMEngine], object]) -> object:
-        """Run fn(engine) on the loop thread between steps and return its result."""
+    async def call(self, fn: Callable[[LLMEngine], object], name: str | None = None) -> object:
+        """Run fn(engine) on the loop thread between steps and return its result; name: what /health calls it
+        should it hang (default: the function's name)."""
         if self.died is not None:
             raise APIError(503, self.problem(), type="service_unavailable")
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._submit(("call", fn, loop, done))
+        self._submit(("call", fn, loop, done, name or fn.__name__))
         return await done
 
-    async def drain(self, timeout: float) -> None:
-        """Wait up to timeout seconds for the requests in flight to finish, then abort the rest."""
+    async def drain(self, timeout: float, why: str = "the model was put to sleep") -> None:
+        """Wait up to timeout seconds for the requests in flight to finish, then end the rest with a 503 saying
+        why (a stream gets it as its last event)."""
         deadline = time.monotonic() + timeout
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self._streams:
-            await self.call(self._abort_all)
+            await self.call(lambda e: self._abort_all(e, why), "abort_all")
 
-    def _abort_all(self, engine: LLMEngine) -> None:
-        error = APIError(503, "the request was aborted: the model was put to sleep", type="service_unavailable")
+    def _abort_all(self, engine: LLMEngine, why: str) -> None:
+        error = APIError(503, f"the request was aborted: {why}", type="service_unavailable")
         for request_id in list(self._streams):
             engine.abort_request(request_id)
             self._end(request_id, error, "abort")
@@ -143,11 +174,12 @@ class AsyncEngine:
     def _run_command(self, command: tuple) -> bool:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt, params = command
+            _, request_id, add = command
             if request_id not in self._streams:
                 return True  # aborted before it started
             try:
-                self.engine.add_request(request_id, prompt, params)
+                with self._running(f"adding request {request_id}"):
+                    add(self.engine)
             except ValueError as e:  # bad input found late: a client error, reported to its request
                 self._end(request_id, APIError(400, str(e), param=getattr(e, "param", None)), "rejected")
             except Exception as e:  # reported to the request that caused it
@@ -160,9 +192,10 @@ class AsyncEngine:
             if self._streams.pop(request_id, None) is not None:
                 self._outcome("abort")
         elif kind == "call":
-            _, fn, loop, done = command
+            _, fn, loop, done, name = command
             try:
-                result = fn(self.engine)
+                with self._running(f"a call ({name})"):
+                    result = fn(self.engine)
             except Exception as e:
                 loop.call_soon_threadsafe(settle, done, None, e)
             else:
@@ -195,9 +228,9 @@ class AsyncEngine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            self._step_started = time.monotonic()
             try:
-                outputs = self.engine.step_deltas()
+                with self._running("one step"):
+                    outputs = self.engine.step_deltas()
             except Exception as e:  # a bug in the engine: fail the requests of the batch, keep serving
                 log.exception("an engine step failed")
                 error = APIError(500, f"internal error: {type(e).__name__}: {e}", type="internal_error")
@@ -205,8 +238,6 @@ class AsyncEngine:
                     self.engine.abort_request(request_id)
                     self._end(request_id, error, "error")
                 continue
-            finally:
-                self._step_started = None
             now = time.monotonic()
             for out in outputs:
                 stream = self._streams.get(out.request_id)

@@ -34,7 +34,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     check_limits(engine.engine, params[0])
     await check_guided(engine.engine, params[0])
     rid = new_id("cmpl")
-    gens = [engine.generate(f"{rid}-{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    # one request's prompts take their turns at admission together, so they cannot crowd out later requests
+    gens = [engine.generate(f"{rid}-{i}", p, sp, group=rid) for i, (p, sp) in enumerate(zip(prompts, params))]
     if req.stream:
         return sse(_stream(state, rid, req, gens, prompts))
     finals = await until_disconnect(request, collect(gens, prompts, req.n))

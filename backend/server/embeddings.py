@@ -3,13 +3,15 @@
 import base64
 
 import torch
+from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
-from backend.engine.embedding import NoRoom, embed
+from backend.sampling_params import InvalidParameter
 from backend.server.errors import APIError
 from backend.server.prompts import chat_ids, check_length, off_loop, token_lists
-from backend.server.protocol import ChatMessage, chat_messages
-from backend.server.state import RETRY_AFTER, ServerState
+from backend.server.protocol import ChatMessage, chat_messages, new_id
+from backend.server.state import ServerState
+from backend.server.streams import until_disconnect
 
 MAX_INPUTS = 2048  # as OpenAI's API
 
@@ -43,6 +45,10 @@ def _token_ids(engine, value) -> list[list[int]]:
             where = f"input[{i}]" if len(out) > 1 else "input"
             raise APIError(400, f"{where} has {len(item)} tokens; this model embeds at most {engine.max_model_len}",
                            param=where, code="context_length_exceeded")
+    try:
+        engine.limits.check_embedding(out)  # all the inputs together within max_embedding_tokens
+    except InvalidParameter as e:
+        raise APIError(400, str(e), param=e.param, code="embedding_tokens_exceeded") from None
     return out
 
 
@@ -52,7 +58,7 @@ def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
     return vector.tolist()
 
 
-async def create_embeddings(state: ServerState, req: EmbeddingRequest):
+async def create_embeddings(state: ServerState, req: EmbeddingRequest, request: Request):
     engine = state.ready_engine()
     if req.encoding_format not in ("float", "base64"):
         raise APIError(400, f"encoding_format must be float or base64, got {req.encoding_format!r}",
@@ -62,11 +68,8 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest):
         raise APIError(400, f"dimensions: this model's embeddings have {size} dimensions and cannot be shortened",
                        param="dimensions")
     inputs = await off_loop(_token_ids, engine.engine, req.input)
-    try:
-        vectors = await engine.call(lambda e: embed(e, inputs))
-    except NoRoom as e:
-        raise APIError(503, f"no room in the KV cache for these inputs now ({e}); retry shortly",
-                       type="service_unavailable", headers=RETRY_AFTER) from None
+    # scheduled beside the other requests, step by step; aborted (its KV blocks freed) if the client goes away
+    vectors = await until_disconnect(request, engine.embed(new_id("embd"), inputs))
     tokens = sum(len(i) for i in inputs)
     return {"object": "list", "model": state.served_model_name,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}

@@ -15,7 +15,7 @@ import torch
 
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.memory import kv_bytes_per_block
-from backend.server.async_engine import AsyncEngine, settle
+from backend.server.async_engine import ENGINE_STUCK_AFTER, AsyncEngine, settle
 from backend.server.errors import APIError
 from backend.server.metrics import ServerMetrics
 from backend.server.need import disk_bytes
@@ -31,6 +31,7 @@ class Budget:
     max_loaded: int | None = None  # models loaded at once
     memory: int | None = None  # bytes all loaded models may hold together
     load_timeout: float = LOAD_TIMEOUT  # how long a request waits for its model to load before a 503
+    engine_stuck_after: float = ENGINE_STUCK_AFTER  # an engine step or call running longer: /health says stuck
 
 
 def engine_bytes(engine: LLMEngine) -> int:
@@ -163,7 +164,8 @@ class ModelRegistry:
                     return
                 await self._make_room(state)
                 state.engine = await in_daemon_thread(lambda: AsyncEngine(
-                    LLMEngine(state.config), self.metrics.for_model(state.served_model_name)))
+                    LLMEngine(state.config), self.metrics.for_model(state.served_model_name),
+                    self.budget.engine_stuck_after))
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
                 self._hand_over(state)
                 state.loads += 1
@@ -174,7 +176,7 @@ class ModelRegistry:
                 await self._make_room(state)  # measured: it may hold more than its estimate said
                 if self.sleep_level:  # /sleep came while it loaded
                     level = self.sleep_level
-                    await state.engine.call(lambda e: e.sleep(level))
+                    await state.engine.call(lambda e: e.sleep(level), "sleep")
                     state.sleep_level = level
         except Exception as e:  # reported to the requests that wait for it, by /health and /v1/models
             state.load_error = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"

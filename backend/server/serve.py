@@ -92,6 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request waits for its JSON schema to compile before it is refused")
     parser.add_argument("--max-prompts", type=int, default=128,
                         help="the most sequences (prompts times n) one /v1/completions request may ask for")
+    parser.add_argument("--max-embedding-tokens", type=int, default=None,
+                        help="the most tokens one /v1/embeddings request may hold, all its inputs together (default: "
+                             "65536, or --max-model-len if longer); more is refused with a 400 naming this limit")
+    parser.add_argument("--engine-stuck-after", type=float, default=300.0,
+                        help="seconds an engine step or engine call may run before /health answers 503 saying the "
+                             "engine is stuck (so `ops health` restarts it); well above the slowest real step")
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
                         help="requests with a larger body are refused with 413 before they are read")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -167,7 +173,7 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
         activations=args.activations,
         max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
         max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_prompts=args.max_prompts,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_embedding_tokens=args.max_embedding_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=gpu_memory, enforce_eager=args.enforce_eager,
@@ -203,6 +209,7 @@ def serve(args: argparse.Namespace) -> int:
     from backend.loader import locate
     from backend.server.app import build_app
     from backend.server.registry import Budget
+    from backend.server.shutdown import EndingServer
     from backend.spec.config import SpeculativeConfig
 
     spec = SpeculativeConfig.parse(config.speculative)
@@ -227,12 +234,14 @@ def serve(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     more = [(name, serving_config(base, model)) for name, model in models[1:]]
-    budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout)
+    if args.engine_stuck_after <= 0:
+        raise ValueError("--engine-stuck-after must be a number of seconds > 0")
+    budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout, args.engine_stuck_after)
     app = build_app(config, models[0][0], on_load_error, allow_sleep=not args.no_sleep,
                     max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser, more_models=more,
                     budget=budget, api_key=args.api_key, model_aliases=aliases)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=args.shutdown_timeout))
+    server = EndingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                         timeout_graceful_shutdown=args.shutdown_timeout), app.state.registry)
     # uvicorn re-raises the signal that stopped it once shutdown is done; a SIGTERM that led to a
     # clean shutdown should end the process with 0, so that re-raise lands on a handler that does nothing.
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -103,7 +103,7 @@ def test_health_reports_a_dead_engine_loop_and_requests_fail_fast(inprocess):
 def test_health_reports_an_engine_stuck_in_one_step(inprocess):
     url, state = inprocess
     engine = state.engine
-    engine.wedged_after = 0.5
+    engine.stuck_after = 0.5
     release = threading.Event()
     step = engine.engine.step_deltas
 

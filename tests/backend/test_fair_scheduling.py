@@ -1,0 +1,118 @@
+"""Admission in turns by request, prompt chunks that leave decoding sequences their token, and embedding
+inputs scheduled as prompt chunks that are never sampled from."""
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.engine.block_manager import BlockManager
+from backend.engine.scheduler import Scheduler
+from backend.engine.sequence import Sequence, Status
+from backend.engine.wait_queue import WaitQueue
+from backend.sampling_params import InvalidParameter
+from tests.backend.conftest import prompts_of_lengths
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def _seq(seq_id: int, request_id: str, tokens: list[int], group: str | None = None) -> Sequence:
+    return Sequence(seq_id=seq_id, request_id=request_id, index=0, token_ids=list(tokens),
+                    num_prompt_tokens=len(tokens), params=SamplingParams(), group=group)
+
+
+def test_wait_queue_takes_one_sequence_of_each_request_in_turn():
+    queue = WaitQueue()
+    many = [_seq(i, f"many-{i}", [1], group="many") for i in range(5)]
+    for seq in many:
+        queue.add(seq)
+    single = _seq(9, "single", [1])
+    queue.add(single)
+    preempted = _seq(10, "old", [1])
+    queue.add_first(preempted)
+    assert len(queue) == 7 and queue.peek() is preempted
+    order = [queue.pop() for _ in range(3)]
+    assert order == [preempted, many[0], single]  # the later request waited one turn, not five
+    assert queue.remove(many[3]) and not queue.remove(many[3])
+    assert [queue.pop() for _ in range(len(queue))] == [many[1], many[2], many[4]] and not queue
+
+
+def test_a_request_of_many_prompts_cannot_push_a_later_one_behind_all_of_them(tiny_dir):
+    llm = LLM(str(tiny_dir("llama")), block_size=8, max_num_seqs=4)
+    engine = llm.engine
+    for i, prompt in enumerate(prompts_of_lengths(*range(10, 30))):
+        engine.add_request(f"many-{i}", prompt, GREEDY, group="many")
+    engine.add_request("single", prompts_of_lengths(12)[0], GREEDY)
+    while not any(out.request_id == "single" and out.outputs[0].token_ids for out in engine.step()):
+        pass
+    # In one queue it would have waited for all 20; in turns the many had at most one turn more than it.
+    many_started = 20 - sum(1 for s in engine.scheduler.waiting if s.request_id.startswith("many"))
+    assert many_started <= 4
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_prompt_chunk_leaves_a_token_for_each_decoding_sequence_behind_it():
+    bm = BlockManager(num_blocks=64, block_size=8)
+    scheduler = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=16)
+    prefilling = _seq(0, "long", list(range(3, 103)))
+    decoding = [_seq(1 + i, f"d{i}", [5, 6, 7, 8, 9]) for i in range(3)]
+    for seq in [prefilling, *decoding]:
+        assert bm.allocate(seq, [], [], seq.num_tokens)
+        seq.status = Status.RUNNING
+        scheduler.running.append(seq)
+    for seq in decoding:  # their prompts computed but the last token: they decode
+        seq.num_computed_tokens = seq.num_tokens - 1
+    plan = scheduler.schedule()
+    assert [(item.seq.request_id, item.num_tokens) for item in plan] == [("long", 13), ("d0", 1), ("d1", 1),
+                                                                           ("d2", 1)]
+
+
+def test_embedding_inputs_run_as_chunks_beside_a_generation_and_free_their_blocks(tiny_dir):
+    llm = LLM(str(tiny_dir("llama")), block_size=8, max_num_batched_tokens=16)
+    engine = llm.engine
+    inputs = prompts_of_lengths(40, 7, 33)
+    engine.add_embedding_request("alone", inputs)
+    alone = _run(engine)["alone"].embeddings
+
+    engine.add_request("gen", prompts_of_lengths(5)[0], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    engine.step()  # its prompt
+    engine.add_embedding_request("beside", inputs)
+    planned = []
+    schedule = engine.scheduler.schedule
+
+    def recording(drafts=None):
+        plan = schedule(drafts)
+        planned.append([(item.seq.request_id, item.num_tokens) for item in plan])
+        return plan
+
+    engine.scheduler.schedule = recording
+    beside = _run(engine, until="beside")["beside"].embeddings
+    assert all(sum(n for _, n in plan) <= 16 and ("gen", 1) in plan for plan in planned)  # a token every step
+    assert len(planned) >= sum(len(i) for i in inputs) // 16  # in chunks, never all at once
+    for a, b in zip(alone, beside):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        assert a.norm().item() == pytest.approx(1.0, abs=1e-5)
+
+    engine.add_embedding_request("left", inputs)
+    engine.step()
+    engine.abort_request("left")
+    _run(engine)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_an_embeddings_request_over_its_token_limit_is_refused_naming_it(tiny_dir):
+    llm = LLM(str(tiny_dir("llama")), block_size=8, max_model_len=64, max_embedding_tokens=100)
+    with pytest.raises(InvalidParameter, match="at most 100 tokens per request .max_embedding_tokens.") as e:
+        llm.engine.add_embedding_request("big", prompts_of_lengths(60, 60))
+    assert e.value.param == "input" and not llm.engine.has_unfinished_requests()
+
+
+def _run(engine, until: str | None = None) -> dict:
+    """Step until `until` finished (or everything); the finished deltas by request."""
+    done = {}
+    while engine.has_unfinished_requests() and (until is None or until not in done):
+        for delta in engine.step_deltas():
+            if delta.finished:
+                done[delta.request_id] = delta
+    return done
