@@ -1,12 +1,13 @@
 """Reliability under load: the soak of tests/reliability (concurrent streams, half hanging up at random,
 two identical rounds), the first-chunk wait of n=2 requests against n=1 ones side by side, and the gaps
-between healthy streams' tokens while an embeddings request of long inputs runs beside them.
+between healthy streams' tokens while an embeddings request of long inputs, two slow-compiling JSON schemas, or
+a completion of 1,000 prompts runs beside them.
 
 SmolLM2-135M on the CPU by default. Prints one JSON line: per round the requests sent, completed and
 hung up, 5xx and in-band errors, KV blocks and requests still held afterwards, seconds; the server's
 RSS after each round; the slowest / median time to first chunk of `--concurrency` n=1 and n=2
-streams; and the p50 / p99 / max gap between tokens of `--gap-streams` streams alone and while the
-embeddings run (`--gaps-only`: that alone). Run: python bench/reliability.py [--requests 200] [--tiny]
+streams; and the p50 / p99 / max gap between tokens of `--gap-streams` streams alone and beside each of
+those (`--gaps-only`: that alone). Run: python bench/reliability.py [--requests 200] [--tiny]
 """
 
 import argparse
@@ -52,9 +53,10 @@ def _percentiles(gaps: list[float]) -> dict:
             "max": round(ordered[-1], 3), "gaps": len(gaps)}
 
 
-async def token_gaps(url: str, streams: int, max_tokens: int, inputs: list[list[int]] | None) -> dict:
+async def token_gaps(url: str, streams: int, max_tokens: int, burden=None) -> dict:
     """Gaps between the tokens of `streams` completion streams (logprobs=0: a chunk per step's token), over the
-    time an embeddings request of `inputs` runs beside them once they have all started (None: the whole run)."""
+    time `burden(client)` (a request or several, sent once they have all started) runs beside them (None: the
+    whole run, alone)."""
     times: list[list[float]] = [[] for _ in range(streams)]
 
     async def stream(i: int, client: httpx.AsyncClient) -> None:
@@ -65,30 +67,61 @@ async def token_gaps(url: str, streams: int, max_tokens: int, inputs: list[list[
                 if line.startswith("data: {"):
                     times[i].append(time.monotonic())
 
-    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=streams + 1)) as client:
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=streams + 4)) as client:
         tasks = [asyncio.ensure_future(stream(i, client)) for i in range(streams)]
         window, seconds = (0.0, float("inf")), None
-        if inputs is not None:
+        if burden is not None:
             while not all(times):
                 await asyncio.sleep(0.01)
             start = time.monotonic()
-            response = await client.post(f"{url}/v1/embeddings", json={"input": inputs})
-            if response.status_code != 200:
-                raise RuntimeError(f"embeddings: {response.status_code} {response.text}")
+            await burden(client)
             window, seconds = (start, time.monotonic()), time.monotonic() - start
         await asyncio.gather(*tasks)
     gaps = [b - a for t in times for a, b in zip(t, t[1:]) if b > window[0] and a < window[1]]
-    return {**_percentiles(gaps), **({"embeddings_s": round(seconds, 2)} if seconds is not None else {})}
+    return {**_percentiles(gaps), **({"burden_s": round(seconds, 2)} if seconds is not None else {})}
+
+
+def _embeddings(url: str, inputs: list[list[int]]):
+    async def send(client: httpx.AsyncClient) -> None:
+        response = await client.post(f"{url}/v1/embeddings", json={"input": inputs})
+        if response.status_code != 200:
+            raise RuntimeError(f"embeddings: {response.status_code} {response.text}")
+    return send
+
+
+def _grammar_compiles(url: str, model: str):
+    """Two chat requests whose JSON schemas (400 patterns each, their own) take seconds to compile."""
+    async def send(client: httpx.AsyncClient) -> None:
+        async def one(seed: int):
+            schema = {"type": "object", "properties": {
+                f"p{k}": {"type": "string", "pattern": f"^([a-z]{{1,{seed + 8}}}-){{0,20}}[0-9]{{2,{k % 7 + 9}}}$"}
+                for k in range(400)}}
+            return await client.post(f"{url}/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+        await asyncio.gather(one(int(time.time()) % 1000), one(int(time.time()) % 1000 + 1))
+    return send
+
+
+def _many_prompts(url: str, model: str):
+    """A completion of 1,000 prompts: refused (--max-prompts) before any is tokenized."""
+    async def send(client: httpx.AsyncClient) -> None:
+        await client.post(f"{url}/v1/completions", json={"model": model, "prompt": ["hi"] * 1000, "max_tokens": 4})
+    return send
 
 
 def gaps_beside_embeddings(url: str, args: argparse.Namespace) -> dict:
-    context = httpx.get(f"{url}/v1/models").json()["data"][0]["max_model_len"]
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    context, model = card["max_model_len"], card["id"]
     length, tokens = min(args.embed_tokens, context), min(args.gap_tokens, context - 16)
     # ids below 500: in every vocabulary, the tiny model's included
     inputs = [[3 + (i * 7 + j * 13) % 497 for j in range(length)] for i in range(args.embed_inputs)]
     return {"streams": args.gap_streams, "stream_tokens": tokens, "embedding_inputs": args.embed_inputs,
-            "input_tokens": length, "alone": asyncio.run(token_gaps(url, args.gap_streams, tokens, None)),
-            "beside_embeddings": asyncio.run(token_gaps(url, args.gap_streams, tokens, inputs))}
+            "input_tokens": length, "alone": asyncio.run(token_gaps(url, args.gap_streams, tokens)),
+            "beside_embeddings": asyncio.run(token_gaps(url, args.gap_streams, tokens, _embeddings(url, inputs))),
+            "beside_grammar_compiles": asyncio.run(token_gaps(url, args.gap_streams, tokens,
+                                                              _grammar_compiles(url, model))),
+            "beside_1000_prompts": asyncio.run(token_gaps(url, args.gap_streams, tokens, _many_prompts(url, model)))}
 
 
 def main() -> None:
