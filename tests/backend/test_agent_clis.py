@@ -15,7 +15,10 @@ from tests.backend.tiny_models import TOOLS_CHAT_TEMPLATE, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
-         "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1"}
+         "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1",
+         # Claude Code asks for 32,000 tokens at temperature 1: a small model that rambles would take many minutes
+         # to stop, so the answer is bounded (its prompt, from the date to the working folder, differs per run)
+         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"}
 ASK = "What is the capital of France? Answer in one word."
 
 
