@@ -57,10 +57,12 @@ def run(args: list, home: Path, env: dict, timeout: float = 900) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    """SmolLM2 as serve starts it (32,768 tokens: room for Codex's prompt of ~9,700), with aliases for Claude
-    Code's model names."""
+    """SmolLM2 with room for Codex's prompt of ~9,700 tokens and aliases for Claude Code's model names. 12,288
+    tokens, not serve's 32,768: Codex asks for no output limit at temperature 1, and a small model that rambles
+    would run to the end of the context (minutes); here an answer ends within ~2,500 tokens."""
     log = tmp_path_factory.mktemp("logs") / "smol.log"
-    server = LoggedServer(log, "smollm2", "--model-alias", "claude-*=smollm2", "--log-level", "debug")
+    server = LoggedServer(log, "smollm2", "--max-model-len", "12288", "--model-alias", "claude-*=smollm2",
+                          "--log-level", "debug")
     yield server
     assert server.stop() == 0
 
