@@ -29,6 +29,10 @@ class EngineConfig:
     # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context).
     rope_scaling: dict | str | None = None
     max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
+    # While any sequence decodes, the prompt tokens (prompts and embedding inputs together) one step may compute,
+    # so that running streams get a token at least every this much prefill work; None: 256 on the CPU (about half
+    # a second of a small model's prefill), max_num_batched_tokens on CUDA (where a full step takes milliseconds)
+    long_prefill_token_threshold: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # an exact KV-cache size in blocks; overrides kv_cache_memory
     kv_cache_memory: float | int | None = None  # a fraction (0, 1] of free memory, or bytes
@@ -52,7 +56,7 @@ class EngineConfig:
 
         self.rope_scaling = check_rope_scaling(self.rope_scaling)
         for name in ("max_num_seqs", "max_n", "max_prompts", "max_model_len", "max_num_batched_tokens", "block_size",
-                     "num_kv_blocks", "max_schema_bytes", "max_embedding_tokens"):
+                     "long_prefill_token_threshold", "num_kv_blocks", "max_schema_bytes", "max_embedding_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -135,20 +135,23 @@ def main() -> None:
     parser.add_argument("--embed-inputs", type=int, default=8, help="inputs of the embeddings request beside them")
     parser.add_argument("--embed-tokens", type=int, default=1500, help="tokens of each input")
     parser.add_argument("--gaps-only", action="store_true", help="only the token gaps beside embeddings")
+    parser.add_argument("--server-args", default="",
+                        help="more arguments for the server, e.g. '--long-prefill-token-threshold 2048' (the "
+                             "prompt chunks of a step while streams decode, as before the threshold)")
     args = parser.parse_args()
     model = "smollm2"
     if args.tiny:
         from tests.backend.tiny_models import build_model
 
         model = str(build_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
-    server = ServerProcess(model, "--max-num-seqs", "64")
+    server = ServerProcess(model, "--max-num-seqs", "64", *args.server_args.split())
     if args.gaps_only:
         try:
             gaps = gaps_beside_embeddings(server.url, args)
         finally:
             server.stop()
         print(json.dumps({"bench": "reliability", "model": "tiny" if args.tiny else "smollm2-135m", "device": "cpu",
-                          "token_gaps_s": gaps}))
+                          "server_args": args.server_args, "token_gaps_s": gaps}))
         return
     try:
         rounds, rss = [], []

@@ -78,7 +78,7 @@ class LLMEngine:
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
-                                   self.max_num_batched_tokens)
+                                   self.max_num_batched_tokens, self.shape.prefill_tokens_while_decoding)
         self.sampler = Sampler(config.seed, self.device)
         self.proposer = self.speculator = None
         if self.spec is not None:

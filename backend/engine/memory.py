@@ -118,6 +118,7 @@ class CacheShape:
     kv_dtype: torch.dtype  # the KV cache's: dtype, or what kv_cache_dtype asks for
     max_model_len: int
     max_num_batched_tokens: int
+    prefill_tokens_while_decoding: int  # a step's prompt tokens while any sequence decodes (config.py)
     logit_rows: int  # the most rows one step samples (a full decode batch with its drafts)
 
     @classmethod
@@ -128,7 +129,9 @@ class CacheShape:
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)
         drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
         kv_dtype = pick_kv_dtype(config.kv_cache_dtype, device, dtype)
-        return cls(device, dtype, kv_dtype, max_model_len, tokens, min(config.max_num_seqs * (1 + drafts), tokens))
+        prefill = config.long_prefill_token_threshold or (256 if device.type == "cpu" else tokens)
+        return cls(device, dtype, kv_dtype, max_model_len, tokens, min(prefill, tokens),
+                   min(config.max_num_seqs * (1 + drafts), tokens))
 
 
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:

@@ -2,8 +2,10 @@
 
 Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first,
 each taking one token (decode, plus the slots of the drafts it will verify) or the next chunk
-of its prompt, a chunk never taking the tokens of the decoding sequences behind it (so a long
-prompt or embedding input delays running streams by at most one step's work per chunk); waiting
+of its prompt, a chunk never taking the tokens of the decoding sequences behind it. While any
+sequence decodes, the step's prompt chunks together stay within prefill_tokens_while_decoding
+(vLLM's long_prefill_token_threshold), so a long prompt or embedding input delays running
+streams by at most that much prefill work per token; waiting
 sequences then join, one request's at a time in turns (wait_queue.py), while budget, sequence
 slots and KV blocks last. When a running sequence needs a block and none is free, the newest
 running sequence is preempted: its blocks are freed and it goes back to the front of the queue,
@@ -58,10 +60,12 @@ StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences fir
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefill_tokens_while_decoding: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_tokens_while_decoding = prefill_tokens_while_decoding or max_num_batched_tokens
         self.waiting = WaitQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -89,6 +93,8 @@ class Scheduler:
         """This step's plan. drafts: seq_id -> how many draft slots a decoding sequence would like; they are
         reserved only when budget and blocks allow (never by evicting anyone)."""
         budget = self.max_num_batched_tokens
+        decoding = any(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
+        prefill = self.prefill_tokens_while_decoding if decoding else budget  # prompt tokens left this step
         plan: StepPlan = []
         preempted = False
         i = 0
@@ -96,7 +102,8 @@ class Scheduler:
             seq = self.running[i]
             n = seq.num_tokens - seq.num_computed_tokens
             if n > 1:  # a prompt chunk leaves a token for each decoding sequence behind it
-                n = min(n, budget - sum(1 for s in self.running[i + 1:] if s.num_tokens - s.num_computed_tokens == 1))
+                n = min(n, prefill,
+                        budget - sum(1 for s in self.running[i + 1:] if s.num_tokens - s.num_computed_tokens == 1))
                 if n < 1:
                     i += 1
                     continue
@@ -113,19 +120,21 @@ class Scheduler:
             else:
                 plan.append(ScheduledSeq(seq, n, max_drafts=k, pool=seq.pooling))
                 budget -= n
+                if n > 1 and not k:
+                    prefill -= n
                 i += 1
         if preempted:
             return plan  # no admissions in a step that had to evict
         # A sequence with pending forks (a request's other n - 1) holds their slots too, so that they can
         # join the batch with it once its prompt is prefilled.
         slots = len(self.running) + sum(len(s.forks) for s in self.running)
-        while self.waiting and budget > 0:
+        while self.waiting and min(budget, prefill) > 0:
             seq = self.waiting.peek()
             if slots + 1 + len(seq.forks) > self.max_num_seqs:
                 break
             # An embedding input needs every row's hidden state, so it computes its cached prefix too.
             hit_ids, hit_hashes = ([], []) if seq.pooling else self.block_manager.find_cached_prefix(seq)
-            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget, prefill)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
                 break
             self.waiting.pop()
@@ -134,6 +143,7 @@ class Scheduler:
             slots += 1 + len(seq.forks)
             plan.append(ScheduledSeq(seq, n, pool=seq.pooling))
             budget -= n
+            prefill -= n
         return plan
 
     def start_forks(self, plan: StepPlan, copy_block: Callable[[int, int], None]) -> None:

@@ -101,6 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
                         help="requests with a larger body are refused with 413 before they are read")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                        help="while any stream decodes, the prompt tokens one step may compute (prompts and "
+                             "embedding inputs together), so streams keep getting tokens beside long prompts "
+                             "(default: 256 on the CPU, --max-num-batched-tokens on CUDA)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
@@ -173,7 +177,8 @@ def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int
         activations=args.activations,
         max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
         max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_prompts=args.max_prompts,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_embedding_tokens=args.max_embedding_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold, max_embedding_tokens=args.max_embedding_tokens,
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
         gpu_memory_utilization=gpu_memory, enforce_eager=args.enforce_eager,

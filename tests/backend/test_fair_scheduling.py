@@ -68,6 +68,26 @@ def test_a_prompt_chunk_leaves_a_token_for_each_decoding_sequence_behind_it():
                                                                            ("d2", 1)]
 
 
+def test_while_a_sequence_decodes_the_prompt_chunks_of_a_step_stay_within_the_prefill_threshold():
+    bm = BlockManager(num_blocks=64, block_size=8)
+    scheduler = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, prefill_tokens_while_decoding=10)
+    running = _seq(0, "long", list(range(3, 103)))
+    assert bm.allocate(running, [], [], running.num_tokens)
+    running.status = Status.RUNNING
+    scheduler.running.append(running)
+    for i in range(2):
+        scheduler.add(_seq(1 + i, f"new{i}", list(range(3, 43))))
+    # Nobody decodes: the step's whole budget goes to prompts.
+    assert [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()] == [("long", 64)]
+    running.num_computed_tokens = running.num_tokens - 1  # now it decodes
+    plan = [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()]
+    assert plan == [("long", 1), ("new0", 10)]  # the admission's chunk is cut to the threshold, new1 waits
+    for seq in scheduler.running[1:]:
+        seq.num_computed_tokens += 10
+    plan = [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()]
+    assert plan == [("long", 1), ("new0", 10)]  # a running prompt's chunk too; nothing else is admitted
+
+
 def test_embedding_inputs_run_as_chunks_beside_a_generation_and_free_their_blocks(tiny_dir):
     llm = LLM(str(tiny_dir("llama")), block_size=8, max_num_batched_tokens=16)
     engine = llm.engine
