@@ -83,7 +83,7 @@ class Settings:
     lease_idle: float = 30.0  # seconds ComfyUI stays idle before the card goes back to the LLM
     lease_drain_timeout: float = 120.0  # longest wait for the LLM's requests in flight to finish
     lease_memory_timeout: float = 60.0  # longest wait for the freed memory to show on the card
-    max_jobs: int = field(default_factory=default_max_jobs)  # article and stage jobs running at once; more wait
+    max_jobs: int = field(default_factory=default_max_jobs)  # article, stage and image jobs running at once; more wait
     max_queued_per_client: int = 20  # jobs one client (its MCP clientInfo name, or "cli") may have waiting
 
     @classmethod

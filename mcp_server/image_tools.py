@@ -14,7 +14,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
 from pydantic import Field
 
-from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, comfyui_url, state_of
+from mcp_server.context import (
+    CREATES,
+    DESTRUCTIVE,
+    READ_ONLY,
+    Roots,
+    checked_file,
+    client_name,
+    comfyui_url,
+    state_of,
+)
 from mcp_server.job_tools import FINAL, cancel_and_settle, job_info
 from mcp_server.lazy import lazy
 from mcp_server.logs import log
@@ -98,7 +107,7 @@ async def start_and_follow(ctx: Context, params: dict) -> CallToolResult:
         workflow = api.image_workflow(params)
         async with ComfyUIClient(url) as comfy:
             await comfy.check_choices(workflow)
-        run = await asyncio.to_thread(api.start_image, params, state.settings)
+        run = await asyncio.to_thread(api.start_image, params, state.settings, client_name(ctx))
     except (api.ParamsError, api.TemplateError, api.JobError, ComfyUIError) as e:
         raise ToolError(str(e)) from None
     return image_result(await follow(ctx, run))

@@ -46,12 +46,11 @@ def image_workflow(params: dict) -> dict:
     return build_workflow(ImageParams.from_dict(params))[0]
 
 
-def start_image(params: dict, settings: Settings | None = None) -> Run:
+def start_image(params: dict, settings: Settings | None = None, client: str = "api") -> Run:
+    """An image job: started at once when a worker is free, else queued (QueueFull past the client's cap)."""
     settings = settings or Settings.from_env()
     validated = ImageParams.from_dict(params)
-    run = store_for(settings).create_run("image", validated.to_dict())
-    spawn_worker(run.id, settings)
-    return store_for(settings).get(run.id)
+    return pool.enqueue(store_for(settings), "image", validated.to_dict(), settings, client)
 
 
 def start_article(params: dict, settings: Settings | None = None, client: str = "api") -> Run:
@@ -62,15 +61,12 @@ def start_article(params: dict, settings: Settings | None = None, client: str = 
 
 
 def resume(run_id: str, settings: Settings | None = None) -> Run:
-    """Continue a failed or interrupted run: a pooled one joins the back of the queue, an image job restarts."""
+    """Continue a failed or interrupted run: it joins the back of the queue."""
     settings = settings or Settings.from_env()
     store = store_for(settings)
     run = store.get(run_id)
     if run.status in ("done", "cancelled") or run.status in ("queued", "running") and run.worker_alive:
         return get(run.id, settings)  # finished, or already being worked on
-    if run.kind not in pool.POOLED:
-        spawn_worker(run.id, settings)
-        return store.get(run.id)
     if run.status != "queued":
         store.update(run.id, status="queued", pid=None, error=None, queued_at=time.time())
     pool.dispatch(store, settings)

@@ -1,4 +1,4 @@
-"""A bounded pool of job workers: at most `max_jobs` article and stage jobs run at once, each in a worker process
+"""A bounded pool of job workers: at most `max_jobs` article, stage and image jobs run at once, each in a worker process
 (`python -m orchestrator work ID`); the others wait in the job store with status `queued`, in the order they came.
 
 There is no pool process to die: the queue is the job store, and whoever changes it moves it on. Starting a job,
@@ -19,7 +19,8 @@ import time
 from orchestrator.jobs import JobError, JobStore, Run, StoreError
 from orchestrator.settings import Settings
 
-POOLED = ("article", "stage")  # image jobs are not pooled: they wait in ComfyUI's own queue
+# Image jobs too: each waits on ComfyUI's own queue, but in a worker process of its own (~40 MB) that must be bounded
+POOLED = ("article", "stage", "image")
 # A worker whose job has ended holds its place until its process is gone (it is exiting, or becoming the worker of
 # the next job), so that no new worker starts beside it; its run is looked at for this long after it ended.
 LINGER = 120.0

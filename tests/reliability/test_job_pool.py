@@ -203,3 +203,13 @@ def test_cancelling_a_queued_job_and_ids_that_are_only_prefixes(full_pool):
     assert still["status"] == "queued" and still["queue_position"] == 1  # untouched by the prefixes
     assert cancelled["status"] == "cancelled" and cancelled["queue_position"] is None
     assert moved_up["queue_position"] == 1
+
+
+def test_image_jobs_wait_for_a_worker_like_articles(full_pool):
+    from orchestrator import api
+
+    queued = [api.start_image({"prompt": f"folio {i}", "steps": 2}, full_pool, client="painter") for i in range(3)]
+    assert [(r.status, r.queue_position) for r in queued] == [("queued", 1), ("queued", 2), ("queued", 3)]
+    assert not any(r.worker_alive for r in queued)  # no process of their own while the pool is full
+    with pytest.raises(api.JobError, match="'painter' already has 3 jobs waiting"):
+        api.start_image({"prompt": "one too many", "steps": 2}, full_pool, client="painter")
