@@ -39,6 +39,10 @@ class SamplingParams:
     guided_json: dict | str | bool | None = None  # a JSON schema the output must match, or True for any JSON
     # token id -> a number added to its logit before sampling (OpenAI's and vLLM's logit_bias), kept in [-100, 100]
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
+    # vLLM's: the logprob of each prompt token given those before it (the first has none), with this many of the
+    # most likely tokens besides; computed in the prefill, which then skips the prefix cache
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -80,6 +84,13 @@ class SamplingParams:
             raise bad("max_tokens", "an integer >= 1")
         if self.logprobs is not None and (not integer("logprobs") or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "an integer in [0, 20]")
+        if self.prompt_logprobs is not None and (not integer("prompt_logprobs") or not 0 <= self.prompt_logprobs <= 20):
+            raise bad("prompt_logprobs", "an integer in [0, 20]")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, list) or not ids or any(
+                    not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+                raise bad("allowed_token_ids", "a non-empty list of token ids (integers >= 0)")
         if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LENGTH for s in self.stop):
             raise bad("stop", f"a non-empty string or a list of them, each at most {MAX_STOP_LENGTH} characters")
         if len(self.stop) > MAX_STOP_STRINGS:

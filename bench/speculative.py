@@ -2,7 +2,9 @@
 
 One JSON line per workload: n-gram lookup on extractive work (copying a passage, editing
 code) at batch 1; free-form generation at batch 1 and with 32 concurrent requests; and the
-target as its own draft (the mechanism's upper bound). Then extractive and free-form again with
+target as its own draft (the mechanism's upper bound), and the same with the draft's vocabulary shuffled
+(bench/shuffled_gguf.py: the same predictions through other ids, drafting by token-level intersection, so the
+difference is what drafting across vocabularies costs). Then extractive and free-form again with
 8-bit activations (activations="int8": integer products, a verification row a third of fp32's
 cost with AVX-512 VNNI) and, where the CPU has AMX, in a bfloat16 engine, whose verification rows
 are nearly free there (the codes on the tiles; elsewhere a bfloat16 engine is the float32 one).
@@ -13,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend import LLM, SamplingParams  # noqa: E402
 from backend.kernels import native  # noqa: E402
 from backend.model_store import pull  # noqa: E402
+from bench.shuffled_gguf import shuffle_vocab  # noqa: E402
 
 PASSAGE = (
     "In the scriptorium the monks worked in silence from the first light until the bell for vespers. "
@@ -75,7 +79,7 @@ def compare(name: str, plain: LLM, spec: LLM, conversations, max_tokens: int, ba
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
     print(json.dumps({
         "bench": "speculative", "workload": name, "products": spec.engine.products,
-        "batch": batch, "method": spec.engine.spec.method,
+        "batch": batch, "method": spec.engine.stats()["spec_method"],
         "num_tokens": spec.engine.spec.num_tokens, "plain_tok_s": round(base_tps, 2),
         "speculative_tok_s": round(spec_tps, 2), "speedup": round(spec_tps / base_tps, 3),
         "identical": identical, "per_prompt_speedup": per_group if batch == 1 else None,
@@ -92,13 +96,20 @@ def main() -> None:
     plain = LLM("smollm2", max_num_seqs=64)
     ngram = LLM("smollm2", max_num_seqs=64, speculative={"method": "ngram", "num_tokens": "auto"})
     self_draft = LLM("smollm2", max_num_seqs=64, speculative={"method": "draft", "model": "smollm2", "num_tokens": 4})
+    shuffled = shuffle_vocab(pull("smollm2", quiet=True), Path(tempfile.mkdtemp()) / "smollm2-shuffled.gguf")
+    cross_draft = LLM("smollm2", max_num_seqs=64, speculative={"method": "draft", "model": str(shuffled),
+                                                                "num_tokens": 4})
+    assert cross_draft.engine.vocab_bridge is not None
     run(plain, FREE[:1], 8)  # warm-up
     run(ngram, FREE[:1], 8)
     compare("extractive", plain, ngram, EXTRACTIVE, args.max_tokens, batch=1)
     compare("free-form", plain, ngram, FREE[:2], args.max_tokens, batch=1)
     compare("free-form", plain, ngram, (FREE * 4)[:32], args.max_tokens, batch=32)
-    compare("self-draft", plain, self_draft, FREE[:1], args.max_tokens, batch=1)
-    del plain, ngram, self_draft
+    for workload, conversations in (("extractive", EXTRACTIVE), ("free-form", FREE[:1])):
+        compare(f"self-draft {workload}", plain, self_draft, conversations, args.max_tokens, batch=1)
+        compare(f"self-draft, shuffled vocabulary, {workload}", plain, cross_draft, conversations, args.max_tokens,
+                batch=1)
+    del plain, ngram, self_draft, cross_draft
     for products, settings in (("int8", {"activations": "int8"}), ("bfloat16", {"dtype": "bfloat16"})):
         if products == "bfloat16" and not native.amx():  # without AMX a bfloat16 engine is the float32 one
             continue

@@ -39,6 +39,10 @@ class Limits:
         if outside:
             raise InvalidParameter("logit_bias", f"logit_bias: token id {outside[0]} is not in the vocabulary "
                                    f"(ids 0 to {self.vocab_size - 1})")
+        outside = [t for t in params.allowed_token_ids or [] if t >= self.vocab_size]
+        if outside:
+            raise InvalidParameter("allowed_token_ids", f"allowed_token_ids: token id {outside[0]} is not in the "
+                                   f"vocabulary (ids 0 to {self.vocab_size - 1})")
         if params.top_k > self.vocab_size:
             raise InvalidParameter("top_k", f"top_k must be at most the vocabulary size ({self.vocab_size}), or 0 / "
                                    f"-1 for no limit; got {params.top_k}")

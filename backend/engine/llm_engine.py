@@ -28,7 +28,7 @@ from backend.engine.memory import (
     report_memory,
 )
 from backend.engine.model_runner import ModelRunner
-from backend.engine.output import OutputAssembler, RequestDelta, take_delta
+from backend.engine.output import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
 from backend.engine.sampler import Sampler
 from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
@@ -73,6 +73,7 @@ class LLMEngine:
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs, config.max_embedding_tokens)
 
+        self.vocab_bridge = None  # a draft with another vocabulary: how its tokens meet the target's
         self.model, draft_model = self._load_models(reader)
         models = [m for m in (self.model, draft_model) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
@@ -84,7 +85,7 @@ class LLMEngine:
         if self.spec is not None:
             if draft_model is not None:
                 self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size,
-                                              self.shape.kv_dtype)
+                                              self.shape.kv_dtype, self.vocab_bridge)
                 # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
                 # (parameters would miss quantized weights, which are buffers of blocks).
                 cost = module_bytes(draft_model) / module_bytes(self.model)
@@ -125,8 +126,8 @@ class LLMEngine:
             self.model_config, reader = self._read_config()
         draft = None
         if self.spec is not None and self.spec.method == "draft":
-            draft = load_draft(self.spec.model, self.model_config, self.device, self.dtype, self.max_model_len,
-                               self.products)
+            draft, self.vocab_bridge = load_draft(self.spec.model, self.model_config, self.device, self.dtype,
+                                                  self.max_model_len, self.products, self.tokenizer, self.spec.vocab)
         if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
             recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
             self.moe_gpu_experts = pick_gpu_experts(self.config, self.shape, self.model_config,
@@ -220,6 +221,8 @@ class LLMEngine:
             seqs.append(seq)
         # The prompt is prefilled once, for the first sequence; the others fork from it (Scheduler.start_forks).
         seqs[0].forks = seqs[1:]
+        if params.prompt_logprobs is not None:
+            seqs[0].prompt_logprobs = [None] * len(token_ids)
         self.scheduler.add(seqs[0])
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
@@ -268,11 +271,11 @@ class LLMEngine:
         if self.speculator:
             self.speculator.propose(plan, self.sampler)
         # logits on the device, each item's logit_rows saying which rows are its; pooled: embedding inputs' row sums
-        logits, pooled = self.runner.execute_pooled(plan)
+        logits, pooled, prompt_logprobs = self.runner.execute_pooled(plan)
         self.scheduler.start_forks(plan, self.runner.copy_block)
         tokens, failed = sample_plan(self.sampler, plan, logits)
         failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer,
-                                             pooled)
+                                             pooled, prompt_logprobs)
         if self.speculator:
             self.speculator.learn(plan, tokens)
         for seq, error in failed:
@@ -309,7 +312,8 @@ class LLMEngine:
         else:
             changed = [d for d in (take_delta(s) for s in seqs) if d is not None]
             delta = RequestDelta(request_id, changed, all(s.finished for s in seqs),
-                                 next((s.error for s in seqs if s.error), None), seqs[0].num_cached_tokens or 0)
+                                 next((s.error for s in seqs if s.error), None), seqs[0].num_cached_tokens or 0,
+                                 prompt_logprobs=take_prompt_logprobs(seqs[0]))
         if delta is not None and delta.finished:
             del self.requests[request_id]
             self.prompts.pop(request_id, None)
@@ -321,4 +325,6 @@ class LLMEngine:
                 "kv_cache_usage": bm.usage(), "num_kv_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
                 "prefix_cache_queries": bm.prefix_queries, "prefix_cache_hits": bm.prefix_hits,
                 "num_preemptions": self.scheduler.num_preemptions, "sleeping": self.sleep_level,
-                **{f"spec_{k}": spec.get(k, 0) for k in ("draft_tokens", "accepted_tokens", "verifications")}}
+                **{f"spec_{k}": spec.get(k, 0) for k in ("draft_tokens", "accepted_tokens", "verifications")},
+                "spec_method": None if self.spec is None else self.spec.method + ("-intersection" if self.vocab_bridge
+                                                                                  else "")}

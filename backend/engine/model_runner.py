@@ -5,6 +5,7 @@ import mmap
 
 import torch
 
+from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
@@ -191,28 +192,32 @@ class ModelRunner:
         return self.execute_pooled(plan)[0]
 
     @torch.inference_mode()
-    def execute_pooled(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """execute(), and for each embedding input's chunk (item.pool) the fp32 sum of its hidden rows, by its
-        position in the plan."""
-        pooling = any(item.pool for item in plan)
-        if self.graphs and not pooling and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
+    def execute_pooled(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, tuple]]:
+        """execute(), and by position in the plan: for each embedding input's chunk (item.pool) the fp32 sum of
+        its hidden rows; for each chunk of a request that asked for prompt logprobs, (the index of the first
+        prompt token they are for, their entries)."""
+        # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
+        # (the one-call step and graphs have kernels of their own)
+        every_row = any(item.pool or item.prompt_logprobs for item in plan)
+        if self.graphs and not every_row and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
                 and len(plan) <= max(self.graphs):
             hidden = self._replay(plan)
             for row, item in enumerate(plan):
                 item.hidden_rows = slice(row, row + 1)
             _assign_logit_rows(plan)
-            return self.model.compute_logits(hidden), {}
+            return self.model.compute_logits(hidden), {}, {}
         input_ids, positions, meta, sample_rows = self.prepare(plan)
-        # Embeddings come from the model's forward pass, as they always have (the one-call step has kernels of its own).
-        if self.cpu_decoder is not None and not meta.prefills and not pooling:
+        if self.cpu_decoder is not None and not meta.prefills and not every_row:
             hidden = self.cpu_decoder(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
         pooled = {i: hidden[item.hidden_rows].float().sum(dim=0) for i, item in enumerate(plan) if item.pool}
+        prompt_logprobs = {i: chunk_prompt_logprobs(self.model.compute_logits, hidden, item)
+                           for i, item in enumerate(plan) if item.prompt_logprobs}
         if not sample_rows:
-            return torch.empty(0, self.model.config.vocab_size), pooled
+            return torch.empty(0, self.model.config.vocab_size), pooled, prompt_logprobs
         index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[index]), pooled
+        return self.model.compute_logits(hidden[index]), pooled, prompt_logprobs
 
 
 def _host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -36,6 +36,8 @@ class RequestDelta:
     error: str | None = None  # processing the request failed; its sequences end with finish_reason "error"
     num_cached_tokens: int = 0
     embeddings: list[torch.Tensor] | None = None  # an embeddings request's vectors, in its last delta
+    # asked for: the prompt's logprobs, once, in the delta of the step that finished computing the prompt
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int,
@@ -63,6 +65,16 @@ def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_l
     if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or seq.num_tokens >= max_model_len:
         return "length", None
     return None
+
+
+def record_prompt_logprobs(seq: Sequence, first: int, entries: list[dict[int, Logprob]], tokenizer=None) -> None:
+    """Store a chunk's prompt logprobs (engine/prompt_logprobs.py) from prompt token `first` on, each entry's
+    tokens decoded; a chunk computed again (after preemption) overwrites its own."""
+    for i, entry in enumerate(entries, start=first):
+        if tokenizer is not None:
+            for tid, lp in entry.items():
+                lp.decoded_token = tokenizer.decode([tid])
+        seq.prompt_logprobs[i] = entry
 
 
 def _find_stop_string(seq: Sequence, delta_len: int) -> str | None:
@@ -98,6 +110,15 @@ def take_delta(seq: Sequence) -> SequenceDelta | None:
     return delta
 
 
+def take_prompt_logprobs(seq: Sequence) -> list[dict[int, Logprob] | None] | None:
+    """The prompt's logprobs once they are all computed (a token has been generated after the prompt), the first
+    time they are asked for (None otherwise)."""
+    if seq.prompt_logprobs is None or seq.sent_prompt_logprobs or seq.num_output_tokens == 0:
+        return None
+    seq.sent_prompt_logprobs = True
+    return seq.prompt_logprobs
+
+
 class OutputAssembler:
     """Cumulative RequestOutputs (vLLM's shape) from one request's deltas."""
 
@@ -105,6 +126,7 @@ class OutputAssembler:
         self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_token_ids
         self.choices = [CompletionOutput(index=i, text="", token_ids=[]) for i in range(n)]
         self.num_cached_tokens = 0
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
         self.finished = False
         self.error: str | None = None
 
@@ -120,10 +142,13 @@ class OutputAssembler:
                 c.cumulative_logprob = d.cumulative_logprob
         self.finished, self.error = delta.finished, delta.error
         self.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
 
     def output(self) -> RequestOutput:
         """A snapshot: later deltas do not change it (add() rebinds text and logprobs, and token_ids is copied)."""
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
             outputs=[replace(c, token_ids=list(c.token_ids)) for c in self.choices],
-            finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error)
+            finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error,
+            prompt_logprobs=self.prompt_logprobs)

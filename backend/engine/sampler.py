@@ -54,7 +54,17 @@ def needs_only_argmax(seq: Sequence) -> bool:
     """Greedy with nothing that reads the whole distribution: its token is the argmax of the raw logits,
     which is all that has to leave the device."""
     p = seq.params
-    return p.greedy and p.logprobs is None and not has_penalties(p) and seq.matcher is None and not p.logit_bias
+    return (p.greedy and p.logprobs is None and not has_penalties(p) and seq.matcher is None and not p.logit_bias
+            and p.allowed_token_ids is None)
+
+
+def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> None:
+    """In place: in each row with a list of allowed tokens, every other token's logit set to -inf."""
+    for row, ids in enumerate(allowed):
+        if ids is not None:
+            mask = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
+            mask[torch.tensor(ids, device=logits.device)] = False
+            logits[row].masked_fill_(mask, float("-inf"))
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -114,11 +124,14 @@ class Sampler:
         return token_list
 
     def processed(self, logits: torch.Tensor, seqs: list[Sequence], histories: list[list[int]]) -> torch.Tensor:
-        """Logits after each row's logit_bias, penalties (over its history) and grammar mask; a copy where any
-        applies."""
+        """Logits after each row's logit_bias, allowed tokens, penalties (over its history) and grammar mask; a copy
+        where any applies."""
         if any(s.params.logit_bias for s in seqs):
             logits = logits.clone()
             apply_logit_bias(logits, [s.params.logit_bias for s in seqs])
+        if any(s.params.allowed_token_ids is not None for s in seqs):
+            logits = logits.clone()
+            keep_allowed(logits, [s.params.allowed_token_ids for s in seqs])
         if any(has_penalties(s.params) for s in seqs):
             logits = logits.clone()
             apply_penalties(logits, [(s.params, h, s.num_prompt_tokens) for s, h in zip(seqs, histories)])

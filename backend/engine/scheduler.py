@@ -25,7 +25,7 @@ import torch
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.embedding import add_rows, mean_vector
-from backend.engine.output import append_token
+from backend.engine.output import append_token, record_prompt_logprobs
 from backend.engine.sequence import Sequence, Status
 from backend.engine.wait_queue import WaitQueue
 
@@ -40,6 +40,9 @@ class ScheduledSeq:
     logit_rows: slice | None = None  # its rows of the step's logits (set by the runner)
     hidden_rows: slice | None = None  # its rows of the step's hidden states (set by the runner)
     pool: bool = False  # an embedding input's chunk: its hidden rows are summed, nothing is sampled
+    # its rows give prompt logprobs (engine/prompt_logprobs.py): the request asked, and the chunk has prompt tokens
+    # after its rows
+    prompt_logprobs: bool = False
 
     @property
     def samples(self) -> bool:
@@ -54,6 +57,11 @@ class ScheduledSeq:
     def computes_last_token(self) -> bool:
         """Whether this step computes the sequence's last known token, so that a new one is sampled."""
         return self.seq.num_computed_tokens + self.num_tokens - self.num_draft == self.seq.num_tokens
+
+
+def _wants_prompt_logprobs(seq: Sequence) -> bool:
+    return (seq.params.prompt_logprobs is not None and not seq.pooling
+            and seq.num_computed_tokens < seq.num_prompt_tokens - 1)
 
 
 StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences first, then admissions
@@ -118,7 +126,8 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                plan.append(ScheduledSeq(seq, n, max_drafts=k, pool=seq.pooling))
+                plan.append(ScheduledSeq(seq, n, max_drafts=k, pool=seq.pooling,
+                                         prompt_logprobs=_wants_prompt_logprobs(seq)))
                 budget -= n
                 if n > 1 and not k:
                     prefill -= n
@@ -132,8 +141,10 @@ class Scheduler:
             seq = self.waiting.peek()
             if slots + 1 + len(seq.forks) > self.max_num_seqs:
                 break
-            # An embedding input needs every row's hidden state, so it computes its cached prefix too.
-            hit_ids, hit_hashes = ([], []) if seq.pooling else self.block_manager.find_cached_prefix(seq)
+            # An embedding input, or a prompt whose logprobs were asked for, needs every row's hidden state, so it
+            # computes its cached prefix too.
+            every_row = seq.pooling or seq.params.prompt_logprobs is not None
+            hit_ids, hit_hashes = ([], []) if every_row else self.block_manager.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget, prefill)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
                 break
@@ -141,7 +152,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             slots += 1 + len(seq.forks)
-            plan.append(ScheduledSeq(seq, n, pool=seq.pooling))
+            plan.append(ScheduledSeq(seq, n, pool=seq.pooling, prompt_logprobs=_wants_prompt_logprobs(seq)))
             budget -= n
             prefill -= n
         return plan
@@ -169,17 +180,19 @@ class Scheduler:
                 plan.append(ScheduledSeq(child, 0, logit_rows=item.logit_rows))
 
     def postprocess(self, plan: StepPlan, tokens: list[list[int] | None], eos_token_ids: set[int],
-                    max_model_len: int, tokenizer=None, pooled: dict[int, torch.Tensor] | None = None
-                    ) -> list[tuple[Sequence, Exception]]:
-        """Advance each sequence by this step: its KV counts and block hashes, then the tokens sampled for
-        it (tokens[i] for plan[i]: accepted drafts plus one, or None), finishing it where they end it; an
-        embedding input adds pooled[i], its rows' sum, and finishes with its last chunk.
-        Returns the sequences whose tokens could not be taken, with the error."""
+                    max_model_len: int, tokenizer=None, pooled: dict[int, torch.Tensor] | None = None,
+                    prompt_logprobs: dict[int, tuple] | None = None) -> list[tuple[Sequence, Exception]]:
+        """Advance each sequence by this step: its KV counts and block hashes, its prompt logprobs
+        (prompt_logprobs[i]), then the tokens sampled for it (tokens[i] for plan[i]: accepted drafts plus one, or
+        None), finishing it where they end it; an embedding input adds pooled[i], its rows' sum, and finishes
+        with its last chunk. Returns the sequences whose tokens could not be taken, with the error."""
         failed = []
         for i, (item, new) in enumerate(zip(plan, tokens)):
             seq = item.seq
             if seq.finished:
                 continue
+            if prompt_logprobs and i in prompt_logprobs:
+                record_prompt_logprobs(seq, *prompt_logprobs[i], tokenizer)
             if item.pool:  # its blocks never enter the prefix cache: it is freed as soon as it is done
                 seq.num_computed_tokens += item.num_tokens
                 seq.pooled = add_rows(seq.pooled, pooled[i])

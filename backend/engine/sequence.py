@@ -44,9 +44,12 @@ class Sequence:
     error: str | None = None  # why processing this sequence failed (finish_reason "error")
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
+    # the request's prompt logprobs, on its first sequence (engine/prompt_logprobs.py): one entry per prompt token
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     # What the last delta reached: output tokens and characters of text already handed out.
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
+    sent_prompt_logprobs: bool = False
 
     @property
     def num_tokens(self) -> int:

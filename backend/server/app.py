@@ -21,6 +21,7 @@ from backend.server.embeddings import (
     create_embeddings,
     detokenize,
     tokenize,
+    tokenizer_info,
 )
 from backend.server.errors import APIError
 from backend.server.limits import BodyLimit
@@ -83,7 +84,8 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             return answer(request, APIError(400, message))
         loc = [p for p in first.get("loc", ()) if p != "body"]
         param = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
-        message = f"{param}: {first['msg']}" if param else first["msg"]
+        text = first["msg"].removeprefix("Value error, ")
+        message = f"{param}: {text}" if param else text
         return answer(request, APIError(400, message, param=param or None))
 
     @app.exception_handler(HTTPException)
@@ -194,6 +196,10 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     @app.post("/tokenize")
     async def tokenize_route(req: TokenizeRequest):
         return await use(req.model, lambda s: tokenize(s, req))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route(model: str | None = None):
+        return await use(model, tokenizer_info)
 
     @app.post("/detokenize")
     async def detokenize_route(req: DetokenizeRequest):

@@ -7,6 +7,7 @@ from fastapi import Request
 
 from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
+from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
 from backend.server.prompts import budget, chat_prompt, check_guided, check_limits
 from backend.server.protocol import (
     ChatRequest,
@@ -100,7 +101,7 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
     rid = new_id("chatcmpl")
     gen = engine.generate(rid, prompt, params)
     if req.stream:
-        return sse(_stream(state, rid, req, gen, len(prompt), tools))
+        return sse(_stream(state, rid, req, gen, prompt, tools))
     (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))
     choices = []
     for c in out.outputs:
@@ -108,19 +109,25 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
         choices.append({"index": c.index, "message": msg, "finish_reason": reason,
                         "logprobs": chat_logprobs(c.logprobs, c.token_ids, req.top_logprobs or 0)
                         if req.logprobs else None})
-    return {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
+    body = {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
             "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs))}
+    if req.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompt, req.prompt_logprobs)
+    return body
 
 
-def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt_len: int, tools: ChatTools
+def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[int], tools: ChatTools
             ) -> AsyncIterator[str]:
     created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
+    pending: list = []  # the prompt's logprobs (asked for), carried by the next chunk once they are computed
 
     def chunk(choices: list[dict], usage_value=None) -> str:
         body = {"id": rid, "object": "chat.completion.chunk", "created": created,
                 "model": state.served_model_name, "choices": choices}
         if include_usage:
             body["usage"] = usage_value
+        if pending:
+            body["prompt_logprobs"] = prompt_logprobs_json(pending.pop(), prompt, req.prompt_logprobs)
         return event(body)
 
     def piece(index: int, delta: dict, logprobs=None, reason=None) -> str:
@@ -134,6 +141,8 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt_len: int
             yield piece(i, {"role": "assistant", "content": ""})
         completion_tokens = 0
         async for delta in gen:
+            if delta.prompt_logprobs is not None and req.prompt_logprobs is not None:
+                pending.append(delta.prompt_logprobs)
             for d in delta.outputs:
                 completion_tokens += len(d.token_ids)
                 lp = None
@@ -153,7 +162,7 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt_len: int
                     calls = reader is not None and reader.has_calls
                     yield piece(d.index, {}, reason=finish_reason(d.finish_reason, calls))
         if include_usage:
-            yield chunk([], usage(prompt_len, completion_tokens))
+            yield chunk([], usage(len(prompt), completion_tokens))
 
     return events()
 

@@ -1,26 +1,43 @@
-"""POST /v1/completions: the legacy text completions API."""
+"""POST /v1/completions: the legacy text completions API, echo and prompt logprobs included (what evaluation
+harnesses such as lm-evaluation-harness send for loglikelihood: echo, logprobs and max_tokens 0 or 1)."""
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 
 from backend.server.errors import APIError
-from backend.server.prompts import budget, check_guided, check_limits, completion_prompts
+from backend.server.prompt_logprobs_shapes import completion_logprobs, joined, prompt_logprobs_json
+from backend.server.prompts import budget, check_guided, check_limits, completion_prompts, off_loop
 from backend.server.protocol import CompletionRequest, completion_choice, new_id, now, sampling_params, usage
 from backend.server.state import ServerState
 from backend.server.streams import collect, event, merge, sse, until_disconnect
 
 
+@dataclass
+class Echo:
+    """What a choice shows before its completion: the prompt's text and, with logprobs, the prompt tokens'."""
+
+    texts: list[str]  # per prompt
+    generate: bool  # False for max_tokens 0: the prompt alone, its one generated token dropped
+
+    def logprobs(self, req: CompletionRequest, prompt: list[int], entries, tokenizer) -> dict | None:
+        if req.logprobs is None or entries is None:
+            return None
+        return completion_logprobs(entries, prompt, req.logprobs, 0, tokenizer)
+
+
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request):
     engine = state.ready_engine()
-    if req.echo:
-        raise APIError(400, "echo is not supported", param="echo")
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of must equal n (candidates are not ranked)", param="best_of")
     if req.logprobs is not None and not 0 <= req.logprobs <= 20:
         raise APIError(400, f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
+    if req.max_tokens == 0 and not req.echo:
+        raise APIError(400, "max_tokens must be at least 1, or 0 with echo: true (the prompt's logprobs alone)",
+                       param="max_tokens")
     several = isinstance(req.prompt, list) and bool(req.prompt) and not isinstance(req.prompt[0], int)
     count, limit = (len(req.prompt) if several else 1), engine.engine.config.max_prompts
     if count * req.n > limit:  # before any prompt is tokenized
@@ -28,29 +45,52 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                        f"server takes at most {limit} a request (serve --max-prompts): send them in several "
                        "requests", param="prompt")
     prompts = await completion_prompts(req.prompt, engine.engine)
-    requested = 16 if req.max_tokens is None else req.max_tokens  # the legacy completions API's default
+    echo = Echo(await _prompt_texts(req.prompt, prompts, engine.engine.tokenizer), req.max_tokens != 0) \
+        if req.echo else None
+    # the legacy API's default is 16; max_tokens 0 (echo) computes the prompt and drops the one token generated
+    requested = 16 if req.max_tokens is None else 1 if req.max_tokens == 0 else req.max_tokens
+    # echo with logprobs: the prompt tokens' logprobs too, with as many top ones (vLLM's rule)
+    asked = [v for v in (req.prompt_logprobs, req.logprobs if req.echo else None) if v is not None]
     params = [sampling_params(req, budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
-                              req.logprobs) for p in prompts]
+                              req.logprobs, prompt_logprobs=max(asked) if asked else None) for p in prompts]
     check_limits(engine.engine, params[0])
     await check_guided(engine.engine, params[0])
     rid = new_id("cmpl")
     # one request's prompts take their turns at admission together, so they cannot crowd out later requests
     gens = [engine.generate(f"{rid}-{i}", p, sp, group=rid) for i, (p, sp) in enumerate(zip(prompts, params))]
+    tokenizer = engine.engine.tokenizer
     if req.stream:
-        return sse(_stream(state, rid, req, gens, prompts))
+        return sse(_stream(state, rid, req, gens, prompts, echo, tokenizer))
     finals = await until_disconnect(request, collect(gens, prompts, req.n))
     choices, completion_tokens = [], 0
     for i, out in enumerate(finals):
         for c in out.outputs:
-            choices.append(completion_choice(i * req.n + c.index, c.text, c.token_ids, c.logprobs, req.logprobs,
-                                             c.finish_reason))
-            completion_tokens += len(c.token_ids)
+            text, ids, entries, reason = c.text, c.token_ids, c.logprobs, c.finish_reason
+            if echo is not None and not echo.generate:
+                text, ids, entries, reason = "", [], ([] if entries is not None else None), "length"
+            head = echo.texts[i] if echo is not None else ""
+            choice = completion_choice(i * req.n + c.index, head + text, ids, entries, req.logprobs, reason, len(head))
+            if echo is not None and (lp := echo.logprobs(req, prompts[i], out.prompt_logprobs, tokenizer)):
+                choice["logprobs"] = joined(lp, choice["logprobs"])
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompts[i], req.prompt_logprobs)
+            choices.append(choice)
+            completion_tokens += len(ids)
     return {"id": rid, "object": "text_completion", "created": now(), "model": state.served_model_name,
             "choices": choices, "usage": usage(sum(len(p) for p in prompts), completion_tokens)}
 
 
-def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, prompts: list[list[int]]
-            ) -> AsyncIterator[str]:
+async def _prompt_texts(prompt, ids: list[list[int]], tokenizer) -> list[str]:
+    """Each prompt as echo shows it: the text sent, or token ids decoded."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], str):
+        return list(prompt)
+    return [await off_loop(tokenizer.decode, p) for p in ids]
+
+
+def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, prompts: list[list[int]],
+            echo: Echo | None, tokenizer) -> AsyncIterator[str]:
     created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
 
     def chunk(choices: list[dict], usage_value=None) -> str:
@@ -62,14 +102,38 @@ def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, pr
 
     async def events():
         offsets = [[0] * req.n for _ in prompts]  # characters each choice has sent (logprobs' text_offset)
+        echoed = [False] * len(prompts)
         prompt_tokens = completion_tokens = 0
         async for i, delta in merge(gens):
+            # The prompt goes first, once its logprobs (when asked for) are computed.
+            asked = (echo is not None and req.logprobs is not None) or req.prompt_logprobs is not None
+            wait = asked and delta.prompt_logprobs is None
+            if not echoed[i] and not (wait and not delta.finished):
+                echoed[i] = True
+                for j in range(req.n):
+                    choice = completion_choice(i * req.n + j, echo.texts[i] if echo else "", [], None, None, None)
+                    if echo is not None:
+                        choice["logprobs"] = echo.logprobs(req, prompts[i], delta.prompt_logprobs, tokenizer)
+                        offsets[i][j] = len(echo.texts[i])
+                    if req.prompt_logprobs is not None:
+                        choice["prompt_logprobs"] = prompt_logprobs_json(delta.prompt_logprobs, prompts[i],
+                                                                         req.prompt_logprobs)
+                    if echo is not None or req.prompt_logprobs is not None:
+                        yield chunk([choice])
             for d in delta.outputs:
+                if echo is not None and not echo.generate:
+                    if d.finished:
+                        yield chunk([completion_choice(i * req.n + d.index, "", [], [] if d.logprobs else None,
+                                                       req.logprobs, "length", offsets[i][d.index])])
+                    continue
                 completion_tokens += len(d.token_ids)
                 if d.text or d.finished or (req.logprobs is not None and d.token_ids):
-                    yield chunk([completion_choice(i * req.n + d.index, d.text, d.token_ids, d.logprobs,
-                                                   req.logprobs, d.finish_reason, offsets[i][d.index])])
-                offsets[i][d.index] += len(d.text)
+                    piece = completion_choice(i * req.n + d.index, d.text, d.token_ids, d.logprobs, req.logprobs,
+                                              d.finish_reason, offsets[i][d.index])
+                    yield chunk([piece])
+                    # offsets count the tokens' texts, as the whole answer's do
+                    if piece["logprobs"] is not None:
+                        offsets[i][d.index] += sum(len(t) for t in piece["logprobs"]["tokens"])
             if delta.finished:
                 prompt_tokens += len(prompts[i])
         if include_usage:

@@ -4,28 +4,26 @@ import base64
 
 import torch
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from backend.sampling_params import InvalidParameter
 from backend.server.errors import APIError
 from backend.server.prompts import chat_ids, check_length, off_loop, token_lists
-from backend.server.protocol import ChatMessage, chat_messages, new_id
+from backend.server.protocol import ChatMessage, OpenAIBody, chat_messages, new_id
 from backend.server.state import ServerState
 from backend.server.streams import until_disconnect
 
 MAX_INPUTS = 2048  # as OpenAI's API
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # user
+class EmbeddingRequest(OpenAIBody):  # user is ignored
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: str = "float"
     dimensions: int | None = None
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TokenizeRequest(OpenAIBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None  # tokenized through the chat template
@@ -98,3 +96,23 @@ async def detokenize(state: ServerState, req: DetokenizeRequest):
     if any(t < 0 or t >= vocab for t in req.tokens):
         raise APIError(400, f"tokens must be in [0, {vocab})", param="tokens")
     return {"prompt": await off_loop(engine.tokenizer.decode, req.tokens)}
+
+
+def _tokenizer_info(engine) -> dict:
+    tok = engine.tokenizer
+    if tok is None:
+        raise APIError(404, f"model {engine.model_name!r} has no tokenizer: it takes token ids", type="not_found_error")
+    info = {"tokenizer_class": type(tok).__name__, "vocab_size": engine.model_config.vocab_size,
+            "model_max_length": engine.max_model_len, "chat_template": getattr(tok, "chat_template", None)}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tok, name, None)
+        info[name] = value if value is None or isinstance(value, str) else str(value)
+        info[f"{name}_id"] = getattr(tok, f"{name}_id", None)
+    info["add_bos_token"] = bool(getattr(tok, "add_bos_token", False))
+    return info
+
+
+async def tokenizer_info(state: ServerState) -> dict:
+    """vLLM's GET /tokenizer_info: enough for a client (lm-evaluation-harness's remote tokenizer) to tokenize as
+    the server does, through /tokenize and /detokenize."""
+    return _tokenizer_info(state.loaded_engine().engine)

@@ -48,8 +48,13 @@ class EngineCollector:
                      lambda s: s["spec_draft_tokens"])
         yield family(counter, "scriptorium_spec_accepted_tokens", "Speculative tokens accepted",
                      lambda s: s["spec_accepted_tokens"])
-        yield family(gauge, "scriptorium_spec_acceptance_rate", "Accepted over proposed draft tokens, since its load",
-                     lambda s: s["spec_accepted_tokens"] / s["spec_draft_tokens"] if s["spec_draft_tokens"] else 0.0)
+        rate = gauge("scriptorium_spec_acceptance_rate", "Accepted over proposed draft tokens, since its load, by "
+                     "how drafts are made (ngram, draft, draft-intersection: another vocabulary)",
+                     labels=["model", "method"])
+        for model, s in per_model.items():
+            rate.add_metric([model, s.get("spec_method") or "none"],
+                            s["spec_accepted_tokens"] / s["spec_draft_tokens"] if s["spec_draft_tokens"] else 0.0)
+        yield rate
         yield family(gauge, "scriptorium_spec_mean_accepted_length",
                      "Tokens gained per verification (accepted drafts plus the target's own token)",
                      lambda s: (s["spec_accepted_tokens"] + s["spec_verifications"]) / s["spec_verifications"]

@@ -1,5 +1,6 @@
 """OpenAI's request and response shapes, and their translation to and from the engine's."""
 
+import logging
 import time
 import uuid
 from typing import Literal
@@ -9,7 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backend.outputs import Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
 from backend.server.errors import APIError  # noqa: F401 re-exported: the routes raise it from here
+from backend.server.prompt_logprobs_shapes import completion_logprobs, json_logprob, token_text
 from backend.server.tools.spec import ToolDef
+
+log = logging.getLogger("backend.server")
 
 
 def _lone_surrogate(value, path: str) -> str | None:
@@ -50,8 +54,35 @@ class UnicodeBody(BaseModel):
         return data
 
 
-class CommonRequest(UnicodeBody):
-    model_config = ConfigDict(extra="allow")  # fields we do not use (user, metadata, ...) are accepted
+# vLLM's request fields that change what is generated and that this server does not do, with their defaults: a
+# request that sets one otherwise is refused, rather than answered as if it had not been sent.
+UNSUPPORTED = {"use_beam_search": False, "length_penalty": 1.0, "min_tokens": 0, "bad_words": [],
+               "guided_regex": None, "guided_choice": None, "guided_grammar": None, "structural_tag": None,
+               "include_stop_str_in_output": False, "truncate_prompt_tokens": None, "continue_final_message": False,
+               "prompt_embeds": None, "echo": False}
+_logged_extras: set[tuple[str, frozenset]] = set()
+
+
+class OpenAIBody(UnicodeBody):
+    """An OpenAI-style request: fields it does not declare are accepted and ignored, as OpenAI's API and vLLM's do,
+    and named in the log (once per route and set of names); vLLM's that would change the output are refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _extras(self):
+        extra = self.model_extra or {}
+        for name, default in UNSUPPORTED.items():
+            if name in extra and extra[name] != default and not (default is None and extra[name] in ([], "")):
+                raise ValueError(f"{name} is not supported by this server; leave it out (or at {default!r})")
+        key = (type(self).__name__, frozenset(extra))
+        if extra and key not in _logged_extras:
+            _logged_extras.add(key)
+            log.warning("%s: ignored fields the server does not use: %s", type(self).__name__, ", ".join(sorted(extra)))
+        return self
+
+
+class CommonRequest(OpenAIBody):
 
     model: str | None = None
     n: int = 1
@@ -73,6 +104,9 @@ class CommonRequest(UnicodeBody):
     guided_json: dict | str | None = None
     response_format: dict | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs, with this many top ones (vLLM's)
+    skip_special_tokens: bool = True  # vLLM's: special tokens left out of the text
 
 
 class CompletionRequest(CommonRequest):
@@ -143,8 +177,9 @@ def guided_json(req: CommonRequest) -> dict | str | bool | None:
 
 
 def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, guided: dict | None = None,
-                    skip_special_tokens: bool = True) -> SamplingParams:
-    """The request's sampling settings; guided (a tool call's schema) replaces response_format's."""
+                    skip_special_tokens: bool = True, prompt_logprobs: int | None = None) -> SamplingParams:
+    """The request's sampling settings; guided (a tool call's schema) replaces response_format's; prompt_logprobs
+    (echo's) replaces the request's own."""
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise APIError(400, f"temperature must be in [0, 2], got {req.temperature}", param="temperature")
     if req.stream_options is not None and not req.stream:
@@ -157,7 +192,8 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, g
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             logprobs=logprobs, guided_json=guided if guided is not None else guided_json(req),
-            skip_special_tokens=skip_special_tokens, logit_bias=req.logit_bias)
+            skip_special_tokens=skip_special_tokens and req.skip_special_tokens, logit_bias=req.logit_bias, allowed_token_ids=req.allowed_token_ids,
+            prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param) from None
 
@@ -190,34 +226,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _token_text(lp: Logprob) -> str:
-    return lp.decoded_token or ""
-
-
 def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top: int) -> dict:
     content = []
     for token, entry in zip(token_ids, entries):
         chosen = entry[token]
         others = sorted(entry.values(), key=lambda lp: lp.rank)[:top]
         content.append({
-            "token": _token_text(chosen), "logprob": chosen.logprob, "bytes": list(_token_text(chosen).encode()),
-            "top_logprobs": [{"token": _token_text(lp), "logprob": lp.logprob, "bytes": list(_token_text(lp).encode())}
-                             for lp in others],
+            "token": token_text(chosen), "logprob": json_logprob(chosen.logprob),
+            "bytes": list(token_text(chosen).encode()),
+            "top_logprobs": [{"token": token_text(lp), "logprob": json_logprob(lp.logprob),
+                              "bytes": list(token_text(lp).encode())} for lp in others],
         })
     return {"content": content}
-
-
-def completion_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top: int, offset: int) -> dict:
-    tokens, token_logprobs, tops, offsets = [], [], [], []
-    for token, entry in zip(token_ids, entries):
-        chosen = entry[token]
-        tokens.append(_token_text(chosen))
-        token_logprobs.append(chosen.logprob)
-        best = sorted(entry.values(), key=lambda lp: lp.rank)[:top]
-        tops.append({_token_text(lp): lp.logprob for lp in best} if top else None)
-        offsets.append(offset)
-        offset += len(_token_text(chosen))
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def completion_choice(index: int, text: str, token_ids: list[int], entries: list[dict[int, Logprob]] | None,

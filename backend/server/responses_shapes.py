@@ -2,13 +2,10 @@
 
 import uuid
 
-from pydantic import ConfigDict
-
-from backend.server.protocol import UnicodeBody
+from backend.server.protocol import OpenAIBody
 
 
-class ResponsesRequest(UnicodeBody):
-    model_config = ConfigDict(extra="allow")  # metadata, user, reasoning, include, truncation, ...
+class ResponsesRequest(OpenAIBody):  # metadata, user, reasoning, include, truncation, ... are ignored
 
     model: str | None = None
     input: str | list[dict]

@@ -3,6 +3,8 @@
 import json
 from dataclasses import dataclass, fields
 
+from backend.spec.vocab_bridge import VOCAB_METHODS
+
 METHODS = ("ngram", "draft")
 
 
@@ -13,7 +15,10 @@ class SpeculativeConfig:
     max_num_tokens: int = 8  # the most "auto" may pick
     prompt_lookup_min: int = 2  # n-gram: shortest suffix looked up in the request's own tokens
     prompt_lookup_max: int = 5  # n-gram: longest
-    model: str | None = None  # draft: an alias, Hugging Face directory or .gguf sharing the target's vocabulary
+    model: str | None = None  # draft: an alias, Hugging Face directory or .gguf
+    # draft: how its vocabulary meets the target's (spec/vocab_bridge.py): "shared" (the same), "intersection"
+    # (token-level intersection: it proposes the tokens both have), "auto" (shared when it is, else intersection)
+    vocab: str = "auto"
     # Speculation pauses for a step when more sequences than this are decoding: verifying k extra tokens
     # per sequence then costs more than it saves (bench/speculative.py measures where).
     max_batch_size: int = 4
@@ -57,6 +62,9 @@ class SpeculativeConfig:
             raise ValueError("speculative method 'draft' needs a model: {\"method\": \"draft\", \"model\": ...}")
         if self.method == "ngram" and self.model:
             raise ValueError("speculative method 'ngram' takes no model; use method 'draft' for a draft model")
+        if self.vocab not in VOCAB_METHODS:
+            raise ValueError(f"speculative vocab {self.vocab!r} is not supported; use one of {', '.join(VOCAB_METHODS)} "
+                             "(string-level matching across tokenizers is not implemented yet)")
         if self.max_batch_size < 1:
             raise ValueError(f"speculative max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.verify_cost < 0:

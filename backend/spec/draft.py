@@ -3,7 +3,9 @@
 The draft runs on the same scheduler-free path as the target: a catch-up pass (every token the
 draft has not seen, the whole prompt the first time) that also yields the first draft, then one
 batched decode pass per further draft. After verification its cache is rolled back to the
-tokens that were accepted.
+tokens that were accepted. A draft with another vocabulary reads the target's text in its own
+tokens and proposes target tokens through a VocabBridge (vocab_bridge.py); its distributions are
+moved onto the target's ids before anything is sampled, so the rest is the same for both.
 """
 
 from dataclasses import dataclass, field
@@ -16,21 +18,22 @@ from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import needs_only_argmax, sampling_probs
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
-from backend.loader import load_model, locate, read_config
+from backend.loader import load_model, load_tokenizer, locate, read_config
 from backend.model_config import ModelConfig, ModelLoadError
+from backend.spec.vocab_bridge import VocabBridge, choose_vocab
 
 
 @dataclass(eq=False)
 class DraftState:
     """What the draft's block manager and runner need of a sequence: its own cache bookkeeping."""
 
-    token_ids: list[int]
+    token_ids: list[int]  # in the draft's vocabulary: the target's tokens so far, then this step's drafts
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
-    unverified_from: int | None = None  # set while drafts fed to the cache await verification
+    ends: list[int] = field(default_factory=list)  # per target token read: how many draft tokens reach past it
 
     @property
     def num_tokens(self) -> int:
@@ -38,22 +41,31 @@ class DraftState:
 
 
 def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: torch.dtype, max_model_len: int,
-               products: str = "float32"):
+               products: str = "float32", target_tokenizer=None, vocab: str = "auto"):
     """The draft model's weights (loaded before the KV cache is sized, so its memory is counted), in the target's
-    dtype (its KV cache is made in it), its quantized layers' products as the target's (arithmetic.products)."""
+    dtype (its KV cache is made in it), its quantized layers' products as the target's (arithmetic.products); and
+    the VocabBridge to the target's vocabulary (None: the same vocabulary), chosen by `vocab`."""
     source = locate(model)
     config, reader = read_config(source)
     config, _ = fit_context(config, None, max_model_len)  # YaRN where the target's length is past the draft's
-    if config.vocab_size != target.vocab_size:
-        raise ModelLoadError(f"draft model {model} has a vocabulary of {config.vocab_size} tokens but the target has "
-                             f"{target.vocab_size}; a draft must share the target's vocabulary")
-    return load_model(source, config, reader, dtype, device, max_model_len, products=products)
+    draft_tokenizer = None
+    if target_tokenizer is not None:
+        try:
+            draft_tokenizer = load_tokenizer(source)
+        except ModelLoadError:
+            draft_tokenizer = None
+    try:
+        bridge = choose_vocab(vocab, target_tokenizer, target.vocab_size, draft_tokenizer, config.vocab_size, model)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    return load_model(source, config, reader, dtype, device, max_model_len, products=products), bridge
 
 
 class DraftProposer:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, bridge: VocabBridge | None = None):
         self.model = model
+        self.bridge = bridge
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype, kv_dtype)
         self.states: dict[int, DraftState] = {}
@@ -77,15 +89,44 @@ class DraftProposer:
         self.block_manager = BlockManager(num_blocks, self.block_manager.block_size, enable_prefix_caching=True)
         self.runner.allocate_kv_cache(num_blocks)
 
+    def _follow(self, state: DraftState, target_ids: list[int]) -> None:
+        """Make the state's tokens the draft's reading of target_ids, keeping the cache of what they share with
+        the tokens it had (drafts of an earlier step that the target accepted included)."""
+        n = min(len(state.ends), len(target_ids))  # target tokens never change once written
+        del state.ends[n:]
+        tokens = state.token_ids[:state.ends[-1] if state.ends else 0]
+        for tid in target_ids[n:]:
+            tokens.extend(self.bridge.draft_tokens([tid]) if self.bridge is not None else [tid])
+            state.ends.append(len(tokens))
+        common = 0
+        for a, b in zip(tokens, state.token_ids):
+            if a != b:
+                break
+            common += 1
+        state.token_ids = tokens
+        if state.num_computed_tokens > common:
+            state.num_computed_tokens = common
+            del state.block_hashes[common // self.block_manager.block_size:]
+            self.block_manager.hash_full_blocks(state)
+
     def _reserve(self, seq: Sequence, k: int) -> DraftState | None:
         """Bring the sequence's draft state up to date and make room for k - 1 fed drafts."""
         state = self.states.get(seq.seq_id)
-        if state is None:
-            state = self.states[seq.seq_id] = DraftState(list(seq.token_ids), seq.num_prompt_tokens)
-        if state.unverified_from is not None:  # last step's drafts were dropped unverified: forget them
-            state.num_computed_tokens = min(state.num_computed_tokens, state.unverified_from)
-        state.unverified_from = None
-        state.token_ids = list(seq.token_ids)
+        try:
+            if state is None:
+                state = self.states[seq.seq_id] = DraftState([], 0)
+                self._follow(state, seq.token_ids[:seq.num_prompt_tokens])
+                state.num_prompt_tokens = state.num_tokens
+            self._follow(state, seq.token_ids)
+        except ValueError:  # the draft cannot spell this text: no drafts for it
+            self.release(seq)
+            return None
+        if not state.token_ids:  # nothing it can read (token ids outside its tokenizer)
+            self.release(seq)
+            return None
+        # The newest target tokens may give the draft nothing to read (a token outside its tokenizer): it computes
+        # its last token again (the same keys and values into the same slot) for the logits it proposes from.
+        state.num_computed_tokens = min(state.num_computed_tokens, state.num_tokens - 1)
         if not state.block_table:
             hit_ids, hit_hashes = self.block_manager.find_cached_prefix(state)
             new = state.num_tokens - len(hit_ids) * self.block_manager.block_size + k - 1
@@ -106,13 +147,14 @@ class DraftProposer:
             item.draft_tokens, item.draft_probs = [], None
             state = self._reserve(seq, item.max_drafts)
             if state is not None:
-                state.unverified_from = seq.num_tokens
                 active.append((item, state))
         probs: dict[int, list[torch.Tensor]] = {item.seq.seq_id: [] for item, _ in active}
         for step in range(max((item.max_drafts for item, _ in active), default=0)):
             group = [(item, state) for item, state in active if item.max_drafts > step]
             runs = [ScheduledSeq(state, state.num_tokens - state.num_computed_tokens) for _, state in group]
             logits = self.runner.execute(runs)  # on the device, one row each
+            if self.bridge is not None:  # only twins can be proposed, as target tokens
+                logits = self.bridge.target_logits(logits)
             for run in runs:
                 run.seq.num_computed_tokens += run.num_tokens
             simple = [needs_only_argmax(item.seq) for item, _ in group]
@@ -121,8 +163,8 @@ class DraftProposer:
                 if simple[row]:
                     token, q = top[row], None
                 else:
-                    token, q = self._sample(logits[row], item.seq, state, sampler)
-                state.token_ids.append(token)
+                    token, q = self._sample(logits[row], item.seq, item.seq.token_ids + item.draft_tokens, sampler)
+                state.token_ids.append(self.bridge.to_draft[token] if self.bridge is not None else token)
                 item.draft_tokens.append(token)
                 if q is not None:
                     probs[item.seq.seq_id].append(q)
@@ -130,10 +172,10 @@ class DraftProposer:
             item.draft_probs = torch.stack(probs[item.seq.seq_id]) if probs[item.seq.seq_id] else None
 
     @staticmethod
-    def _sample(logits: torch.Tensor, seq: Sequence, state: DraftState, sampler) -> tuple[int, torch.Tensor | None]:
-        """The draft's token from its distribution, processed exactly as the target's will be (the target's
-        sampler, on the device)."""
-        row = sampler.processed(logits[None], [seq], [state.token_ids])
+    def _sample(logits: torch.Tensor, seq: Sequence, history: list[int], sampler) -> tuple[int, torch.Tensor | None]:
+        """The draft's token from its distribution (over the target's ids), processed exactly as the target's will
+        be (the target's sampler, on the device, over the same history)."""
+        row = sampler.processed(logits[None], [seq], [history])
         if seq.params.greedy:
             return int(row.argmax()), None
         q = sampling_probs(row, [seq.params])[0]
@@ -145,11 +187,10 @@ class DraftProposer:
         state = self.states.get(seq.seq_id)
         if state is None:
             return
-        state.num_computed_tokens = min(state.num_computed_tokens, num_valid)
-        state.token_ids = state.token_ids[:num_valid]
-        state.unverified_from = None
-        del state.block_hashes[state.num_computed_tokens // self.block_manager.block_size:]
-        self.block_manager.hash_full_blocks(state)
+        try:
+            self._follow(state, seq.token_ids[:num_valid])
+        except ValueError:
+            self.release(seq)
 
     def release(self, seq: Sequence) -> None:
         state = self.states.pop(seq.seq_id, None)

@@ -22,11 +22,13 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model: str, *extra: str, wait: bool = True, timeout: float = 180, port: int | None = None):
+    def __init__(self, model: str, *extra: str, wait: bool = True, timeout: float = 180, port: int | None = None,
+                 log_path: Path | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        # SERVER_LOG=path keeps the server's output for debugging; the child holds its own copy of the fd.
-        with open(os.environ.get("SERVER_LOG", os.devnull), "a") as log:
+        # log_path (or SERVER_LOG=path, for debugging) keeps the server's output; the child holds its own fd.
+        self.log_path = log_path
+        with open(log_path or os.environ.get("SERVER_LOG", os.devnull), "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "backend", "serve", "--model", model, "--port", str(self.port),
                  "--log-level", "warning", *extra],
@@ -62,7 +64,7 @@ class ServerProcess:
 def metric(server, name: str, **labels: str) -> float:
     """The sample of `name` for the served model "tiny" (every sample carries its model) and `labels`."""
     text = httpx.get(f"{server.url}/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in {"model": "tiny", **labels}.items())
+    want = ",".join(f'{k}="{v}"' for k, v in sorted({"model": "tiny", **labels}.items()))  # as exposed: by name
     match = re.search(rf"^{re.escape(name)}{{{re.escape(want)}}} ([0-9.e+-]+)$", text, re.M)
     assert match or name.endswith("_total"), f"no {name}{{{want}}} in /metrics"  # a counter not yet counted is 0
     return float(match.group(1)) if match else 0.0

@@ -179,7 +179,7 @@ def test_other_errors(server):
 def test_garbage_never_causes_a_500(server):
     payloads = [None, [], "text", 5, {"prompt": None}, {"prompt": {"a": 1}}, {"prompt": [[]]}, {"prompt": [-1]},
                 {"prompt": "x", "logprobs": 99}, {"prompt": "x", "stop": 5}, {"prompt": "x", "seed": "s"},
-                {"prompt": "x", "echo": True}, {"prompt": "x", "best_of": 3}, {"prompt": "x", "stop_token_ids": [-4]},
+                {"prompt": "x", "min_tokens": 3}, {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "best_of": 3}, {"prompt": "x", "stop_token_ids": [-4]},
                 {"prompt": "x", "max_tokens": -3}, {"prompt": "x", "temperature": "hot"}]
     for payload in payloads:
         r = httpx.post(f"{server.url}/v1/completions", json=payload)

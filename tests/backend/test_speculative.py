@@ -96,19 +96,26 @@ def _tv(p: dict, q: dict) -> float:
     return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
 
 
-def test_sampled_tokens_follow_the_target_distribution_exactly(tmp_path):
+@pytest.mark.parametrize("vocab", ["shared", "shuffled"])
+def test_sampled_tokens_follow_the_target_distribution_exactly(tmp_path, vocab):
     """A 16-token vocabulary and a draft that disagrees with the target. The first token comes from the
     prompt's forward pass; the next two from verification (one draft: accepted or corrected, then the
     bonus). Given the first token, the verified token and the verified 2-token sequence must follow
-    the target's exact distribution (from transformers) within a bound that the sample count justifies."""
+    the target's exact distribution (from transformers) within a bound that the sample count justifies.
+    shuffled: the same draft under a vocabulary of other ids, drafting by token-level intersection."""
     from transformers import AutoModelForCausalLM
+
+    from tests.backend.vocab_pairs import build_permuted_draft
 
     target_dir = build_model("llama", tmp_path / "target", seed=1, vocab_size=16, initializer_range=0.5)
     draft_dir = build_model("llama", tmp_path / "draft", seed=2, vocab_size=16, initializer_range=0.5)
+    drafter = draft_dir if vocab == "shared" else build_permuted_draft(draft_dir, tmp_path / "shuffled", drop=0,
+                                                                       limit=16)[0]
     prompt = [3, 7, 5, 11]
     n = 8000
     llm = LLM(str(target_dir), block_size=4, max_num_seqs=512, max_num_batched_tokens=4096, seed=5,
-              speculative={"method": "draft", "model": str(draft_dir), "num_tokens": 1, "max_batch_size": 10**6})
+              speculative={"method": "draft", "model": str(drafter), "num_tokens": 1, "max_batch_size": 10**6})
+    assert (llm.engine.vocab_bridge is None) == (vocab == "shared")
     outs = llm.generate([prompt] * n, SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     stats = llm.engine.stats()
     assert stats["spec_verifications"] == n  # every request's 2nd and 3rd tokens came from a verification
@@ -157,9 +164,13 @@ def test_sampled_tokens_follow_the_target_distribution_exactly(tmp_path):
     assert checked == 2
 
 
-def test_draft_with_another_vocabulary_is_refused(tiny_dir, tmp_path):
+def test_draft_with_another_vocabulary_and_no_tokenizer_is_refused(tiny_dir, tmp_path):
     small = build_model("qwen2", tmp_path / "small-vocab", vocab_size=16)
-    with pytest.raises(ModelLoadError, match="vocabulary of 16 tokens but the target has 512"):
+    for f in small.glob("*"):
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            f.unlink()
+    with pytest.raises(ModelLoadError, match="vocabulary of 16 tokens but the target has 512; a draft with another "
+                                             "vocabulary needs a tokenizer"):
         LLM(str(tiny_dir("llama")), speculative={"method": "draft", "model": str(small)})
 
 
