@@ -90,7 +90,8 @@ def main() -> None:
     items = questions(tokenizer((ROOT / "README.md").read_text()).input_ids, args.questions)
     requests = [context + option for context, options, _ in items for option in options]
 
-    ours_server = ServerProcess("smollm2", "--max-num-seqs", "64")
+    # at its trained context: smollm2's default 32k context scales RoPE (YaRN x4), which moves every logprob
+    ours_server = ServerProcess("smollm2", "--max-num-seqs", "64", "--max-model-len", "8192")
     try:
         asyncio.run(served(ours_server.url, requests[:4], args.concurrency))  # warm
         ours, ours_s = asyncio.run(served(ours_server.url, requests, args.concurrency))

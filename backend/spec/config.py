@@ -17,7 +17,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5  # n-gram: longest
     model: str | None = None  # draft: an alias, Hugging Face directory or .gguf
     # draft: how its vocabulary meets the target's (spec/vocab_bridge.py): "shared" (the same), "intersection"
-    # (token-level intersection: it proposes the tokens both have), "auto" (shared when it is, else intersection)
+    # (token-level intersection: it proposes the tokens both have), "string" (greedy requests: its text, tokenized
+    # by the target's tokenizer; string_drafts.py), "auto" (shared when it is, else by how many tokens both have)
     vocab: str = "auto"
     # Speculation pauses for a step when more sequences than this are decoding: verifying k extra tokens
     # per sequence then costs more than it saves (bench/speculative.py measures where).
@@ -63,8 +64,7 @@ class SpeculativeConfig:
         if self.method == "ngram" and self.model:
             raise ValueError("speculative method 'ngram' takes no model; use method 'draft' for a draft model")
         if self.vocab not in VOCAB_METHODS:
-            raise ValueError(f"speculative vocab {self.vocab!r} is not supported; use one of {', '.join(VOCAB_METHODS)} "
-                             "(string-level matching across tokenizers is not implemented yet)")
+            raise ValueError(f"speculative vocab {self.vocab!r} is not supported; use one of {', '.join(VOCAB_METHODS)}")
         if self.max_batch_size < 1:
             raise ValueError(f"speculative max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.verify_cost < 0:

@@ -20,6 +20,7 @@ from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, load_tokenizer, locate, read_config
 from backend.model_config import ModelConfig, ModelLoadError
+from backend.spec.string_drafts import target_drafts
 from backend.spec.vocab_bridge import VocabBridge, choose_vocab
 
 
@@ -148,28 +149,44 @@ class DraftProposer:
             state = self._reserve(seq, item.max_drafts)
             if state is not None:
                 active.append((item, state))
+        bridge = self.bridge
+        # greedy requests with a string-level bridge propose in the draft's own tokens, turned into the target's
+        # at the end (string_drafts.py); the others propose target tokens directly (twins, or the same vocabulary)
+        own: dict[int, list[int]] = {id(item): [] for item, _ in active
+                                     if bridge is not None and bridge.by_string and item.seq.params.greedy}
+        if bridge is not None and not bridge.to_draft:  # no twins: only string drafts are possible
+            active = [(item, state) for item, state in active if id(item) in own]
         probs: dict[int, list[torch.Tensor]] = {item.seq.seq_id: [] for item, _ in active}
         for step in range(max((item.max_drafts for item, _ in active), default=0)):
             group = [(item, state) for item, state in active if item.max_drafts > step]
             runs = [ScheduledSeq(state, state.num_tokens - state.num_computed_tokens) for _, state in group]
-            logits = self.runner.execute(runs)  # on the device, one row each
-            if self.bridge is not None:  # only twins can be proposed, as target tokens
-                logits = self.bridge.target_logits(logits)
+            logits = self.runner.execute(runs)  # on the device, one row each, over the draft's vocabulary
             for run in runs:
                 run.seq.num_computed_tokens += run.num_tokens
-            simple = [needs_only_argmax(item.seq) for item, _ in group]
+            strings = [id(item) in own for item, _ in group]
+            own_top = logits.argmax(dim=-1).tolist() if any(strings) else None
+            if bridge is not None and not all(strings):  # only twins can be proposed, as target tokens
+                logits = bridge.target_logits(logits)
+            simple = [needs_only_argmax(item.seq) and not strings[row] for row, (item, _) in enumerate(group)]
             top = logits.argmax(dim=-1).tolist() if any(simple) else None
             for row, (item, state) in enumerate(group):
+                if strings[row]:
+                    state.token_ids.append(own_top[row])
+                    own[id(item)].append(own_top[row])
+                    continue
                 if simple[row]:
                     token, q = top[row], None
                 else:
                     token, q = self._sample(logits[row], item.seq, item.seq.token_ids + item.draft_tokens, sampler)
-                state.token_ids.append(self.bridge.to_draft[token] if self.bridge is not None else token)
+                state.token_ids.append(bridge.to_draft[token] if bridge is not None else token)
                 item.draft_tokens.append(token)
                 if q is not None:
                     probs[item.seq.seq_id].append(q)
         for item, _ in active:
             item.draft_probs = torch.stack(probs[item.seq.seq_id]) if probs[item.seq.seq_id] else None
+            if id(item) in own:
+                item.draft_tokens = target_drafts(bridge.target_tokenizer, bridge.target_bytes, item.seq.token_ids[-1],
+                                                  [bridge.draft_bytes[d] for d in own[id(item)]])[:item.max_drafts]
 
     @staticmethod
     def _sample(logits: torch.Tensor, seq: Sequence, history: list[int], sampler) -> tuple[int, torch.Tensor | None]:

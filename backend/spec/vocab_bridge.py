@@ -21,9 +21,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-VOCAB_METHODS = ("auto", "shared", "intersection")
-# auto: intersection when at least this share of the draft's tokens has a twin (below it the draft could propose
-# too little of what it predicts)
+VOCAB_METHODS = ("auto", "shared", "intersection", "string")
+# auto: intersection when at least this share of the draft's tokens has a twin; below it the draft could propose
+# too little of what it predicts, and greedy requests draft by string (string_drafts.py)
 MIN_TWIN_SHARE = 0.5
 
 
@@ -82,6 +82,9 @@ class VocabBridge:
     longest: int  # the most bytes one draft token stands for
     target_vocab: int
     twin_share: float  # of the draft's tokens
+    draft_bytes: list[bytes | None]
+    target_tokenizer: object
+    by_string: bool = False  # greedy requests draft by string-level matching (string_drafts.py)
 
     @classmethod
     def build(cls, target_tokenizer, target_vocab: int, draft_tokenizer, draft_vocab: int) -> "VocabBridge":
@@ -105,7 +108,7 @@ class VocabBridge:
         return cls(torch.tensor([d for d, _ in pairs], dtype=torch.long), torch.tensor([t for _, t in pairs],
                                                                                          dtype=torch.long),
                    to_draft, spell, target, max((len(b) for b in spell), default=1), target_vocab,
-                   len(pairs) / max(usable, 1))
+                   len(pairs) / max(usable, 1), draft, target_tokenizer)
 
     @property
     def identical(self) -> bool:
@@ -153,7 +156,7 @@ def choose_vocab(method: str, target_tokenizer, target_vocab: int, draft_tokeniz
     if method not in VOCAB_METHODS:
         raise ValueError(f"speculative vocab {method!r} is not supported; use one of {', '.join(VOCAB_METHODS)}")
     if target_tokenizer is None or draft_tokenizer is None:
-        if draft_vocab != target_vocab or method == "intersection":
+        if draft_vocab != target_vocab or method in ("intersection", "string"):
             raise ValueError(f"draft model {draft_name} has a vocabulary of {draft_vocab} tokens but the target has "
                              f"{target_vocab}; a draft with another vocabulary needs a tokenizer, and so does the "
                              "target (token ids alone cannot be matched)")
@@ -170,11 +173,14 @@ def choose_vocab(method: str, target_tokenizer, target_vocab: int, draft_tokeniz
         log.info("speculative draft %s shares the target's vocabulary", draft_name)
         return None
     share = bridge.twin_share
-    if method == "auto" and share < MIN_TWIN_SHARE:
-        raise ValueError(f"draft model {draft_name}: only {share:.0%} of its tokens are also the target's (auto "
-                         f"needs {MIN_TWIN_SHARE:.0%}); choose a draft closer to the target's tokenizer, or force "
-                         "vocab 'intersection'")
-    log.info("speculative draft %s: %d of its tokens (%.0f%%) have a twin among the target's %d; drafting by "
-             "token-level intersection (%s)", draft_name, len(bridge.to_draft), 100 * share, target_vocab,
-             "chosen" if method == "intersection" else "auto: the vocabularies differ")
+    bridge.by_string = method == "string" or (method == "auto" and share < MIN_TWIN_SHARE)
+    if bridge.by_string and not bridge.to_draft:
+        log.warning("speculative draft %s shares no token with the target: sampled requests are not speculated",
+                    draft_name)
+    log.info("speculative draft %s: %d of its tokens (%.0f%%) have a twin among the target's %d; drafting by %s "
+             "(%s)", draft_name, len(bridge.to_draft), 100 * share, target_vocab,
+             "string-level matching for greedy requests, token-level intersection for sampled ones"
+             if bridge.by_string else "token-level intersection",
+             "chosen" if method != "auto" else "auto: the vocabularies differ"
+             + (f", fewer than {MIN_TWIN_SHARE:.0%} of its tokens are the target's" if bridge.by_string else ""))
     return bridge

@@ -10,6 +10,7 @@ import pytest
 
 from backend import LLM, SamplingParams
 from backend.model_config import ModelLoadError
+from backend.spec.string_drafts import target_drafts
 from backend.spec.vocab_bridge import VocabBridge, token_bytes
 from tests.backend.conftest import prompts_of_lengths
 from tests.backend.tiny_models import build_model
@@ -55,31 +56,62 @@ def test_a_draft_reads_the_targets_text_byte_for_byte(drafts):
     assert bytes([0xE6]) in fallback and b" the" in fallback  # <0xE6> and "▁the"
 
 
-@pytest.mark.parametrize("name", ["shuffled", "permuted", "byte_fallback"])
-def test_greedy_output_is_the_targets_with_a_draft_of_another_vocabulary(drafts, name):
+@pytest.mark.parametrize("name,vocab", [("shuffled", "auto"), ("permuted", "auto"), ("byte_fallback", "auto"),
+                                        ("shuffled", "string"), ("byte_fallback", "string")])
+def test_greedy_output_is_the_targets_with_a_draft_of_another_vocabulary(drafts, name, vocab):
     target = str(drafts["target"])
     prompts = TEXTS + prompts_of_lengths(9, 33)
     expected = [o.outputs[0].token_ids for o in LLM(target, block_size=8).generate(prompts, GREEDY, use_tqdm=False)]
     llm = LLM(target, block_size=8, speculative={"method": "draft", "model": str(drafts[name]), "num_tokens": 3,
-                                                 "max_batch_size": 64})
-    assert llm.engine.vocab_bridge is not None  # auto chose the intersection
+                                                 "max_batch_size": 64, "vocab": vocab})
+    bridge = llm.engine.vocab_bridge
+    assert bridge is not None and bridge.by_string == (vocab == "string")  # auto chose the intersection
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     stats = llm.engine.stats()
     assert stats["spec_draft_tokens"] > 0
-    if name == "shuffled":  # the target's own weights under other ids: every draft is the target's choice
+    if name == "shuffled" and vocab == "auto":  # the target's weights under other ids: every draft is its choice
         assert stats["spec_accepted_tokens"] == stats["spec_draft_tokens"], stats
+    elif name == "shuffled":  # its text, tokenized again by the target: mostly the target's own tokens
+        assert stats["spec_accepted_tokens"] > stats["spec_draft_tokens"] / 2, stats
     engine = llm.engine
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert engine.proposer.block_manager.num_free_blocks == engine.proposer.block_manager.num_blocks
+
+
+def test_string_drafts_keep_to_token_boundaries(drafts):
+    target = _tokenizer(drafts["target"])
+    table = token_bytes(target, 400)
+
+    def ids(text: str) -> list[int]:
+        return target(text, add_special_tokens=False).input_ids
+
+    last = ids("The")[-1]
+    drafts_of = lambda *pieces: target_drafts(target, table, last, list(pieces))  # noqa: E731
+    whole = drafts_of(b" scribe", b" copied", b" the")
+    assert whole == ids("The scribe copied the")[1:-1]  # the last token could still grow: left out
+    # a character cut short stops the text before it; a special token ends it
+    assert drafts_of(b" caf", b"\xc3", b" x") == ids("The caf")[1:-1]
+    assert drafts_of(b" scribe", b" copied", b"\xff</s>", b" more") == ids("The scribe copied")[1:-1]
+    # text that would merge into the target's last token is not proposed
+    assert drafts_of(b"re") == [] or ids("There")[0] == last
+
+
+def test_auto_drafts_by_string_when_few_tokens_are_shared(drafts, monkeypatch):
+    import backend.spec.vocab_bridge as vb
+
+    target, draft = _tokenizer(drafts["target"]), _tokenizer(drafts["byte_fallback"])
+    assert not vb.choose_vocab("auto", target, 400, draft, 512, "fallback").by_string
+    monkeypatch.setattr(vb, "MIN_TWIN_SHARE", 1.01)  # as if fewer than half its tokens were the target's
+    assert vb.choose_vocab("auto", target, 400, draft, 512, "fallback").by_string
 
 
 def test_which_drafts_are_refused_and_why(drafts, tmp_path):
     target = str(drafts["target"])
     with pytest.raises(ModelLoadError, match="use vocab 'intersection' or 'auto'"):
         LLM(target, speculative={"method": "draft", "model": str(drafts["permuted"]), "vocab": "shared"})
-    with pytest.raises(ValueError, match="speculative vocab 'string' is not supported"):
-        LLM(target, speculative={"method": "draft", "model": str(drafts["permuted"]), "vocab": "string"})
+    with pytest.raises(ValueError, match="speculative vocab 'slem' is not supported"):
+        LLM(target, speculative={"method": "draft", "model": str(drafts["permuted"]), "vocab": "slem"})
     # A vocabulary whose tokens' bytes cannot be told (a word-level tokenizer without a decoder)
     words = tmp_path / "words"
     words.mkdir()
