@@ -326,5 +326,9 @@ class LLMEngine:
                 "prefix_cache_queries": bm.prefix_queries, "prefix_cache_hits": bm.prefix_hits,
                 "num_preemptions": self.scheduler.num_preemptions, "sleeping": self.sleep_level,
                 **{f"spec_{k}": spec.get(k, 0) for k in ("draft_tokens", "accepted_tokens", "verifications")},
-                "spec_method": None if self.spec is None else self.spec.method + ("-intersection" if self.vocab_bridge
-                                                                                  else "")}
+                "spec_method": None if self.spec is None else self.spec.method + _vocab_suffix(self.vocab_bridge)}
+
+
+def _vocab_suffix(bridge) -> str:
+    """How a draft meets the target's vocabulary, as metrics and benches name it."""
+    return "" if bridge is None else "-string" if bridge.by_string else "-intersection"

@@ -49,7 +49,7 @@ class EngineCollector:
         yield family(counter, "scriptorium_spec_accepted_tokens", "Speculative tokens accepted",
                      lambda s: s["spec_accepted_tokens"])
         rate = gauge("scriptorium_spec_acceptance_rate", "Accepted over proposed draft tokens, since its load, by "
-                     "how drafts are made (ngram, draft, draft-intersection: another vocabulary)",
+                     "how drafts are made (ngram, draft; draft-intersection, draft-string: another vocabulary)",
                      labels=["model", "method"])
         for model, s in per_model.items():
             rate.add_metric([model, s.get("spec_method") or "none"],
