@@ -273,9 +273,9 @@ class LLMEngine:
         # logits on the device, each item's logit_rows saying which rows are its; pooled: embedding inputs' row sums
         logits, pooled, prompt_logprobs = self.runner.execute_pooled(plan)
         self.scheduler.start_forks(plan, self.runner.copy_block)
-        tokens, failed = sample_plan(self.sampler, plan, logits)
+        tokens, logprobs, failed = sample_plan(self.sampler, plan, logits)
         failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer,
-                                             pooled, prompt_logprobs)
+                                             pooled, prompt_logprobs, logprobs)
         if self.speculator:
             self.speculator.learn(plan, tokens)
         for seq, error in failed:

@@ -40,6 +40,14 @@ class RequestDelta:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
+def add_logprob(seq: Sequence, token: int, entry: dict[int, Logprob]) -> None:
+    """The logprob entry of a token about to be appended (append_token decodes its tokens' text)."""
+    if seq.logprobs is None:
+        seq.logprobs = []
+    seq.logprobs.append(entry)
+    seq.cumulative_logprob += entry[token].logprob
+
+
 def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int,
                  tokenizer=None) -> tuple[str, int | str | None] | None:
     """Add one generated token; returns (finish_reason, stop_reason) when it ends the sequence."""
@@ -47,8 +55,7 @@ def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_l
     if seq.matcher is not None and not seq.matcher.accept_token(token):
         raise RuntimeError(f"token {token} does not continue the output's grammar")
     p = seq.params
-    # this token's entry: a verification step records every accepted draft's before the first is appended
-    at = seq.num_output_tokens - 1
+    at = seq.num_output_tokens - 1  # this token's entry, added just before it (add_logprob)
     if seq.logprobs and tokenizer is not None and at < len(seq.logprobs):
         for tid, lp in seq.logprobs[at].items():
             lp.decoded_token = tokenizer.decode([tid])

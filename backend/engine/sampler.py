@@ -14,6 +14,8 @@ from backend.engine.sequence import Sequence
 from backend.outputs import Logprob
 from backend.sampling_params import SamplingParams
 
+LogprobEntry = dict[int, Logprob]  # a sampled token's logprob and rank, and the `logprobs` most likely tokens'
+
 
 def apply_penalties(logits: torch.Tensor, rows: list[tuple[SamplingParams, list[int], int]]) -> None:
     """In place. Each row: (params, every token so far, how many of them are the prompt).
@@ -106,8 +108,9 @@ class Sampler:
     def generator_for(self, seq: Sequence) -> torch.Generator:
         return seq.generator if seq.generator is not None else self.generator
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits [N, V] fp32, one row per sequence; fills each sequence's logprobs when asked; N token ids."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[LogprobEntry | None]]:
+        """logits [N, V] fp32, one row per sequence: N token ids, and each one's logprob entry where its request
+        asks for logprobs (None otherwise). Nothing of the sequences is written but their generators' state."""
         want_logprobs = [s.params.logprobs is not None for s in seqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         logits = self.processed(logits, seqs, [s.token_ids for s in seqs])
@@ -117,11 +120,9 @@ class Sampler:
             probs = sampling_probs(logits[rows], [seqs[i].params for i in rows])
             tokens[rows] = self.draw(probs, [seqs[i] for i in rows])
         token_list = tokens.tolist()
-        if raw_logprobs is not None:
-            for row, seq in enumerate(seqs):
-                if want_logprobs[row]:
-                    self.record_logprobs(seq, raw_logprobs[row], token_list[row])
-        return token_list
+        entries = [logprob_entry(raw_logprobs[row], token_list[row], seq.params.logprobs) if want_logprobs[row]
+                   else None for row, seq in enumerate(seqs)]
+        return token_list, entries
 
     def processed(self, logits: torch.Tensor, seqs: list[Sequence], histories: list[list[int]]) -> torch.Tensor:
         """Logits after each row's logit_bias, allowed tokens, penalties (over its history) and grammar mask; a copy
@@ -155,15 +156,13 @@ class Sampler:
     def uniform(self, seq: Sequence, device: torch.device) -> float:
         return torch.rand(1, generator=self.generator_for(seq), device=device).item()
 
-    @staticmethod
-    def record_logprobs(seq: Sequence, logprobs: torch.Tensor, token: int) -> None:
-        chosen = logprobs[token].item()
-        entry = {token: Logprob(chosen, int((logprobs > chosen).sum().item()) + 1)}
-        if seq.params.logprobs:
-            values, ids = torch.topk(logprobs, seq.params.logprobs)
-            for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-                entry.setdefault(tid, Logprob(value, rank))
-        if seq.logprobs is None:
-            seq.logprobs = []
-        seq.logprobs.append(entry)
-        seq.cumulative_logprob += chosen
+
+def logprob_entry(logprobs: torch.Tensor, token: int, top: int | None) -> LogprobEntry:
+    """The entry of `token` drawn from a row of raw log-probabilities."""
+    chosen = logprobs[token].item()
+    entry = {token: Logprob(chosen, int((logprobs > chosen).sum().item()) + 1)}
+    if top:
+        values, ids = torch.topk(logprobs, top)
+        for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            entry.setdefault(tid, Logprob(value, rank))
+    return entry

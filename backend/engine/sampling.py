@@ -8,16 +8,18 @@ only that one fails; seeded neighbours draw exactly as they would have.
 
 import torch
 
-from backend.engine.sampler import Sampler, needs_only_argmax
+from backend.engine.sampler import LogprobEntry, Sampler, needs_only_argmax
 from backend.engine.scheduler import StepPlan
 from backend.engine.sequence import Sequence
 from backend.spec.verify import accept_greedy, verify
 
 
 def sample_plan(sampler: Sampler, plan: StepPlan, logits: torch.Tensor
-                ) -> tuple[list[list[int] | None], list[tuple[Sequence, Exception]]]:
-    """tokens[i]: what plan[i] appends (None where it samples nothing or failed), and the failures."""
+                ) -> tuple[list[list[int] | None], list[list[LogprobEntry] | None], list[tuple[Sequence, Exception]]]:
+    """tokens[i]: what plan[i] appends (None where it samples nothing or failed); entries[i]: their logprob
+    entries where its request asks for logprobs; the failures."""
     tokens: list[list[int] | None] = [None] * len(plan)
+    entries: list[list[LogprobEntry] | None] = [None] * len(plan)
     failed: list[tuple[Sequence, Exception]] = []
     sampling = [i for i, item in enumerate(plan) if item.logit_rows is not None]
     simple = {i: needs_only_argmax(plan[i].seq) for i in sampling}
@@ -31,40 +33,36 @@ def sample_plan(sampler: Sampler, plan: StepPlan, logits: torch.Tensor
             tokens[i] = accept_greedy(item.draft_tokens, rows) if item.num_draft else rows
         elif item.num_draft:
             try:
-                tokens[i] = verify(logits[item.logit_rows], item, sampler)
+                tokens[i], entries[i] = verify(logits[item.logit_rows], item, sampler)
             except Exception as e:  # noqa: BLE001 this sequence's alone
                 failed.append((item.seq, e))
         else:
             plain.append(i)
     if plain:
         rows = [plan[i].logit_rows.start for i in plain]
-        for i, token in zip(plain, _sample_rows(sampler, logits, rows, [plan[i].seq for i in plain], failed)):
+        for i, (token, entry) in zip(plain, _sample_rows(sampler, logits, rows, [plan[i].seq for i in plain], failed)):
             tokens[i] = None if token is None else [token]
-    return tokens, failed
+            entries[i] = None if entry is None else [entry]
+    return tokens, entries, failed
 
 
 def _sample_rows(sampler: Sampler, logits: torch.Tensor, rows: list[int], seqs: list[Sequence],
-                 failed: list) -> list[int | None]:
-    """One token per row as a batch; if the batch fails, each row again on its own from the state its
-    generator and logprobs had, so that only the failing sequence gets None."""
-    saved = [(s.generator.get_state() if s.generator is not None else None,
-              len(s.logprobs) if s.logprobs is not None else None, s.cumulative_logprob) for s in seqs]
+                 failed: list) -> list[tuple[int | None, LogprobEntry | None]]:
+    """One token (and logprob entry) per row as a batch; if the batch fails, each row again on its own from the
+    state its generator had, so that only the failing sequence gets None."""
+    saved = [s.generator.get_state() if s.generator is not None else None for s in seqs]
     try:
-        return sampler(logits[rows], seqs)
+        return list(zip(*sampler(logits[rows], seqs)))
     except Exception:  # noqa: BLE001 one sequence's settings or grammar; found below
         pass
-    out: list[int | None] = []
-    for seq, r, (state, num_logprobs, cumulative) in zip(seqs, rows, saved):
+    out: list[tuple[int | None, LogprobEntry | None]] = []
+    for seq, r, state in zip(seqs, rows, saved):
         if state is not None:
             seq.generator.set_state(state)
-        if num_logprobs is not None:
-            del seq.logprobs[num_logprobs:]
-        else:
-            seq.logprobs = None
-        seq.cumulative_logprob = cumulative
         try:
-            out.append(sampler(logits[[r]], [seq])[0])
+            tokens, entries = sampler(logits[[r]], [seq])
+            out.append((tokens[0], entries[0]))
         except Exception as e:  # noqa: BLE001 this sequence's alone
             failed.append((seq, e))
-            out.append(None)
+            out.append((None, None))
     return out

@@ -25,7 +25,7 @@ import torch
 
 from backend.engine.block_manager import BlockManager
 from backend.engine.embedding import add_rows, mean_vector
-from backend.engine.output import append_token, record_prompt_logprobs
+from backend.engine.output import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.sequence import Sequence, Status
 from backend.engine.wait_queue import WaitQueue
 
@@ -181,11 +181,13 @@ class Scheduler:
 
     def postprocess(self, plan: StepPlan, tokens: list[list[int] | None], eos_token_ids: set[int],
                     max_model_len: int, tokenizer=None, pooled: dict[int, torch.Tensor] | None = None,
-                    prompt_logprobs: dict[int, tuple] | None = None) -> list[tuple[Sequence, Exception]]:
+                    prompt_logprobs: dict[int, tuple] | None = None, logprobs: list[list | None] | None = None
+                    ) -> list[tuple[Sequence, Exception]]:
         """Advance each sequence by this step: its KV counts and block hashes, its prompt logprobs
         (prompt_logprobs[i]), then the tokens sampled for it (tokens[i] for plan[i]: accepted drafts plus one, or
-        None), finishing it where they end it; an embedding input adds pooled[i], its rows' sum, and finishes
-        with its last chunk. Returns the sequences whose tokens could not be taken, with the error."""
+        None) with their logprob entries (logprobs[i]), finishing it where they end it; an embedding input adds
+        pooled[i], its rows' sum, and finishes with its last chunk. Returns the sequences whose tokens could not
+        be taken, with the error."""
         failed = []
         for i, (item, new) in enumerate(zip(plan, tokens)):
             seq = item.seq
@@ -209,12 +211,13 @@ class Scheduler:
                 self.block_manager.trim(seq, seq.num_computed_tokens + 1)
             if not new:
                 continue
+            entries = logprobs[i] if logprobs else None
             try:
-                for token in new:
+                for j, token in enumerate(new):
+                    if entries is not None:
+                        add_logprob(seq, token, entries[j])
                     end = append_token(seq, token, eos_token_ids, max_model_len, tokenizer)
                     if end is not None:
-                        if seq.logprobs is not None:  # entries of tokens past the end are dropped
-                            del seq.logprobs[seq.num_output_tokens:]
                         self.finish(seq, *end)
                         break
             except Exception as e:  # noqa: BLE001 confined to this sequence's request by the caller

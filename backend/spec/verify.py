@@ -11,7 +11,7 @@ top-p and min-p, computed at each position with the drafts before it in the hist
 
 import torch
 
-from backend.engine.sampler import Sampler, sampling_probs
+from backend.engine.sampler import LogprobEntry, Sampler, logprob_entry, sampling_probs
 from backend.engine.scheduler import ScheduledSeq
 
 
@@ -23,9 +23,10 @@ def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
     return drafts[:accepted] + [targets[accepted]]
 
 
-def verify(logits: torch.Tensor, item: ScheduledSeq, sampler: Sampler) -> list[int]:
+def verify(logits: torch.Tensor, item: ScheduledSeq, sampler: Sampler
+           ) -> tuple[list[int], list[LogprobEntry] | None]:
     """logits [k+1, V]: the target at the last known token and at each of the k drafts. Returns the tokens
-    to append: the accepted drafts and one more (a correction or a bonus); records their logprobs if asked."""
+    to append (the accepted drafts and one more: a correction or a bonus), and their logprob entries if asked."""
     seq, drafts, q = item.seq, item.draft_tokens, item.draft_probs
     params, k = seq.params, len(item.draft_tokens)
     processed = sampler.processed(logits, [seq] * (k + 1), [seq.token_ids + drafts[:j] for j in range(k + 1)])
@@ -35,11 +36,10 @@ def verify(logits: torch.Tensor, item: ScheduledSeq, sampler: Sampler) -> list[i
         p = sampling_probs(processed, [params] * (k + 1))
         p = p / p.sum(dim=-1, keepdim=True)
         tokens = _accept_sampled(p, drafts, q, item, sampler)
-    if params.logprobs is not None:
-        raw = torch.log_softmax(logits, dim=-1)
-        for j, token in enumerate(tokens):
-            Sampler.record_logprobs(seq, raw[j], token)
-    return tokens
+    if params.logprobs is None:
+        return tokens, None
+    raw = torch.log_softmax(logits, dim=-1)
+    return tokens, [logprob_entry(raw[j], token, params.logprobs) for j, token in enumerate(tokens)]
 
 
 def _accept_sampled(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None, item: ScheduledSeq,

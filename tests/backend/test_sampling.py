@@ -70,7 +70,7 @@ def test_draws_follow_the_filtered_distribution():
     seq = Sequence(seq_id=0, request_id="r", index=0, token_ids=[0], num_prompt_tokens=1,
                    params=SamplingParams(temperature=1.0, top_k=3))
     sampler = Sampler(seed=0)
-    draws = [sampler(logits[None].clone(), [seq])[0] for _ in range(10000)]
+    draws = [sampler(logits[None].clone(), [seq])[0][0] for _ in range(10000)]
     expected = [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0]
     for token, p in enumerate(expected):
         freq = draws.count(token) / len(draws)
