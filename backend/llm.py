@@ -6,8 +6,8 @@ from collections.abc import Sequence as Seq
 
 from backend.config import EngineConfig
 from backend.engine.admission import chat_prompt_ids
+from backend.engine.deltas import OutputAssembler
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.output import OutputAssembler
 from backend.outputs import RequestOutput
 from backend.sampling_params import SamplingParams
 

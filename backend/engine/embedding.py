@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from backend.engine.output import RequestDelta, SequenceDelta
+from backend.engine.deltas import RequestDelta, SequenceDelta
 from backend.engine.sequence import Sequence
 from backend.sampling_params import SamplingParams
 

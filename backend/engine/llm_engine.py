@@ -18,6 +18,7 @@ from backend.context import fit_context
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
+from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
 from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
 from backend.engine.memory import (
@@ -28,9 +29,8 @@ from backend.engine.memory import (
     report_memory,
 )
 from backend.engine.model_runner import ModelRunner
-from backend.engine.output import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
+from backend.engine.plan_sampling import sample_plan
 from backend.engine.sampler import Sampler
-from backend.engine.sampling import sample_plan
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.engine.block_manager import BlockManager
+from backend.engine.deltas import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.embedding import add_rows, mean_vector
-from backend.engine.output import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.sequence import Sequence, Status
 from backend.engine.wait_queue import WaitQueue
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.engine.deltas import RequestDelta
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.output import RequestDelta
 from backend.sampling_params import SamplingParams
 from backend.server.metrics import ModelMetrics
 from backend.server.protocol import APIError

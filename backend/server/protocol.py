@@ -11,7 +11,7 @@ from backend.outputs import Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
 from backend.server.errors import APIError  # noqa: F401 re-exported: the routes raise it from here
 from backend.server.prompt_logprobs_shapes import completion_logprobs, json_logprob, token_text
-from backend.server.tools.spec import ToolDef
+from backend.server.tools.tool_defs import ToolDef
 
 log = logging.getLogger("backend.server")
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from backend.engine.output import OutputAssembler, RequestDelta
+from backend.engine.deltas import OutputAssembler, RequestDelta
 from backend.outputs import RequestOutput
 from backend.server.errors import APIError
 

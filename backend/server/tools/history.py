@@ -9,7 +9,7 @@ the system message, calls as <tool_call> text, results as <tool_response> text f
 import json
 
 from backend.server.errors import APIError
-from backend.server.tools.spec import ToolSpec
+from backend.server.tools.tool_defs import ToolSpec
 
 HERMES_SYSTEM = (
     "You may call one or more functions to assist with the user query.\n\n"

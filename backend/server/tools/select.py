@@ -1,7 +1,7 @@
 """Which parser reads a model's tool calls: from --tool-call-parser, else its chat template, else its family."""
 
 from backend.server.tools.parsers import PARSERS, JsonArrayParser, NamedParser, ToolParser
-from backend.server.tools.spec import ToolSpec
+from backend.server.tools.tool_defs import ToolSpec
 
 FAMILY_PARSERS = {"LlamaForCausalLM": "llama3_json", "MistralForCausalLM": "mistral",
                   "MixtralForCausalLM": "mistral"}
