@@ -1,7 +1,7 @@
 """EngineArgs: the settings of nano-vllm-style step-wise engines (the Nano-vLLM-MS walkthrough's names),
 turned into this engine's EngineConfig, and checked against the model file before any weight is loaded."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from backend.config import EngineConfig
 from backend.model_config import ModelConfig
@@ -21,7 +21,7 @@ class EngineArgs:
     quantization: str | None = None  # "gguf": a GGUF file, kept quantized; "int8"/"int4": an HF checkpoint
     moe_num_experts: int | None = None  # when given, must be the file's
     moe_top_k: int | None = None  # when given, must be the file's
-    speculative_model: str | None = None  # a draft model sharing the target's vocabulary
+    speculative_model: str | None = None  # a draft model, of any vocabulary (spec/vocab_bridge.py)
     speculative_draft_length: int = 5
     enable_cpu_offload: bool = False  # MoE: experts that do not fit stay in host memory (moe_gpu_experts=auto)
     # This engine's own settings, for completeness
@@ -53,14 +53,10 @@ class EngineArgs:
         if self.speculative_model is not None:
             speculative = {"method": "draft", "model": self.speculative_model,
                            "num_tokens": self.speculative_draft_length}
-        return EngineConfig(
-            model=self.model, tokenizer=self.tokenizer, device=self.device, dtype=self.dtype,
-            kv_cache_dtype=self.kv_cache_dtype, activations=self.activations,
-            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, rope_scaling=self.rope_scaling,
-            max_num_batched_tokens=self.max_num_batched_tokens, block_size=self.block_size, seed=self.seed,
-            speculative=speculative, gpu_memory_utilization=self.gpu_memory_utilization,
-            enforce_eager=self.enforce_eager, quantization=QUANTIZATION[self.quantization],
-            moe_gpu_experts="auto" if self.enable_cpu_offload else self.moe_gpu_experts)
+        # the settings both spell alike pass as they are; the walkthrough's own names are translated
+        alike = {f.name: getattr(self, f.name) for f in fields(EngineConfig) if f.name in self.__dataclass_fields__}
+        return EngineConfig(**{**alike, "speculative": speculative, "quantization": QUANTIZATION[self.quantization],
+                               "moe_gpu_experts": "auto" if self.enable_cpu_offload else self.moe_gpu_experts})
 
     def check_model(self, config: ModelConfig) -> None:
         """moe_num_experts / moe_top_k, when given, are what the file says; a mismatch names both."""

@@ -5,6 +5,7 @@ import json
 import logging
 import signal
 import sys
+from dataclasses import fields
 
 from backend.config import ACTIVATIONS, KV_CACHE_DTYPES, EngineConfig
 from backend.context import serving_config
@@ -169,22 +170,13 @@ def model_aliases(values: list[str], names: list[str]) -> list[tuple[str, str]]:
 
 
 def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int) -> EngineConfig:
+    """The engine's settings from the flags that carry EngineConfig's names (one declaration: config.py)."""
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
         memory = int(memory)
-    return EngineConfig(
-        model=model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-        activations=args.activations,
-        max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
-        max_num_seqs=args.max_num_seqs, max_n=args.max_n, max_prompts=args.max_prompts,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold, max_embedding_tokens=args.max_embedding_tokens,
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=memory,
-        enable_prefix_caching=not args.no_prefix_caching, seed=args.seed, speculative=args.speculative,
-        gpu_memory_utilization=gpu_memory, enforce_eager=args.enforce_eager,
-        moe_gpu_experts=args.moe_gpu_experts, quantization=args.quantization,
-        max_schema_bytes=args.max_schema_bytes, grammar_compile_timeout=args.grammar_compile_timeout,
-    )
+    named = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)}
+    return EngineConfig(**{**named, "model": model, "kv_cache_memory": memory, "gpu_memory_utilization": gpu_memory,
+                           "enable_prefix_caching": not args.no_prefix_caching})
 
 
 def serve(args: argparse.Namespace) -> int:
