@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from mcp_server import toolsets
-from mcp_server.agent_configs import CLIENTS, SCOPES
+from mcp_server.client_entries import CLIENTS, SCOPES
 from orchestrator.settings import Settings, SettingsError
 
 

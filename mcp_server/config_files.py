@@ -12,7 +12,7 @@ from pathlib import Path
 
 from common.files import atomic_write_text
 from mcp_server import jsonc
-from mcp_server.agent_configs import ENTRY, InstallError, Target
+from mcp_server.client_entries import ENTRY, InstallError, Target
 
 
 def read_text(t: Target) -> str:

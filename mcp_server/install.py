@@ -14,7 +14,7 @@ from pathlib import Path
 
 from common.agent_configs import remember
 from mcp_server import config_files
-from mcp_server.agent_configs import CLIENTS, ENTRY, SCOPES, Entry, InstallError, Target, entry, target
+from mcp_server.client_entries import CLIENTS, ENTRY, SCOPES, Entry, InstallError, Target, entry, target
 
 __all__ = ["CLIENTS", "SCOPES", "InstallError", "install", "target", "uninstall"]
 

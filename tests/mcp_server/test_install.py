@@ -12,7 +12,7 @@ import tomlkit
 from ruamel.yaml import YAML
 
 from common.agent_configs import remembered
-from mcp_server import agent_configs
+from mcp_server import client_entries
 from mcp_server.install import CLIENTS, InstallError, install, target, uninstall
 from tests.backend.server_process import ROOT
 from tests.mcp_server import client_formats
@@ -159,7 +159,7 @@ def test_jsonc_comments_and_trailing_commas_survive_install_and_uninstall(home):
 
 
 def test_windows_locations(home, monkeypatch):
-    monkeypatch.setattr(agent_configs.sys, "platform", "win32")
+    monkeypatch.setattr(client_entries.sys, "platform", "win32")
     monkeypatch.setenv("APPDATA", str(home / "AppData" / "Roaming"))
     monkeypatch.setenv("LOCALAPPDATA", str(home / "AppData" / "Local"))
     assert target("hermes", "user", home).path == home / "AppData" / "Local" / "hermes" / "config.yaml"
