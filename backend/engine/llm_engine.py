@@ -1,11 +1,10 @@
 """The engine loop: requests in, one planned forward pass per step, deltas out.
 
-request -> plan (scheduler) -> rows (runner) -> sample (sampler, verify) -> postprocess (scheduler)
--> deltas (output). Everything one request can get wrong is refused before it is queued
+request -> plan (scheduler) -> rows and forward (runner) -> sample (plan_sampling) -> postprocess (scheduler)
+-> deltas (deltas). Everything one request can get wrong is refused before it is queued
 (admission), and a failure while processing one sequence ends only its request.
 """
 
-import gc
 import itertools
 import logging
 import threading
@@ -14,8 +13,8 @@ import torch
 
 from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
-from backend.context import fit_context
 from backend.detokenizer import IncrementalDetokenizer
+from backend.engine import residency
 from backend.engine.admission import Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
@@ -25,7 +24,6 @@ from backend.engine.memory import (
     CacheShape,
     check_cuda_block_size,
     num_kv_blocks,
-    pick_gpu_experts,
     report_memory,
 )
 from backend.engine.model_runner import ModelRunner
@@ -34,12 +32,12 @@ from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
-from backend.loader import load_model, load_tokenizer, locate, read_config
+from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
-from backend.quant.memory import host_expert_bytes, loaded_recipe, module_bytes, weight_bytes
+from backend.quant.memory import host_expert_bytes, module_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
-from backend.spec.draft import DraftProposer, load_draft
+from backend.spec.draft import DraftProposer
 from backend.spec.ngram import NgramProposer
 from backend.spec.speculator import Speculator
 
@@ -55,7 +53,7 @@ class LLMEngine:
         if self.device.type == "cuda":
             check_cuda_block_size(config.block_size)
         self.source = locate(config.model)
-        self.model_config, reader = self._read_config()
+        self.model_config, reader = residency.read_model_config(self)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
         self.products = products(self.dtype, self.device, reader, config.quantization, config.activations,
                                  config.model)
@@ -74,7 +72,7 @@ class LLMEngine:
                                 config.max_num_seqs, config.max_embedding_tokens)
 
         self.vocab_bridge = None  # a draft with another vocabulary: how its tokens meet the target's
-        self.model, draft_model = self._load_models(reader)
+        self.model, draft_model = residency.load_models(self, reader)
         models = [m for m in (self.model, draft_model) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype)
@@ -93,7 +91,7 @@ class LLMEngine:
                 self.proposer, cost = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max), 0.0
             self.speculator = Speculator(self.spec, self.proposer, cost, self.max_model_len)
             self.scheduler.on_release.append(self.speculator.release)
-        self._start_cache()
+        residency.start_cache(self)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
                       sum(host_expert_bytes(m) for m in models))
@@ -111,80 +109,15 @@ class LLMEngine:
         args.check_model(model_config)
         return cls(config)
 
-    # Construction, shared with wake-up ---------------------------------------------------------------
-
-    def _read_config(self):
-        """The model's config under the RoPE scaling its max_model_len needs (backend.context)."""
-        model_config, reader = read_config(self.source)
-        model_config, _ = fit_context(model_config, self.config.rope_scaling, self.config.max_model_len)
-        return model_config, reader
-
-    def _load_models(self, reader=None):
-        """The draft's weights and the target's (loaded before the KV cache is sized, so both are counted; the
-        draft first, so that moe_gpu_experts="auto" counts what it holds)."""
-        if reader is None:
-            self.model_config, reader = self._read_config()
-        draft = None
-        if self.spec is not None and self.spec.method == "draft":
-            draft, self.vocab_bridge = load_draft(self.spec.model, self.model_config, self.device, self.dtype,
-                                                  self.max_model_len, self.products, self.tokenizer, self.spec.vocab)
-        if self.moe_gpu_experts == "auto":  # chosen once; a wake-up reloads the same placement
-            recipe = loaded_recipe(reader, self.config.quantization, self.source.random_format, self.dtype)
-            self.moe_gpu_experts = pick_gpu_experts(self.config, self.shape, self.model_config,
-                                                    weight_bytes(self.model_config, recipe), draft)
-        model = load_model(self.source, self.model_config, reader, self.dtype, self.device, self.max_model_len,
-                           self.moe_gpu_experts, self.config.quantization, self.products)
-        return model, draft
-
-    def _start_cache(self) -> None:
-        """A fresh KV cache and prefix cache (the draft's too), and the CUDA graphs that read them."""
-        c = self.config
-        self.block_manager = BlockManager(self.num_kv_blocks, c.block_size, c.enable_prefix_caching)
-        self.scheduler.block_manager = self.block_manager
-        self.runner.allocate_kv_cache(self.num_kv_blocks)
-        graphs = self.device.type == "cuda" and not c.enforce_eager
-        if graphs:
-            self.runner.capture_graphs(c.max_num_seqs, self.max_model_len)
-        if isinstance(self.proposer, DraftProposer):
-            self.proposer.wake_up(None, self.num_kv_blocks)
-            if graphs:
-                self.proposer.runner.capture_graphs(c.max_num_seqs, self.max_model_len)
-
-    # Sleep and wake: give the accelerator's memory back to other programs --------------------------------
+    # Sleep and wake: give the accelerator's memory back to other programs (engine/residency.py) ----------
 
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (and its prefix cache). Level 1 keeps the weights in CPU memory; level 2
         drops them, to be read from disk again on wake. Only between requests."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
-        if self.has_unfinished_requests():
-            raise RuntimeError("cannot sleep while requests are running; finish or abort them first")
-        if self.sleep_level:
-            return
-        self.runner.free_kv_cache()
-        if level == 2:
-            self.runner.model = self.model = None
-        elif self.device.type != "cpu":
-            self.model.to("cpu")
-        if isinstance(self.proposer, DraftProposer):  # the draft's weights and cache go too
-            self.proposer.sleep(level)
-        self.sleep_level = level
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        residency.sleep(self, level)
 
     def wake_up(self) -> None:
-        if not self.sleep_level:
-            return
-        if self.sleep_level == 2:
-            self.model, draft = self._load_models()
-            self.runner.model = self.model
-            if draft is not None:
-                self.proposer.runner.model = self.proposer.model = draft
-        elif self.device.type != "cpu":
-            self.model.to(self.device)
-        self._start_cache()  # the draft's weights come back with its cache (DraftProposer.wake_up)
-        self.sleep_level = 0
+        residency.wake_up(self)
 
     # Requests ------------------------------------------------------------------------------------------
 
