@@ -125,11 +125,13 @@ def main() -> None:
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"),
                         help="the python of a venv with llama-cpp-python: adds llama.cpp's rows (--quantized)")
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
+    parser.add_argument("--moe", action="store_true", help="only the MoE rows vs llama.cpp (engine_quantized.moe_rows)")
     args = parser.parse_args()
-    if args.quantized:
-        from engine_quantized import quantized_rows  # bench/, beside this script
+    if args.quantized or args.moe:
+        from engine_quantized import moe_rows, quantized_rows  # bench/, beside this script
 
-        print(json.dumps(quantized_rows(args)))
+        for row in moe_rows(args) if args.moe else [quantized_rows(args)]:
+            print(json.dumps(row), flush=True)
         return
 
     from transformers import AutoModelForCausalLM

@@ -100,3 +100,34 @@ def quantized_rows(args) -> dict:
             for name in ("quantized", "int8"):
                 row[f"{label}_{name}_single_vs_llama_cpp"] = round(rates[name][0] / rates["llama_cpp"][0], 2)
     return row
+
+
+def moe_rows(args) -> list[dict]:
+    """One row per MoE file (bench/moe_gguf.py: Qwen3-MoE and Mixtral shapes, Q4_K_M, llama.cpp's layout): our
+    decode at batch 1 and 4, exact and int8 activations, beside llama.cpp's on the same file (null without it)."""
+    from moe_gguf import SHAPES, moe_file  # bench/, beside this script
+
+    rows = []
+    for family in SHAPES:
+        path = moe_file(family)
+        single = [[(17 * i + 3) % 400 + 3 for i in range(32)]]
+        batch = [[(17 * i + 29 * b) % 400 + 3 for i in range(32)] for b in range(1, args.concurrency + 1)]
+        row: dict = {"bench": "engine-quantized-moe", "model": f"{family}-Q4_K_M", "device": "cpu",
+                     "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "batch": args.concurrency}
+        rates = {}
+        for name, settings in (("exact", {}), ("int8", {"activations": "int8"})):
+            llm = LLM(str(path), max_num_seqs=max(8, args.concurrency), max_model_len=512, **settings)
+            ours_generate(llm, single, 8)
+            rates[name] = (args.new_tokens / best(ours_generate, llm, single, args.new_tokens),
+                           args.new_tokens * len(batch) / best(ours_generate, llm, batch, args.new_tokens))
+            del llm
+        rates["llama_cpp"] = llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python)
+        for name, (one, many) in rates.items():
+            row[f"{name}_single_tok_s"] = None if one is None else round(one, 2)
+            row[f"{name}_batch_tok_s"] = None if many is None else round(many, 2)
+        if rates["llama_cpp"][0] is not None:
+            for name in ("exact", "int8"):
+                row[f"{name}_single_vs_llama_cpp"] = round(rates[name][0] / rates["llama_cpp"][0], 2)
+                row[f"{name}_batch_vs_llama_cpp"] = round(rates[name][1] / rates["llama_cpp"][1], 2)
+        rows.append(row)
+    return rows

@@ -3,10 +3,14 @@ fits a small machine, and to a vocabulary of 8,192: a random model's output laye
 full 151,936 would be most of a step), greedy, at batch 1 to 64, with the experts of a decode step in one C call (cpu_moe.c) vs
 the per-expert loop (one quantized matmul per expert and projection), interleaved in one run. One JSON line per
 batch. Run: python bench/moe_cpu.py [--layers 12 --experts 32]
+
+--gguf [--llama-cpp-python PATH]: instead, Qwen3-MoE- and Mixtral-shaped Q4_K_M files in llama.cpp's layout, ours
+(exact, int8 activations) beside llama.cpp at batch 1 and --concurrency (bench/engine_quantized.py's moe_rows).
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +40,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
+    parser.add_argument("--gguf", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
     args = parser.parse_args()
+    if args.gguf:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from engine_quantized import moe_rows
+
+        for row in moe_rows(args):
+            print(json.dumps({**row, "bench": "moe_cpu"}), flush=True)
+        return
     shape = dict(SHAPES["qwen3-30b-a3b-like"], num_hidden_layers=args.layers, num_experts=args.experts,
                  vocab_size=8192)
     with tempfile.TemporaryDirectory() as root:
