@@ -44,7 +44,7 @@ class StageSampling:
 
     def stronger(self) -> "StageSampling":
         """For the loop guard's one rewrite: penalties raised well past the stage's own."""
-        return replace(self, repetition_penalty=max(self.repetition_penalty, 1.0) + 0.2,
+        return replace(self, repetition_penalty=round(max(self.repetition_penalty, 1.0) + 0.2, 3),
                        frequency_penalty=min(2.0, self.frequency_penalty + 0.6),
                        presence_penalty=min(2.0, self.presence_penalty + 0.4))
 
