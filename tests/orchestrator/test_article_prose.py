@@ -1,6 +1,9 @@
 """A short article from the real SmolLM2-135M (the embedded default) reads as prose: no loops, a real title."""
 
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,4 +34,11 @@ def test_a_short_smollm2_article_does_not_loop_and_has_a_real_title(tmp_path, sm
     assert len(body.split()) >= 40
     assert distinct_n(body, 4) >= 0.95, body
     assert 2 <= len(title.split()) <= 10 and not re.match(r"(?i)here (is|are)", title)
-    assert Path(settings.runs_dir / run.id / "article.html").is_file()
+    html = settings.runs_dir / run.id / "article.html"
+    assert title in html.read_text()
+    browser = shutil.which("chromium")
+    if browser:  # how a newcomer sees it: rendered headless (Debian's chromium); ARTICLE_SCREENSHOT keeps it
+        shot = Path(os.environ.get("ARTICLE_SCREENSHOT", tmp_path / "article.png"))
+        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                        "--window-size=1000,1400", html.as_uri()], capture_output=True, timeout=120, check=True)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
