@@ -7,6 +7,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import ListRootsResult, ToolAnnotations
+from pydantic import Field
 
 from mcp_server.paths import FileAccess, client_roots, root_paths
 from orchestrator.clients.router import LLMRouter
@@ -23,6 +24,11 @@ class State:
 
 
 Roots = Annotated[ListRootsResult | None, Resolve(client_roots)]  # the client's roots, asked for when it has them
+# Per-stage sampling overrides of an article run (orchestrator.pipeline.sampling), e.g.
+# {"sections": {"repetition_penalty": 1.3}}; the run records them, merged with the defaults, in its params.
+Sampling = Annotated[dict | None, Field(description='per-stage sampling overrides: {"outline"|"sections"|'
+                     '"image_prompts": {temperature, top_p, min_p, repetition_penalty, frequency_penalty, '
+                     'presence_penalty, stop}, "loop_threshold": 0.1}; unset: measured defaults')]
 
 # Hermes' `trust: untrusted` and other clients ask before tools that change things; these say which do.
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)

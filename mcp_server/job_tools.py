@@ -8,7 +8,16 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, DESTRUCTIVE, READ_ONLY, Roots, checked_file, client_name, state_of
+from mcp_server.context import (
+    CREATES,
+    DESTRUCTIVE,
+    READ_ONLY,
+    Roots,
+    Sampling,
+    checked_file,
+    client_name,
+    state_of,
+)
 from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
@@ -90,6 +99,7 @@ def register(server: MCPServer) -> None:
         images: Annotated[int, Field(ge=0, le=12, description="illustrated sections (needs ComfyUI)")] = 2,
         words_per_section: Annotated[int, Field(ge=30, le=2000)] = 150,
         sources: Annotated[list[str], Field(description="text/Markdown files to ground the research")] = [],  # noqa: B006 pydantic copies defaults
+        sampling: Sampling = None,
         roots: Roots = None,
     ) -> JobStarted:
         """Write an illustrated article (research, writing, illustration, assembly) as a background job. Returns
@@ -100,7 +110,8 @@ def register(server: MCPServer) -> None:
         try:
             run = await asyncio.to_thread(api.start_article, {
                 "topic": topic, "audience": audience, "sections": sections, "images": images,
-                "words_per_section": words_per_section, "sources": sources}, state.settings, client_name(ctx))
+                "words_per_section": words_per_section, "sources": sources,
+                "sampling": sampling or {}}, state.settings, client_name(ctx))
         except (api.ParamsError, api.JobError) as e:
             raise ToolError(str(e)) from None
         said = f"queued: number {run.queue_position} for a worker" if run.queue_position else "started"

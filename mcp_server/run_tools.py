@@ -11,7 +11,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, READ_ONLY, Roots, checked_file, client_name, state_of
+from mcp_server.context import CREATES, READ_ONLY, Roots, Sampling, checked_file, client_name, state_of
 from mcp_server.image_tools import follow
 from mcp_server.job_tools import stage_result
 from mcp_server.lazy import lazy
@@ -116,6 +116,7 @@ def register(server: MCPServer) -> None:
             int | None, Field(ge=0, le=12, description="illustrated sections (default 2)")
         ] = None,
         words_per_section: Annotated[int | None, Field(ge=30, le=2000)] = None,
+        sampling: Sampling = None,
         roots: Roots = None,
     ) -> RunCreated:
         """Create an article run that agents share: each does a stage (research, writing, illustration,
@@ -129,6 +130,7 @@ def register(server: MCPServer) -> None:
             "sections": sections,
             "images": images,
             "words_per_section": words_per_section,
+            "sampling": sampling,
         }
         run = await _call(
             api.create_run, {k: v for k, v in params.items() if v is not None}, state_of(ctx).settings

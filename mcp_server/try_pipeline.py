@@ -8,6 +8,7 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 
 import httpx2
 from mcp import Client
@@ -61,8 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     result = info["result"]
     if result.get("images_skipped"):
         print(f"note: {result['images_skipped']}", file=sys.stderr)
-    print(result["article_html"])
+    print(summary(result))
     return 0
+
+
+def summary(result: dict) -> str:
+    """What a newcomer reads last: the article's title, its length and where it is."""
+    words = len(Path(result["article_md"]).read_text(encoding="utf-8").split()) if result.get("article_md") else 0
+    return f"{result['title']} ({words} words)\n{result['article_html']}"
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("--template", default="sd15", help="sd15, sdxl, flux, or an API-format workflow file")
     run_p.add_argument("--seed", type=int, default=None)
     run_p.add_argument("--temperature", type=float, default=0.7)
+    run_p.add_argument("--sampling", type=json.loads, default={}, metavar="JSON",
+                       help='per-stage sampling overrides, e.g. \'{"sections": {"repetition_penalty": 1.3}}\'')
     run_p.add_argument("--model", default=None, help="the model name on the LLM server (default: its first)")
     run_p.add_argument("--llm", default=None, help="an OpenAI-compatible base URL (default: SCRIPTORIUM_LLM_URL)")
     run_p.add_argument("--comfyui", default=None, help="ComfyUI's URL (default: SCRIPTORIUM_COMFYUI_URL)")
@@ -150,6 +152,7 @@ def _command(args: argparse.Namespace) -> int:
                 topic=args.topic, audience=args.audience, sections=args.sections, words_per_section=args.words,
                 images=args.images, sources=args.source, template=args.template, seed=args.seed,
                 temperature=args.temperature, llm_url=args.llm, comfyui_url=args.comfyui, model=args.model,
+                sampling=args.sampling,
             )
             if args.detach:
                 run = pool.enqueue(store, "article", params.to_dict(), settings, "cli")

@@ -30,7 +30,11 @@ def test_make_up_flow_writes_an_article_and_is_idempotent(tmp_path, smollm2_path
         assert up.returncode == 0, up.stderr
         article = run("mcp_server.try_pipeline")
         assert article.returncode == 0, article.stderr
-        html = Path(article.stdout.strip())
+        heading, where = article.stdout.strip().splitlines()
+        html = Path(where)
+        title, _, count = heading.rpartition(" (")
+        assert title and count.endswith(" words)") and int(count.split()[0]) > 0
+        assert f"<title>{title}</title>" in html.read_text() or title in html.read_text()
         assert html.name == "article.html" and html.is_relative_to(home / "runs")
         page = html.read_text()
         assert page.startswith("<!DOCTYPE html>") and page.count("<h2>") == 2

@@ -23,7 +23,7 @@ async def image_prompt(llm: LLMRouter, outline: dict, index: int, params: Articl
             f"An illustration for the section \"{section['heading']}\" of the article \"{outline['title']}\" "
             f"({'; '.join(section['key_points'])}). Describe the picture in one sentence: subject, setting, style.")},
     ]
-    reply = await llm.chat(messages, max_tokens=await fit(llm, messages, 80), temperature=params.temperature,
+    reply = await llm.chat(messages, max_tokens=await fit(llm, messages, 80), **params.stage_sampling()["image_prompts"].chat(),
                            seed=None if params.seed is None else params.seed + 100 + index)
     prompt = " ".join(reply["text"].split())[:400]
     return prompt or f"an illustration of {section['heading']}"

@@ -3,6 +3,8 @@
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator.pipeline.sampling import Sampling, SamplingError, recorded, resolve
+
 
 class ParamsError(ValueError):
     pass
@@ -26,6 +28,8 @@ class ArticleParams:
     comfyui_url: str | None = None  # override SCRIPTORIUM_COMFYUI_URL for this run
     model: str | None = None
     style: str | None = None  # how the sections are written ("plain and practical", "playful")
+    # per-stage overrides of pipeline.sampling's defaults; stored in full once resolved
+    sampling: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.topic, str) or not self.topic.strip():
@@ -39,6 +43,10 @@ class ArticleParams:
             raise ParamsError(f"images must be between 0 and the number of sections ({self.sections}), got {self.images}")
         if not 0 <= self.temperature <= 2:
             raise ParamsError(f"temperature must be in [0, 2], got {self.temperature}")
+        try:
+            self.sampling = recorded(resolve(self.sampling, None if self.temperature == 0.7 else self.temperature))
+        except SamplingError as e:
+            raise ParamsError(str(e)) from None
         resolved = []
         for source in self.sources:
             path = Path(source).expanduser().resolve()
@@ -54,6 +62,9 @@ class ArticleParams:
         if unknown:
             raise ParamsError(f"unknown article setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
+
+    def stage_sampling(self) -> Sampling:
+        return resolve(self.sampling)
 
     def to_dict(self) -> dict:
         return asdict(self)

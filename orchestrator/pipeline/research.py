@@ -6,6 +6,9 @@ from pathlib import Path
 from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
+from orchestrator.pipeline.prose import clean_title
+
+HEADING_WORDS = 8
 
 ATTEMPTS = 3
 SOURCE_CHARS = 6000  # of each source file, to stay well inside small models' context
@@ -77,8 +80,8 @@ def parse_outline(text: str, sections: int) -> dict:
             raise ValueError(f"section {i + 1} has no heading")
         if not isinstance(points, list) or not points or not all(isinstance(p, str) and p.strip() for p in points):
             raise ValueError(f"section {i + 1} needs a list of key points (strings)")
-        clean.append({"heading": heading.strip(), "key_points": [p.strip() for p in points]})
-    return {"title": title.strip(), "sections": clean}
+        clean.append({"heading": clean_title(heading, f"Part {i + 1}", HEADING_WORDS), "key_points": [p.strip() for p in points]})
+    return {"title": clean_title(title, "Untitled"), "sections": clean}
 
 
 async def research(llm: LLMRouter, params: ArticleParams, structured: bool = True,
@@ -92,7 +95,7 @@ async def research(llm: LLMRouter, params: ArticleParams, structured: bool = Tru
         # Room for the schema's longest answer even at one character per token (as small models can write), or
         # what the model's context leaves: a real outline is far shorter than that longest one.
         budget = await fit(llm, messages, 150 + 520 * params.sections)
-        reply = await llm.chat(messages, max_tokens=budget, temperature=params.temperature,
+        reply = await llm.chat(messages, max_tokens=budget, **params.stage_sampling()["outline"].chat(),
                                json_schema=schema, seed=None if params.seed is None else params.seed + attempt)
         text = reply["text"]
         try:

@@ -8,6 +8,7 @@ import json
 from common.lease import LeaseError
 from orchestrator import history
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
+from orchestrator.clients.context import context_window
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline import assembly, writing
 from orchestrator.pipeline import research as researching
@@ -84,7 +85,13 @@ async def write_section(
         mode, instructions = "redo", instructions or reason
 
     async def work() -> str:
-        text = await writing.write_section(llm, outline, index, run.params, instructions)
+        window = await context_window(llm)
+        words = writing.section_words(run.params, len(outline["sections"]), window)
+
+        def guarded(note: str) -> None:
+            history.remark(run.store, run.run_id, f"loop_guard:{index:02d}", "", history.PIPELINE, note)
+
+        text = await writing.write_section(llm, outline, index, run.params, instructions, words, guarded)
         return run.save(f"sections/{index:02d}.md", text)
 
     relative = await run.step(

@@ -1,0 +1,46 @@
+import pytest
+
+from orchestrator.pipeline.params import ArticleParams, ParamsError
+from orchestrator.pipeline.prose import clean_title, distinct_n, repeated_share
+from orchestrator.pipeline.sampling import DEFAULTS, resolve
+
+
+def test_distinct_n_counts_repeated_word_sequences():
+    assert distinct_n("one two three four five", 4) == 1.0
+    looped = "the secrets of the scriptorium " * 4
+    # 20 words, 17 4-grams, of which only 5 are distinct
+    assert distinct_n(looped, 4) == pytest.approx(5 / 17)
+    assert repeated_share(looped) == pytest.approx(12 / 17)
+    assert distinct_n("", 4) == 1.0
+
+
+@pytest.mark.parametrize("raw, title", [
+    ("Here is a summary of how lighthouses work with solar energy, which is a crucial",
+     "How lighthouses work with solar energy"),
+    ('Sure! Here is the title: "Bees: Why They Dance"', "Bees: Why They Dance"),
+    ("## **The Porridge Book**", "The Porridge Book"),
+    ("Lighthouses at night. They guide ships.", "Lighthouses at night"),
+    ("one two three four five six seven eight nine ten eleven twelve of the", "One two three four five six seven "
+     "eight nine ten"),
+    ("Here is", "Solar lighthouses"),
+])
+def test_titles_are_short_complete_and_without_preamble(raw, title):
+    assert clean_title(raw, "solar lighthouses") == title
+
+
+def test_sampling_overrides_lay_over_the_defaults_and_are_recorded():
+    params = ArticleParams(topic="t", sampling={"sections": {"repetition_penalty": 1.3}, "loop_threshold": 0.2})
+    assert params.sampling["sections"]["repetition_penalty"] == 1.3
+    assert params.sampling["sections"]["temperature"] == DEFAULTS["sections"].temperature
+    assert params.sampling["loop_threshold"] == 0.2
+    assert params.stage_sampling()["image_prompts"] == DEFAULTS["image_prompts"]
+    # what params.json stores reads back as the same run
+    assert ArticleParams.from_dict(params.to_dict()).sampling == params.sampling
+    assert resolve(None, 0.2)["outline"].temperature == 0.2
+
+
+@pytest.mark.parametrize("bad", [{"writing": {}}, {"sections": {"top_k": 3}}, {"sections": {"temperature": 5}},
+                                 {"loop_threshold": 0}, {"outline": {"stop": [""]}}])
+def test_bad_sampling_is_refused_with_its_name(bad):
+    with pytest.raises(ParamsError, match="sampling"):
+        ArticleParams(topic="t", sampling=bad)
