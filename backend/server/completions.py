@@ -64,14 +64,15 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     finals = await until_disconnect(request, collect(gens, prompts, req.n))
     choices, completion_tokens = [], 0
     for i, out in enumerate(finals):
+        head_lp = echo.logprobs(req, prompts[i], out.prompt_logprobs, tokenizer) if echo is not None else None
         for c in out.outputs:
             text, ids, entries, reason = c.text, c.token_ids, c.logprobs, c.finish_reason
             if echo is not None and not echo.generate:
                 text, ids, entries, reason = "", [], ([] if entries is not None else None), "length"
             head = echo.texts[i] if echo is not None else ""
             choice = completion_choice(i * req.n + c.index, head + text, ids, entries, req.logprobs, reason, len(head))
-            if echo is not None and (lp := echo.logprobs(req, prompts[i], out.prompt_logprobs, tokenizer)):
-                choice["logprobs"] = joined(lp, choice["logprobs"])
+            if head_lp:
+                choice["logprobs"] = joined(head_lp, choice["logprobs"])
             if req.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompts[i], req.prompt_logprobs)
             choices.append(choice)
@@ -110,10 +111,11 @@ def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, pr
             wait = asked and delta.prompt_logprobs is None
             if not echoed[i] and not (wait and not delta.finished):
                 echoed[i] = True
+                head_lp = echo.logprobs(req, prompts[i], delta.prompt_logprobs, tokenizer) if echo else None
                 for j in range(req.n):
                     choice = completion_choice(i * req.n + j, echo.texts[i] if echo else "", [], None, None, None)
                     if echo is not None:
-                        choice["logprobs"] = echo.logprobs(req, prompts[i], delta.prompt_logprobs, tokenizer)
+                        choice["logprobs"] = head_lp
                         offsets[i][j] = len(echo.texts[i])
                     if req.prompt_logprobs is not None:
                         choice["prompt_logprobs"] = prompt_logprobs_json(delta.prompt_logprobs, prompts[i],

@@ -95,12 +95,13 @@ class DraftProposer:
         the tokens it had (drafts of an earlier step that the target accepted included)."""
         n = min(len(state.ends), len(target_ids))  # target tokens never change once written
         del state.ends[n:]
-        tokens = state.token_ids[:state.ends[-1] if state.ends else 0]
+        kept = state.ends[-1] if state.ends else 0
+        tokens = state.token_ids[:kept]
         for tid in target_ids[n:]:
             tokens.extend(self.bridge.draft_tokens([tid]) if self.bridge is not None else [tid])
             state.ends.append(len(tokens))
-        common = 0
-        for a, b in zip(tokens, state.token_ids):
+        common = kept  # the first `kept` are the old tokens themselves: compare only what follows
+        for a, b in zip(tokens[kept:], state.token_ids[kept:]):
             if a != b:
                 break
             common += 1

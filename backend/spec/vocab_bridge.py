@@ -120,8 +120,10 @@ class VocabBridge:
         """[N, draft vocab] -> [N, target vocab]: each twin's logit at its target id, -inf elsewhere."""
         out = torch.full((draft_logits.shape[0], self.target_vocab), float("-inf"), dtype=draft_logits.dtype,
                          device=draft_logits.device)
-        dev = draft_logits.device
-        out[:, self.twin_target_ids.to(dev)] = draft_logits[:, self.twin_draft_ids.to(dev)]
+        if self.twin_target_ids.device != draft_logits.device:  # moved once, not every draft step
+            self.twin_target_ids = self.twin_target_ids.to(draft_logits.device)
+            self.twin_draft_ids = self.twin_draft_ids.to(draft_logits.device)
+        out[:, self.twin_target_ids] = draft_logits[:, self.twin_draft_ids]
         return out
 
     def draft_tokens(self, target_ids: list[int]) -> list[int]:
