@@ -18,6 +18,7 @@ from mcp_server import (
     prompts,
     resources,
     role_prompts,
+    run_edit_tools,
     run_tools,
     text_tools,
     toolsets,
@@ -131,6 +132,7 @@ def build_server(settings: Settings | None = None, budget: float | None = None,
     image_tools.register(server)
     job_tools.register(server)
     run_tools.register(server)
+    run_edit_tools.register(server)
     resources.register(server, settings, lambda ctx: ctx.lifespan_context.watch)
     prompts.register(server)
     if team:  # the role prompts walk an agent through the team tools
