@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.pipeline import safe_html
+from orchestrator.pipeline.prose import demote_headings
 
 STYLE = """
 body { font-family: Georgia, 'Times New Roman', serif; max-width: 46rem; margin: 3rem auto; padding: 0 1rem;
@@ -17,6 +18,7 @@ h1 { font-size: 2.2rem; line-height: 1.2; } h2 { margin-top: 2.5rem; }
 figure { margin: 1.5rem 0; } figure img { width: 100%; height: auto; border-radius: 4px; }
 figcaption { font-size: 0.85rem; color: #666; } footer { margin-top: 3rem; font-size: 0.8rem; color: #888; }
 """
+SECTION_SUBHEADING = 3  # the title is h1, each section's heading h2: a heading the model writes goes under it
 
 
 def article_markdown(outline: dict, texts: list[str], images: dict[int, dict]) -> str:
@@ -25,7 +27,7 @@ def article_markdown(outline: dict, texts: list[str], images: dict[int, dict]) -
         parts.append(f"## {section['heading']}\n")
         if i in images:
             parts.append(f"![{images[i]['prompt']}]({images[i]['file']})\n")
-        parts.append(text.strip() + "\n")
+        parts.append(demote_headings(text.strip(), SECTION_SUBHEADING) + "\n")
     return "\n".join(parts)
 
 
@@ -37,7 +39,8 @@ def article_html(outline: dict, texts: list[str], images: dict[int, dict], run_d
             data = base64.b64encode((run_dir / images[i]["file"]).read_bytes()).decode()
             body.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(images[i]["prompt"])}">'
                         f"<figcaption>{html.escape(images[i]['prompt'])}</figcaption></figure>")
-        body.append(safe_html.markdown_html(text))  # the model's raw HTML shows as text; no script runs
+        # the model's raw HTML shows as text; no script runs
+        body.append(safe_html.markdown_html(text, SECTION_SUBHEADING))
     footer = "Written by Scriptorium." + (f" {html.escape(note)}" if note else "")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

@@ -1,4 +1,6 @@
-"""Measures of how text reads (distinct-n, the share of repeated n-grams) and titles cut to be titles."""
+"""Measures of how text reads (distinct-n, the share of repeated n-grams); titles cut to be titles; section
+bodies without the heading or preamble a model puts first, ending at a sentence, their headings under the
+section's own."""
 
 import re
 
@@ -69,3 +71,50 @@ def _cut(text: str, max_words: int) -> str:
     while len(kept) > 2 and kept[-1].lower().strip(",;:") in SMALL:
         kept.pop()
     return " ".join(kept).rstrip(",;:")
+
+
+OPENER = re.compile(r"^(?:sure|certainly|of course|okay|ok|absolutely|great)\b[^\n]{0,80}[:!]\s*$|^here(?:'s|\s+is|\s+are)\b"
+                    r"[^\n]{0,120}:\s*$", re.IGNORECASE)
+SENTENCE_END = re.compile(r"[.!?][\"'”’)\]*_]*(?=\s|$)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+ATX = re.compile(r"^(#{1,6})(\s|$)")
+
+
+def section_body(text: str, cut_short: bool = False) -> str:
+    """A section's text as the article shows it: without the leading heading (the article sets its own) or
+    the model's opener ("Sure! Here is section 2:"); when the model was cut off by its token budget
+    (cut_short), ending at its last full sentence, as long as that keeps most of the text."""
+    lines = text.strip().splitlines()
+    while lines and (not lines[0].strip() or ATX.match(lines[0].lstrip()) or OPENER.match(lines[0].strip())
+                     or _bold_line(lines[0])):
+        lines.pop(0)
+    body = "\n".join(lines).strip()
+    if cut_short and body:
+        ends = [m.end() for m in SENTENCE_END.finditer(body)]
+        if ends and ends[-1] >= len(body) // 2:
+            body = body[:ends[-1]]
+    return body
+
+
+def _bold_line(line: str) -> bool:
+    """A line that is all bold and short: a heading written as **Heading**."""
+    stripped = line.strip()
+    return (stripped.startswith("**") and stripped.endswith("**") and len(stripped) > 4
+            and len(stripped.split()) <= 12)
+
+
+def demote_headings(text: str, top: int) -> str:
+    """Markdown whose ATX headings (outside code fences) start at level `top`, keeping their relative depth."""
+    lines, fenced, levels = text.splitlines(), False, []
+    for line in lines:
+        fenced ^= bool(FENCE.match(line))
+        if not fenced and (m := ATX.match(line)):
+            levels.append(len(m.group(1)))
+    if not levels or min(levels) >= top:
+        return text
+    shift, fenced, out = top - min(levels), False, []
+    for line in lines:
+        fenced ^= bool(FENCE.match(line))
+        m = None if fenced else ATX.match(line)
+        out.append("#" * min(6, len(m.group(1)) + shift) + line[len(m.group(1)):] if m else line)
+    return "\n".join(out)

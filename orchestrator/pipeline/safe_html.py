@@ -27,14 +27,23 @@ COMMON_ATTRS = {"id", "class", "title"}
 TAG_ATTRS = {"a": {"href"}, "img": {"src", "alt"}, "ol": {"start"}, "th": {"align"}, "td": {"align"}}
 URL_SCHEMES = {"href": {"http", "https", "mailto"}, "src": {"http", "https"}}  # no data: from the model
 ALIGN = {"left", "right", "center"}
+HEADING = re.compile(r"<h([1-6])[ >]")
+HEADING_TAG = re.compile(r"<(/?)h([1-6])(?=[ >])")
 
 
-def markdown_html(text: str) -> str:
-    """text (Markdown from the model) as a safe HTML fragment."""
+def markdown_html(text: str, top_heading: int = 1) -> str:
+    """text (Markdown from the model) as a safe HTML fragment whose headings start at level top_heading (a
+    section's own headings sit under the section's <h2>, whatever level the model chose, setext ones too)."""
     md = markdown.Markdown(extensions=EXTENSIONS, extension_configs=EXTENSION_CONFIG)
     md.preprocessors.deregister("html_block")
     md.inlinePatterns.deregister("html")
-    return sanitise(md.convert(text))
+    fragment = sanitise(md.convert(text))
+    levels = [int(level) for level in HEADING.findall(fragment)]
+    if not levels or min(levels) >= top_heading:
+        return fragment
+    shift = top_heading - min(levels)
+    # the fragment is rebuilt by sanitise, so every heading tag in it is one this pattern matches
+    return HEADING_TAG.sub(lambda m: f"<{m.group(1)}h{min(6, int(m.group(2)) + shift)}", fragment)
 
 
 def sanitise(fragment: str) -> str:

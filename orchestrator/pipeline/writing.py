@@ -7,7 +7,7 @@ from collections.abc import Callable
 from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
-from orchestrator.pipeline.prose import repeated_share
+from orchestrator.pipeline.prose import repeated_share, section_body
 
 ATTEMPTS = 3
 TOKENS_PER_WORD = 1.6  # SmolLM2's tokenizer on English prose is ~1.3; the rest is room to end a sentence
@@ -50,15 +50,15 @@ async def write_section(llm: LLMRouter, outline: dict, index: int, params: Artic
     stage = sampling["sections"]
     for attempt in range(ATTEMPTS):
         seed = None if params.seed is None else params.seed + index + 1000 * attempt
-        text = (await llm.chat(messages, max_tokens=budget, seed=seed, **stage.chat()))["text"].strip()
+        text = _body(await llm.chat(messages, max_tokens=budget, seed=seed, **stage.chat()))
         if not text:
             continue
         share = repeated_share(text)
         if share <= sampling.loop_threshold:
             return text
         stronger = stage.stronger()
-        again = (await llm.chat(messages, max_tokens=budget, seed=None if seed is None else seed + 500,
-                                **stronger.chat()))["text"].strip()
+        again = _body(await llm.chat(messages, max_tokens=budget, seed=None if seed is None else seed + 500,
+                                     **stronger.chat()))
         after = repeated_share(again) if again else 1.0
         kept = again if again and after < share else text
         if on_rewrite is not None:
@@ -68,3 +68,7 @@ async def write_section(llm: LLMRouter, outline: dict, index: int, params: Artic
                        f"{after:.0%} repeated; kept the {'rewrite' if kept is again else 'first text'}")
         return kept
     raise ValueError(f"the model wrote nothing for section {index + 1} in {ATTEMPTS} attempts")
+
+
+def _body(answer: dict) -> str:
+    return section_body(answer["text"], cut_short=answer.get("finish_reason") == "length")

@@ -1,7 +1,7 @@
 import pytest
 
 from orchestrator.pipeline.params import ArticleParams, ParamsError
-from orchestrator.pipeline.prose import clean_title, distinct_n, repeated_share
+from orchestrator.pipeline.prose import clean_title, demote_headings, distinct_n, repeated_share, section_body
 from orchestrator.pipeline.sampling import DEFAULTS, resolve
 
 
@@ -44,3 +44,28 @@ def test_sampling_overrides_lay_over_the_defaults_and_are_recorded():
 def test_bad_sampling_is_refused_with_its_name(bad):
     with pytest.raises(ParamsError, match="sampling"):
         ArticleParams(topic="t", sampling=bad)
+
+
+@pytest.mark.parametrize("raw, cut_short, body", [
+    ("## Cutting a nib\n\nA sharp knife matters.", False, "A sharp knife matters."),
+    ("Sure! Here is section 2:\n\n**Cutting a nib**\nA sharp knife matters.", False, "A sharp knife matters."),
+    ("Here's the section on nibs:\nA sharp knife matters.", False, "A sharp knife matters."),
+    ("A sharp knife matters, and a steady hand matters more. Hold the quill and", True,
+     "A sharp knife matters, and a steady hand matters more."),
+    ("A sharp knife matters. Hold the quill at an angle and", False,
+     "A sharp knife matters. Hold the quill at an angle and"),
+    # the last full sentence is too early to end at: the text stays as written
+    ("Short. " + "a long run of words without any end " * 5, True,
+     "Short. " + ("a long run of words without any end " * 5).strip()),
+    ("### Only a heading", False, ""),
+    ("Here is why nibs matter: a sharp knife.", False, "Here is why nibs matter: a sharp knife."),
+])
+def test_section_bodies_lose_restated_headings_and_openers_and_end_at_a_sentence(raw, cut_short, body):
+    assert section_body(raw, cut_short) == body
+
+
+def test_headings_inside_a_section_go_under_the_sections_heading():
+    text = "Intro.\n\n# Big\n\ntext\n\n## Smaller\n\n```\n# a comment in code\n```\n"
+    assert demote_headings(text, 3) == "Intro.\n\n### Big\n\ntext\n\n#### Smaller\n\n```\n# a comment in code\n```"
+    assert demote_headings("#### Deep\n", 3) == "#### Deep\n"  # already below: left as written
+    assert demote_headings("no headings", 3) == "no headings"

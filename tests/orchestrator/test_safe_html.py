@@ -111,9 +111,10 @@ def test_normal_markdown_still_renders(tmp_path):
     page, data = build(tmp_path, [NORMAL])
     oracle = parse(page)
     tags = [tag for tag, _ in oracle.elements]
-    for tag in ("h1", "h2", "em", "strong", "ul", "ol", "li", "code", "pre", "table", "th", "td", "figure", "img"):
+    for tag in ("h1", "h2", "h3", "em", "strong", "ul", "ol", "li", "code", "pre", "table", "th", "td", "figure", "img"):
         assert tag in tags, tag
-    assert tags.count("h2") == 2  # the section's heading and the one inside its text
+    # the section's heading is the page's only h2: the model's "## A subheading" goes under it
+    assert tags.count("h2") == 1 and tags.count("h3") == 1
     links = [attrs["href"] for tag, attrs in oracle.elements if tag == "a"]
     assert links == ["https://example.org/page?a=1&b=2", "http://example.com"]
     assert {attrs.get("align") for tag, attrs in oracle.elements if tag == "th"} == {"left", "right"}
@@ -121,3 +122,11 @@ def test_normal_markdown_still_renders(tmp_path):
     assert "<script>not run, shown</script>" in text and "code with <tags>" in text
     assert "A <b>title</b>" in text and 'a "quoted" <prompt>' in text
     assert "script" not in tags
+
+
+def test_a_sections_headings_of_any_level_and_form_sit_under_its_own(tmp_path):
+    text = "Intro.\n\nBig one\n=======\n\nbody\n\n## Second\n\nmore\n\n#### Deep\n"
+    page, _ = build(tmp_path, [text])
+    tags = [tag for tag, _ in parse(page).elements]
+    assert tags.count("h1") == 1 and tags.count("h2") == 1  # the article's title and the section's heading
+    assert [t for t in tags if t in ("h3", "h4", "h5", "h6")] == ["h3", "h4", "h6"]
