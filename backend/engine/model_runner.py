@@ -12,7 +12,7 @@ from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
 
-# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where the model
+# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where a dense model
 # has a one-call step (CpuDecoder): per row it saves the module path's overhead but attends alone (every key read
 # once per row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh
 # 512-token prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
@@ -147,7 +147,8 @@ class ModelRunner:
         decode, prefill = [], []
         for i, item in enumerate(plan):
             as_decode = item.num_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
-                self.cpu_decoder is not None and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
+                self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
+                and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
             (decode if as_decode else prefill).append(i)
         for i in decode + prefill:
             item = plan[i]
@@ -207,7 +208,8 @@ class ModelRunner:
             _assign_logit_rows(plan)
             return self.model.compute_logits(hidden), {}, {}
         input_ids, positions, meta, sample_rows = self.prepare(plan)
-        if self.cpu_decoder is not None and not meta.prefills and not every_row:
+        if self.cpu_decoder is not None and not meta.prefills and not every_row \
+                and self.cpu_decoder.takes(input_ids.shape[0]):
             hidden = self.cpu_decoder(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)

@@ -8,10 +8,12 @@
  * residual added first), fused q|k|v, rotary over q and k (each head RMS-normed first where the model has q/k
  * norms: Qwen3), paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our
  * quantized layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's
- * q|k|v).
+ * q|k|v). A MoE layer (Mixtral, Qwen3-MoE) has, in place of gate|up and down, its router and routed experts: the
+ * module path's two calls (moe_route_rows, moe_tokens in ../quant/cpu_moe.c), here without Python between them.
  */
 #include <omp.h>
 
+#include "../quant/cpu_moe.h"
 #include "cpu_vectors.h"
 
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
@@ -39,14 +41,22 @@ typedef struct {
     const float *bias; /* or NULL */
 } Linear;
 
+/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks */
+typedef struct {
+    const float *router; /* NULL: a dense layer (gate_up and down) */
+    i64 experts, top_k, renormalize;
+    ExpertStack gate, up, down;
+} Experts;
+
 typedef struct {
     const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
     Linear qkv, o, gate_up, down;
+    Experts moe;
     void *k_cache, *v_cache; /* elements of Shape's kv_kind */
 } Layer;
 
 typedef struct {
-    i64 layers, hidden, heads, kv_heads, head_dim, inter, block_size, window;
+    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window; /* top_k: most of a MoE layer */
     float eps, scale;
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
@@ -69,8 +79,9 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
 
 /* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
  * ldc. slots [M]: each row's cache slot; tables [M, table_stride] and lens [M] as decode_attention_rows reads
- * them (max_len: the longest context a table can hold). */
-void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
+ * them (max_len: the longest context a table can hold). Returns 1; 0 where memory ran out (x is then not
+ * the step's). */
+int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                    const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
                    int threads) {
     static __thread float *work;
@@ -78,15 +89,17 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     const i64 qkv_cols = (hq + 2 * hkv) * D, qk_cols = (hq + hkv) * D;
     const int kind = (int)s->kv_kind;
-    size_t need = (size_t)M * (3 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter);
+    size_t need = (size_t)M * (3 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter + 3 * s->top_k) + 2;
     if (work_floats < need) {
         free(work);
         work = malloc(need * sizeof(float));
         work_floats = work ? need : 0;
-        if (!work) return;
+        if (!work) return 0;
     }
     float *residual = work, *h = residual + M * H, *out = h + M * H, *qkv = out + M * H, *qk = qkv + M * qkv_cols;
     float *attn = qk + M * qk_cols, *gate_up = attn + M * hq * D, *act = gate_up + M * 2 * s->inter;
+    float *weights = act + M * s->inter;
+    int64_t *ids = (int64_t *)(((uintptr_t)(weights + M * s->top_k) + 7) & ~(uintptr_t)7);
     for (i64 l = 0; l < s->layers; l++) {
         const Layer *L = layers + l;
         if (l == 0) {
@@ -111,6 +124,13 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
                               tables, table_stride, lens, s->window, s->scale, max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
+        if (L->moe.router) {
+            const Experts *E = &L->moe;
+            moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads);
+            if (moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads) != 1)
+                return 0;
+            continue;
+        }
         matmul(&L->gate_up, h, M, gate_up, threads);
         silu_mul_rows(gate_up, act, M, s->inter);
         matmul(&L->down, act, M, out, threads);
@@ -121,4 +141,5 @@ void decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const f
         work = NULL;
         work_floats = 0;
     }
+    return 1;
 }

@@ -2,8 +2,9 @@
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from backend.kernels import use_triton
+from backend.kernels import native, use_triton
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -13,6 +14,22 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """route() of the router's logits for x [T, H]; with our CPU kernels, in one C call (cpu_moe.c's
+    moe_route_rows: the one-call decode step's router, so both give the same bits, each row's whatever the rows
+    beside it)."""
+    w = gate.weight
+    if type(gate) is nn.Linear and gate.bias is None and native.usable(x, w) and w.is_contiguous() \
+            and x.is_contiguous() and 0 < top_k <= w.shape[0]:
+        ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
+        weights = torch.empty(x.shape[0], top_k)
+        native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[0], w.shape[1], top_k,
+                                        int(renormalize), ids.data_ptr(), weights.data_ptr(),
+                                        torch.get_num_threads())
+        return weights, ids
+    return route(gate(x), top_k, renormalize)
 
 
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,

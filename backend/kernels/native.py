@@ -30,7 +30,7 @@ _HERE = Path(__file__).parent
 SOURCES = [_HERE / "cpu_ops.c", _HERE / "cpu_attention.c", _HERE / "cpu_decoder.c", _QUANT / "cpu_kernel.c",
            _QUANT / "cpu_amx.c", _QUANT / "cpu_amx_codes.c", _QUANT / "cpu_moe.c",
            _QUANT / "cpu_int8.c"]
-HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h"]
+HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h", _QUANT / "cpu_moe.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 
@@ -82,6 +82,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.qmm.restype = None
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
+    lib.moe_route_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i32, ptr, ptr, i32]
+    lib.moe_route_rows.restype = None
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
@@ -90,8 +92,8 @@ def load(path: Path) -> ctypes.CDLL:
                                           i64, i32]
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
     lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
-    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
-               lib.decode_layers):
+    lib.decode_layers.restype = i32
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store):
         fn.restype = None
     return lib
 

@@ -1,10 +1,11 @@
-"""A decode step of a dense model in one call of our C kernels (backend/kernels/cpu_decoder.c) on the CPU.
+"""A decode step in one call of our C kernels (backend/kernels/cpu_decoder.c) on the CPU.
 
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format), with or without biases (Qwen2) and q/k norms (Qwen3), with no experts. The runner builds one per KV cache
-(the cache's addresses are in it) and uses it for steps whose rows all attend as decode rows.
+format), with or without biases (Qwen2) and q/k norms (Qwen3), and MoE layers whose router is fp32 and whose
+experts are in our layout, without a shared expert (Mixtral, Qwen3-MoE). The runner builds one per KV cache (the
+cache's addresses are in it) and uses it for steps whose rows all attend as decode rows, up to max_rows of them.
 """
 
 import ctypes
@@ -14,7 +15,9 @@ import torch
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
 from backend.models.mlp import MLP
+from backend.models.moe import SparseMoE
 from backend.models.transformer import CausalLM
+from backend.quant.experts import ExpertStack, QuantExperts, one_call_tokens
 from backend.quant.modules import QuantLinear
 
 i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -29,14 +32,20 @@ class _Linear(ctypes.Structure):
     _fields_ = [("parts", _QuantMatrix * 3), ("count", i64), ("rows", i64), ("bias", ptr)]
 
 
+class _Experts(ctypes.Structure):
+    _fields_ = [("router", ptr), ("experts", i64), ("top_k", i64), ("renormalize", i64), ("gate", ExpertStack),
+                ("up", ExpertStack), ("down", ExpertStack)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
-                ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("k_cache", ptr), ("v_cache", ptr)]
+                ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
+                ("v_cache", ptr)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
-                ("inter", i64), ("block_size", i64), ("window", i64), ("eps", ctypes.c_float),
+                ("inter", i64), ("top_k", i64), ("block_size", i64), ("window", i64), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64)]
 
 
@@ -59,6 +68,16 @@ def _linear(linear) -> _Linear | None:
                    bias.data_ptr() if bias is not None else None)
 
 
+def _experts(moe: SparseMoE) -> _Experts | None:
+    """A MoE layer the C loop computes as its modules do (route_rows, then moe_tokens), or None."""
+    gate, experts = moe.gate, moe.experts
+    if moe.shared_expert is not None or moe.expert_cache is not None or not isinstance(experts, QuantExperts) \
+            or not experts.packed() or type(gate) is not torch.nn.Linear or gate.bias is not None \
+            or not (native.usable(gate.weight) and gate.weight.is_contiguous()):
+        return None
+    return _Experts(gate.weight.data_ptr(), gate.weight.shape[0], moe.top_k, int(moe.renormalize), *experts.stacks())
+
+
 def _norms(layer) -> list[torch.Tensor | None]:
     """The layer's norm weights in _Layer's order: input, post-attention, q, k (None without q/k norms)."""
     attn = layer.self_attn
@@ -67,9 +86,11 @@ def _norms(layer) -> list[torch.Tensor | None]:
 
 
 class CpuDecoder:
-    def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape):
+    def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape, max_rows: int | None):
         self.model = model  # held: its weights and caches are what the pointers point into
         self.layers, self.shape = (_Layer * len(layers))(*layers), shape
+        # A MoE model's experts of more rows are faster in the module path's per-expert loop (experts.py)
+        self.max_rows = max_rows
 
     @classmethod
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
@@ -78,21 +99,32 @@ class CpuDecoder:
         norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
-        layers = []
+        layers, top_k = [], 0
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(mlp, MLP) or attn.k_cache.numel() == 0:
+            if attn.k_cache.numel() == 0:
                 return None
-            parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), _linear(mlp.gate_up_proj), _linear(mlp.down_proj)]
-            if any(p is None for p in parts):
+            if isinstance(mlp, MLP):
+                ffn, moe = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)], _Experts()
+            elif isinstance(mlp, SparseMoE):
+                ffn, moe = [_Linear(), _Linear()], _experts(mlp)
+                top_k = max(top_k, mlp.top_k)
+            else:
+                return None
+            parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
+            if moe is None or any(p is None for p in parts):
                 return None
             norms = [w.data_ptr() if w is not None else None for w in _norms(layer)]
-            layers.append(_Layer(*norms, *parts, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
+            layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                       cfg.intermediate_size, first.k_cache.shape[1], cfg.sliding_window or 0, cfg.rms_norm_eps,
-                       first.scale, model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype])
-        return cls(model, layers, shape)
+                       cfg.intermediate_size, top_k, first.k_cache.shape[1], cfg.sliding_window or 0,
+                       cfg.rms_norm_eps, first.scale, model.model.norm.weight.data_ptr(),
+                       native.KV_KINDS[first.k_cache.dtype])
+        return cls(model, layers, shape, one_call_tokens() if top_k else None)
+
+    def takes(self, rows: int) -> bool:
+        return self.max_rows is None or rows <= self.max_rows
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [rows, hidden] of a step whose rows all attend as decode rows."""
@@ -100,8 +132,10 @@ class CpuDecoder:
         cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         d = self.shape.head_dim
-        native.library().decode_layers(
+        done = native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
             tables.shape[1] * self.shape.block_size, torch.get_num_threads())
+        if not done:
+            raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row decode step: lower --max-num-seqs")
         return x

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from backend.kernels.moe import fused_moe, route
+from backend.kernels.moe import fused_moe, route_rows
 from backend.model_config import ModelConfig
 from backend.models.mlp import MLP
 
@@ -54,7 +54,7 @@ class SparseMoE(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = route_rows(x, self.gate, self.top_k, self.renormalize)
         if self.expert_cache is not None:
             out = self.expert_cache.compute(x, weights.to(x.dtype), ids)
         elif self.experts is not None:

@@ -29,6 +29,7 @@ typedef __m512 V;
 #define vset1 _mm512_set1_ps
 #define vfma _mm512_fmadd_ps
 #define vload _mm512_load_ps
+#define vloadu _mm512_loadu_ps
 #define vstore _mm512_store_ps
 #define vstoreu _mm512_storeu_ps
 /* codes of lanes [h * LANES, ..) of the panel at k (h is 0) */
@@ -69,6 +70,7 @@ typedef __m256 V;
 #define vset1 _mm256_set1_ps
 #define vfma _mm256_fmadd_ps
 #define vload _mm256_load_ps
+#define vloadu _mm256_loadu_ps
 #define vstore _mm256_store_ps
 #define vstoreu _mm256_storeu_ps
 INLINE V vcodes(const uint8_t *c, int bits, int h) {
@@ -95,6 +97,7 @@ typedef float V __attribute__((vector_size(32)));
 INLINE V vzero(void) { return (V){0}; }
 INLINE V vset1(float x) { return (V){x, x, x, x, x, x, x, x}; }
 INLINE V vload(const float *p) { V v; memcpy(&v, p, sizeof v); return v; }
+#define vloadu vload
 INLINE void vstore(float *p, V v) { memcpy(p, &v, sizeof v); }
 #define vstoreu vstore
 INLINE V vcodes(const uint8_t *c, int bits, int h) {

@@ -8,19 +8,14 @@
  * (whatever the rows beside it), SiLU-and-multiply is cpu_ops.c's, and a token's output sums weight * down in
  * ascending expert order, from zero.
  */
+#include <math.h>
+
 #include "cpu_kernel.h"
+#include "cpu_moe.h"
 
 i64 tile_panels(i64 M);
 void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
-
-/* A stack of experts' matrices [E, rows, cols] in our packed layout: expert e's codes, scales and offsets lie e
- * strides (bytes) after the first's. */
-typedef struct {
-    const uint8_t *codes;
-    const uint8_t *scales, *offsets; /* offsets may be NULL */
-    i64 codes_stride, params_stride, rows, cols, group, bits, f16;
-} ExpertStack;
 
 static Weight expert(const ExpertStack *s, i64 e) {
     return weight_of(s->codes + e * s->codes_stride, s->scales + e * s->params_stride,
@@ -48,6 +43,45 @@ static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, i64 *j
             for (i64 p = 0; p < (rows + PANEL - 1) / PANEL; p += tile_panels(chunks[c].rows), n++)
                 jobs[3 * n] = c, jobs[3 * n + 1] = part, jobs[3 * n + 2] = p;
     return n;
+}
+
+/* The router of M rows x [M, H]: for each row, the k experts with the largest softmax probabilities of its logits
+ * (router [experts, H] fp32: each logit one dot product in a fixed order, whatever the rows beside it), the largest
+ * first (the lower id on a tie), with those probabilities as weights, renormalised to sum to one where asked
+ * (Qwen3-MoE's norm_topk_prob; Mixtral's softmax over its top k logits is the same numbers). */
+void moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
+                    int64_t *ids, float *weights, int threads) {
+    float *logits = malloc((size_t)(M * experts) * sizeof(float));
+    if (!logits) abort(); /* a few kilobytes: no machine that ran the model to here lacks them */
+#pragma omp parallel for num_threads(threads) schedule(static) if (M * experts * H >= (1 << 18))
+    for (i64 j = 0; j < M * experts; j++) {
+        const float *a = x + j / experts * H, *b = router + j % experts * H;
+        V acc = vzero();
+        i64 c = 0;
+        for (; c + LANES <= H; c += LANES) acc = vfma(vloadu(a + c), vloadu(b + c), acc);
+        float lanes[LANES], sum = 0.0f;
+        vstoreu(lanes, acc);
+        for (int l = 0; l < LANES; l++) sum += lanes[l];
+        for (; c < H; c++) sum += a[c] * b[c];
+        logits[j] = sum;
+    }
+    for (i64 r = 0; r < M; r++) {
+        float *p = logits + r * experts, most = p[0], total = 0.0f, kept = 0.0f;
+        for (i64 e = 1; e < experts; e++) most = p[e] > most ? p[e] : most;
+        for (i64 e = 0; e < experts; e++) total += p[e] = expf(p[e] - most);
+        for (i64 e = 0; e < experts; e++) p[e] /= total;
+        for (i64 j = 0; j < k; j++) {
+            i64 best = -1;
+            for (i64 e = 0; e < experts; e++)
+                if (p[e] >= 0.0f && (best < 0 || p[e] > p[best])) best = e;
+            ids[r * k + j] = best;
+            weights[r * k + j] = p[best];
+            kept += p[best];
+            p[best] = -1.0f; /* chosen */
+        }
+        for (i64 j = 0; renormalize && j < k; j++) weights[r * k + j] /= kept;
+    }
+    free(logits);
 }
 
 /* out [T, H]: token t's sum over its k experts e = ids[t, j] (distinct), in ascending order, of weights[t, j] *

@@ -23,15 +23,20 @@ FEW_TOKENS = 64
 FEW_TOKENS_NARROW = 16
 
 
-class _ExpertStack(ctypes.Structure):  # cpu_moe.c's ExpertStack
+def one_call_tokens() -> int:
+    """The most tokens whose experts go through one C call on this CPU's build."""
+    return FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW
+
+
+class ExpertStack(ctypes.Structure):  # cpu_moe.h's
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
                 ("codes_stride", ctypes.c_int64), ("params_stride", ctypes.c_int64), ("rows", ctypes.c_int64),
                 ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64)]
 
 
-def _stack(w: QuantWeight) -> _ExpertStack:
+def expert_stack(w: QuantWeight) -> ExpertStack:
     lay = w.layout
-    return _ExpertStack(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
+    return ExpertStack(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
                         w.codes.stride(0) * w.codes.element_size(), w.scales.stride(0) * w.scales.element_size(),
                         w.rows, w.cols, lay.group, lay.bits, int(lay.f16))
 
@@ -72,7 +77,7 @@ class QuantExperts(nn.Module):
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
                 (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
-        if tensors is None and native.usable(x, topk_weights) and self._packed() and self._call_takes(x, topk_ids):
+        if tensors is None and native.usable(x, topk_weights) and self.packed() and self._call_takes(x, topk_ids):
             out = self._few_tokens(x, topk_weights, topk_ids)
             if out is not None:
                 return out
@@ -95,12 +100,17 @@ class QuantExperts(nn.Module):
             out.index_add_(0, tokens, y.to(out.dtype))
         return out
 
-    def _packed(self) -> bool:
+    def packed(self) -> bool:
+        """Whether every stack is in our kernel's layout, in the module (not an ExpertCache's slots)."""
         return all(w.layout is not None and w.codes is not None for w in self.weights())
+
+    def stacks(self) -> list[ExpertStack]:
+        """gate, up and down as cpu_moe.c reads them (built once per call: the one-call decoder keeps its own)."""
+        return [expert_stack(w) for w in self.weights()]
 
     def _call_takes(self, x: torch.Tensor, topk_ids: torch.Tensor) -> bool:
         """Whether these tokens' experts go through one C call (which raises the IndexError for bad expert ids)."""
-        return x.shape[0] <= (FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW)
+        return x.shape[0] <= one_call_tokens()
 
     def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor) -> torch.Tensor | None:
@@ -110,7 +120,7 @@ class QuantExperts(nn.Module):
         x = x.contiguous()
         done = native.library().moe_tokens(
             x.data_ptr(), x.shape[0], ids.data_ptr(), weights.data_ptr(), ids.shape[1], self.num_experts,
-            *(ctypes.byref(_stack(w)) for w in self.weights()), out.data_ptr(), torch.get_num_threads())
+            *(ctypes.byref(s) for s in self.stacks()), out.data_ptr(), torch.get_num_threads())
         if done < 0:
             raise IndexError(f"an expert id outside this layer's {self.num_experts} experts")
         return out if done else None

@@ -9,6 +9,7 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.kernels import native
 from backend.models.cpu_decoder import CpuDecoder
+from backend.quant.experts import one_call_tokens
 from tests.backend.conftest import prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -24,6 +25,26 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
     assert runner.cpu_decoder is not None
     qkv = runner.model.model.layers[0].self_attn.qkv_proj
     assert len(qkv.parts) == 2 and (qkv.bias is not None) == (family == "qwen2")
+    assert_one_call_is_the_modules(engine)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, family):
+    """The router (fp32) and the routed experts (our packed layout) in the same C call as the attention: the
+    module path's route_rows and moe_tokens, the same bits; more rows than one call's experts take go through the
+    modules (whose per-expert loop is faster there)."""
+    path, _ = tiny_gguf(family)
+    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, speculative={"method": "ngram", "num_tokens": 3}))
+    decoder = engine.runner.cpu_decoder
+    assert decoder is not None and decoder.max_rows == one_call_tokens()
+    assert decoder.takes(decoder.max_rows) and not decoder.takes(decoder.max_rows + 1)
+    assert_one_call_is_the_modules(engine)
+
+
+def assert_one_call_is_the_modules(engine: LLMEngine) -> None:
+    """Three sequences past their prompts, one of them verifying 3 drafts: one call for every row, and the
+    modules' logits bit for bit."""
+    runner = engine.runner
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for rid, prompt in zip("abc", prompts_of_lengths(5, 11, 19)):
         engine.add_request(rid, prompt, greedy)
@@ -35,16 +56,10 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
     item = next(i for i in plan if i.seq is a)
     item.draft_tokens, item.num_tokens = [3, 1, 4], 4
 
-    calls = []
     decoder = runner.cpu_decoder
-
-    def spy(*args):
-        calls.append(args[0].shape[0])
-        return decoder(*args)
-
-    runner.cpu_decoder = spy
+    runner.cpu_decoder = spy = Spy(decoder)
     fused = runner.execute(plan)
-    assert calls == [len(plan) + 3]  # one call for every row, the verification run's included
+    assert spy.calls == [len(plan) + 3]  # one call for every row, the verification run's included
     runner.cpu_decoder = None
     modules = runner.execute(plan)  # the same keys and values rewritten into the same slots
     assert torch.equal(fused, modules)
@@ -54,8 +69,22 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
         engine.abort_request(rid)
 
 
+class Spy:
+    """The decoder, counting the rows of each call."""
+
+    def __init__(self, decoder: CpuDecoder):
+        self.decoder, self.calls = decoder, []
+
+    def __getattr__(self, name):
+        return getattr(self.decoder, name)
+
+    def __call__(self, input_ids, *args):
+        self.calls.append(input_ids.shape[0])
+        return self.decoder(input_ids, *args)
+
+
 def test_models_outside_the_c_loop_keep_their_modules(tiny_gguf, tiny_dir):
-    """Experts (Mixtral) and float weights are the modules' to compute."""
-    for path in (tiny_gguf("mixtral")[0], tiny_dir("llama")):
+    """A shared expert (Qwen2-MoE) and float weights are the modules' to compute."""
+    for path in (tiny_gguf("qwen2_moe")[0], tiny_dir("llama")):
         engine = LLMEngine(EngineConfig(model=str(path), block_size=8, max_model_len=128))
         assert CpuDecoder.build(engine.runner.model) is None and engine.runner.cpu_decoder is None

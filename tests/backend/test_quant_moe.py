@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backend.kernels import native
-from backend.kernels.moe import fused_moe, route
+from backend.kernels.moe import fused_moe, route, route_rows
 from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
@@ -124,3 +124,33 @@ def test_a_bf16_engines_experts_stay_fp32_in_one_call(monkeypatch):
     monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1) or call(self, *a))
     x, weights, ids = routed(7)
     assert torch.equal(module(x, weights, ids), fp32(x, weights, ids)) and len(calls) == 2
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("experts, top_k, renormalize", [(8, 2, True), (32, 8, True), (60, 4, False), (5, 5, True)])
+def test_the_c_router_chooses_the_experts_torch_chooses(experts, top_k, renormalize):
+    """route_rows (cpu_moe.c's moe_route_rows, the one-call step's router) against route() over torch's logits:
+    the same experts in the same order, the same weights to float rounding, each row's independent of the rows
+    beside it."""
+    g = torch.Generator().manual_seed(experts)
+    gate = torch.nn.Linear(200, experts, bias=False)  # a hidden size with a tail past the vector lanes
+    gate.weight.data = torch.randn(experts, 200, generator=g) / 10
+    x = torch.randn(9, 200, generator=g)
+    weights, ids = route_rows(x, gate, top_k, renormalize)
+    want_weights, want_ids = route(gate(x), top_k, renormalize)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+    if renormalize:
+        torch.testing.assert_close(weights.sum(dim=1), torch.ones(9))
+    for row in (0, 4, 8):
+        alone = route_rows(x[row:row + 1].contiguous(), gate, top_k, renormalize)
+        assert torch.equal(alone[0], weights[row:row + 1]) and torch.equal(alone[1], ids[row:row + 1])
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+def test_the_c_router_breaks_ties_by_the_lower_expert():
+    gate = torch.nn.Linear(16, 6, bias=False)
+    gate.weight.data = torch.tensor([[1.0] * 16, [2.0] * 16, [2.0] * 16, [0.0] * 16, [2.0] * 16, [1.0] * 16])
+    weights, ids = route_rows(torch.ones(1, 16), gate, 4, False)
+    assert ids.tolist() == [[1, 2, 4, 0]]
+    assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
