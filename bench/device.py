@@ -94,7 +94,7 @@ def bytes_per_token(llm: LLM) -> int:
     """Weight bytes one decode token reads: what the model holds (quantized weights as their blocks), except the
     experts it is not routed to and, when the output layer has its own matrix, the embedding table (one row)."""
     from backend.models.moe import SparseMoE
-    from backend.quant.memory import module_bytes
+    from backend.quant.weight_sizes import module_bytes
 
     model = llm.engine.model
     total = module_bytes(model)

@@ -14,8 +14,8 @@ from common.gpu import fmt
 from common.settings import SettingsError
 from ops import alerts, engines, lifecycle
 from ops.backup import BackupError
-from ops.need import with_needs
 from ops.plan import make_plan
+from ops.service_needs import with_needs
 from ops.stack import StackError, load
 from ops.state import State
 

@@ -13,7 +13,7 @@ fraction of the card's *total* memory, so a budget in bytes is converted with th
   our backend's CUDA context does, and show in the memory ops measures once it is healthy.
 
 A fraction budget (0.45) is passed as it is; ours also takes a size (18GiB), so its flag is left alone, but
-for `auto`, which becomes the bytes its models need (ops/need.py).
+for `auto`, which becomes the bytes its models need (ops/service_needs.py).
 """
 
 import math
@@ -66,7 +66,7 @@ def memory_value(service: Service, total: int | None) -> str | None:
     """The value for the engine's memory flag on a card of `total` bytes; None: leave the file's value."""
     engine = ENGINES.get(service.engine or "")
     if service.gpu_memory == "auto":
-        # Only ours measures a need (ops/need.py), and its flag takes bytes; unmeasured, it measures itself.
+        # Only ours measures a need (ops/service_needs.py), and its flag takes bytes; unmeasured, it measures itself.
         return None if service.need is None else str(service.need)
     if engine is None or not engine.fraction_only:
         return None

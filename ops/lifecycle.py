@@ -12,9 +12,9 @@ from common.files import atomic_write_text
 from common.paths import data_home
 from ops import engines
 from ops.health import check
-from ops.need import with_needs
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner
+from ops.service_needs import with_needs
 from ops.stack import Service, Stack, StackError
 from ops.state import Record, State
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from common.gpu import Device, fmt
 from ops.engines import launch
-from ops.need import Need
+from ops.service_needs import Need
 from ops.stack import Service, StackError
 
 
@@ -28,7 +28,7 @@ class Step:
     image: str | None = None
     env: dict[str, str] | None = None  # what the command gets added to its environment (secrets as ***)
     missing: str | None = None  # process runner: what must be installed first
-    need: int | None = None  # bytes its largest model needs, as its engine measured them (ops/need.py)
+    need: int | None = None  # bytes its largest model needs, as its engine measured them (ops/service_needs.py)
 
 
 @dataclass

@@ -54,7 +54,7 @@ class Service:
     engine: str | None = None  # the LLM engine it runs (ops/engines.py): scriptorium | vllm | sglang
     entrypoint: list[str] | str | None = None
     ipc: str | None = None  # compose's ipc (vLLM and SGLang want the host's shared memory: ipc: host)
-    need: int | None = None  # bytes its models need on the card, as its engine reports them (ops/need.py)
+    need: int | None = None  # bytes its models need on the card, as its engine reports them (ops/service_needs.py)
 
     @property
     def can_sleep(self) -> bool:

@@ -20,7 +20,7 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
 from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
-from backend.engine.memory import (
+from backend.engine.kv_budget import (
     CacheShape,
     check_cuda_block_size,
     num_kv_blocks,
@@ -34,7 +34,7 @@ from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
 from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
-from backend.quant.memory import host_expert_bytes, module_bytes
+from backend.quant.weight_sizes import host_expert_bytes, module_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
 from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer

@@ -9,9 +9,9 @@ import torch
 
 from backend.context import fit_context
 from backend.engine.block_manager import BlockManager
-from backend.engine.memory import pick_gpu_experts
+from backend.engine.kv_budget import pick_gpu_experts
 from backend.loader import load_model, read_config
-from backend.quant.memory import loaded_recipe, weight_bytes
+from backend.quant.weight_sizes import loaded_recipe, weight_bytes
 from backend.spec.draft import DraftProposer, load_draft
 
 if TYPE_CHECKING:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.engine.kv_budget import kv_bytes_per_block
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.memory import kv_bytes_per_block
 from backend.server.async_engine import ENGINE_STUCK_AFTER, AsyncEngine, settle
 from backend.server.errors import APIError
+from backend.server.memory_need import disk_bytes
 from backend.server.metrics import ServerMetrics
-from backend.server.need import disk_bytes
 from backend.server.state import RETRY_AFTER, ServerState
 
 log = logging.getLogger("backend.server")

@@ -190,7 +190,7 @@ def serve(args: argparse.Namespace) -> int:
     if isinstance(args.models_memory, float):
         raise ValueError("--models-memory is a size, such as 40GiB or 512MiB")
     if args.print_memory_need or args.gpu_memory_utilization == "auto":
-        from backend.server.need import server_need
+        from backend.server.memory_need import server_need
 
         need = server_need(_engine_config(args, models[0][1], 0.9), models, args.models_memory)
         if args.print_memory_need:

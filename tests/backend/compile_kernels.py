@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from backend.engine.memory import CUDA_BLOCK_SIZES
+from backend.engine.kv_budget import CUDA_BLOCK_SIZES
 from backend.kernels import quant_moe_triton as qmt
 from backend.kernels import quant_triton as qt
 from backend.kernels import triton_kernels as tk

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.memory import warm_up
+from backend.engine.kv_budget import warm_up
 from backend.loader import load_model, locate, read_config
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 
@@ -159,7 +159,7 @@ def test_a_draft_model_sleeps_and_wakes_with_the_target(tiny_dir):
 
 
 def test_the_kv_cache_gets_what_the_budget_leaves_after_weights_and_activations():
-    from backend.engine.memory import kv_cache_blocks
+    from backend.engine.kv_budget import kv_cache_blocks
 
     gib, mib = 2**30, 2**20
     # 40 GiB allowed; 16 GiB of weights; the warm-up peaked at weights + its 1 GiB cache + 3 GiB of activations.

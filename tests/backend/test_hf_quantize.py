@@ -14,8 +14,8 @@ from backend import LLM, SamplingParams
 from backend.loader import ModelLoadError, load_model, locate, read_config
 from backend.quant.formats import BY_NAME
 from backend.quant.hf_quantize import MODES, quantize_blocks
-from backend.quant.memory import hf_recipe, module_bytes, weight_bytes
 from backend.quant.modules import QuantLinear
+from backend.quant.weight_sizes import hf_recipe, module_bytes, weight_bytes
 from tests.backend.conftest import hf_greedy, prompts_of_lengths
 from tests.backend.test_models_vs_transformers import prefill_logits
 from tests.backend.tiny_gguf import build_family

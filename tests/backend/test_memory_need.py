@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend.__main__ import main
-from backend.engine.memory import activation_bytes
+from backend.engine.kv_budget import activation_bytes
 from backend.loader import locate, read_config
 
 

@@ -9,10 +9,10 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.config import EngineConfig
-from backend.engine.memory import activation_bytes, kv_bytes_per_block, min_kv_bytes
+from backend.engine.kv_budget import activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.loader import locate, read_config
 from backend.models.moe import SparseMoE
-from backend.quant.memory import file_recipe, weight_bytes
+from backend.quant.weight_sizes import file_recipe, weight_bytes
 from tests.backend.conftest import prompts_of_lengths
 
 SETTINGS = dict(block_size=8, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=4)
@@ -51,7 +51,7 @@ def test_auto_picks_the_largest_count_that_fits_and_gives_identical_tokens(famil
     ]
 
     budget = weights.resident(3) + reserved - 1  # one byte short of 3 experts per layer
-    with caplog.at_level(logging.INFO, logger="backend.engine.memory"):
+    with caplog.at_level(logging.INFO, logger="backend.engine.kv_budget"):
         auto = LLM(str(path), moe_gpu_experts="auto", gpu_memory_utilization=budget, **SETTINGS)
     assert auto.engine.moe_gpu_experts == 2 and set(slots(auto)) == {2}
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("moe_gpu_experts=auto")]

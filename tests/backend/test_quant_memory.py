@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from backend.config import EngineConfig
-from backend.engine.memory import activation_bytes, auto_gpu_experts, kv_bytes_per_block, min_kv_bytes
+from backend.engine.kv_budget import activation_bytes, auto_gpu_experts, kv_bytes_per_block, min_kv_bytes
 from backend.model_config import from_hf_config
-from backend.quant.memory import file_recipe, fit_gpu_experts, module_bytes, q4_k_m, weight_bytes
+from backend.quant.weight_sizes import file_recipe, fit_gpu_experts, module_bytes, q4_k_m, weight_bytes
 
 GIB = 2**30
 MIXTRAL = dict(architectures=["MixtralForCausalLM"], vocab_size=32000, hidden_size=4096, intermediate_size=14336,

@@ -60,7 +60,7 @@ def test_every_gguf_format_compiles_for_the_card(capability, compiled):
 
 def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():
     """Block tables index the cache in blocks; the compiled ones (every case above builds them) are accepted."""
-    from backend.engine.memory import CUDA_BLOCK_SIZES, check_cuda_block_size
+    from backend.engine.kv_budget import CUDA_BLOCK_SIZES, check_cuda_block_size
 
     for good in CUDA_BLOCK_SIZES:
         check_cuda_block_size(good)
@@ -71,7 +71,7 @@ def test_a_block_size_the_kernels_cannot_tile_is_refused_on_cuda():
 
 @pytest.mark.parametrize("capability", [90, 89, 80])
 def test_every_accepted_block_size_compiles_within_the_cards_shared_memory(capability, compiled):
-    from backend.engine.memory import CUDA_BLOCK_SIZES
+    from backend.engine.kv_budget import CUDA_BLOCK_SIZES
 
     rows = [r for case in compiled.values() for r in case if r["capability"] == capability
             and r["kernel"] in ("_decode_kernel", "_prefill_kernel")]

@@ -1,7 +1,7 @@
 """What the LLM service's models need on the card, asked of the engine before it starts.
 
 Scriptorium's engine answers `serve ... --print-memory-need` with its largest model's weights, smallest KV
-cache and activations (backend/server/need.py): a server of several models unloads the others to make room, so
+cache and activations (backend/server/memory_need.py): a server of several models unloads the others to make room, so
 the largest one alone is what its budget must hold. ops runs the service's own native command with that flag,
 so the answer is for exactly the models and settings it will start. `x-ops.gpu_memory: auto` takes it as the
 budget. A budget given as a size or fraction is not measured (the engine takes seconds to answer); one too

@@ -15,7 +15,7 @@ from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.model_config import ModelConfig
-from backend.quant.memory import WeightBytes, fit_gpu_experts, module_bytes
+from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
 from backend.spec.config import SpeculativeConfig
 
