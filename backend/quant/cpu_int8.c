@@ -13,7 +13,7 @@
  * 4r + i is row r's q at k + i, plus 128) or each 8 k's (4-bit: byte 4r + i holds row r's q at k + i in its low
  * nibble and at k + 4 + i in its high one). One AVX-512 VNNI instruction (vpdpbusd) then multiplies 16 rows' 4 codes
  * by 4 of xq and adds them into the 16 rows' sums: 64 multiply-adds where an fp32 fma does 16, at the same rate
- * (measured on Zen 4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's sum starts at
+ * (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd, two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's sum starts at
  * -128 sum xq to take it back out.
  */
 #include <math.h>
@@ -21,27 +21,59 @@
 
 #include "cpu_kernel.h"
 
-typedef int32_t VI __attribute__((vector_size(64)));
-typedef float VF __attribute__((vector_size(64)));
-
-/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones, per 32-bit lane */
-INLINE VI dot4(VI acc, VI u, int32_t x) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
+/* Integer and float vectors of IL lanes: a panel's 16 rows in one AVX-512 register, or in two halves of 8 (AVX2 and
+ * the portable build: GCC splits a 64-byte vector into 16-byte pieces through the stack there, 2x slower, measured) */
+#if defined(__AVX512F__)
+#define IL 16
 #else
+#define IL 8
+#endif
+#define HV (PANEL / IL) /* vectors per panel */
+typedef int32_t VI __attribute__((vector_size(IL * 4)));
+typedef float VF __attribute__((vector_size(IL * 4)));
+
+/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones, per 32-bit lane. nibbles: every byte of u
+ * is below 16 (4-bit codes). */
+INLINE VI dot4(VI acc, VI u, int32_t x, const int nibbles) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    (void)nibbles;
+    return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
+#elif defined(__AVX2__)
+    /* vpmaddubsw sums two products into an int16, which saturates past 32767: codes below 16 times |x| <= 127 stay
+     * under it (2 * 15 * 127), and 8-bit codes go in as their two nibbles (u = 16 hi + lo), the high one's sums
+     * scaled by 16 in int32 by vpmaddwd; either way the same exact integers as vpdpbusd's */
+    const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    __m256i half[IL / 8], sum[IL / 8];
+    memcpy(half, &u, sizeof half);
+    memcpy(sum, &acc, sizeof sum);
+    for (int i = 0; i < IL / 8; i++) {
+        if (nibbles) {
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(half[i], xb), ones));
+        } else {
+            __m256i lo = _mm256_and_si256(half[i], low), hi = _mm256_and_si256(_mm256_srli_epi16(half[i], 4), low);
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xb), ones));
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb), _mm256_set1_epi16(16)));
+        }
+    }
+    memcpy(&acc, sum, sizeof acc);
+    return acc;
+#else
+    (void)nibbles;
     for (int i = 0; i < 4; i++) acc += ((u >> (8 * i)) & 0xFF) * (int32_t)(int8_t)(x >> (8 * i));
     return acc;
 #endif
 }
 
-INLINE VF params16(const void *base, i64 index, int f16) {
+INLINE VF params(const void *base, i64 index, int f16) {
     VF v = {0};
     if (!base) return v;
 #if defined(__AVX512F__)
     if (f16) return (VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
+#elif defined(__AVX2__) && defined(__F16C__)
+    if (f16) return (VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
 #endif
     if (f16)
-        for (int i = 0; i < 16; i++) v[i] = (float)((const _Float16 *)base)[index + i];
+        for (int i = 0; i < IL; i++) v[i] = (float)((const _Float16 *)base)[index + i];
     else
         memcpy(&v, (const float *)base + index, sizeof v);
     return v;
@@ -115,13 +147,19 @@ static void quantize_row(const float *x, i64 m, i64 group, int bits, const Rows 
 #define R8(F, c) F(0, c) F(1, c) F(2, c) F(3, c) F(4, c) F(5, c) F(6, c) F(7, c)
 #define RC(F) R8(F, 0) R8(F, 1) R8(F, 2) R8(F, 3)
 #define C4(F) F(0) F(1) F(2) F(3)
+/* rows of x a tile meets: its int32 and fp32 accumulators fill the registers (2 per row and vector) */
+#if IL == 16
 #define MAX_ROWS 8
+#else
+#define MAX_ROWS 4
+#endif
 
-/* rows [m0, m0 + MR) of x against panels [p, p + NC): y's columns (p .. p + NC) * 16. Accumulators named, one
- * int32 and one fp32 per row and panel (those past MR and NC compiled out). */
+/* rows [m0, m0 + MR) of x against NC column vectors from panel p on (vector c: panel p + c / HV, rows (c % HV) * IL
+ * ..): y's columns p * 16 ... Accumulators named, one int32 and one fp32 per row and vector (those past MR and NC
+ * compiled out). */
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
                  float *y, i64 ldy, i64 N) {
-    const i64 unit = bits == 4 ? 8 : 4, group_bytes = w->group / unit * 64;
+    const i64 unit = bits == 4 ? 8 : 4, group_bytes = w->group / unit * 64, panels = (NC + HV - 1) / HV;
 #define ACC(r, c) VF f_##r##_##c = {0}; VI a_##r##_##c;
     RC(ACC)
 #undef ACC
@@ -129,13 +167,14 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 #define START(r, c) if (MR > r && NC > c) a_##r##_##c = (VI){0} + x->bias[(m0 + r) * x->groups + g];
         RC(START)
 #undef START
-#define CODES(c) const uint8_t *codes##c = w->codes + (p + c) * w->panel_code_bytes + g * group_bytes;
+#define CODES(c) const uint8_t *codes##c = w->codes + (p + c / HV) * w->panel_code_bytes + g * group_bytes \
+                                           + (c % HV) * IL * 4;
         C4(CODES)
 #undef CODES
         /* the next tile's panels (past the last panel a prefetch is harmless) */
-        for (int c = 0; c < NC; c++)
+        for (i64 c = 0; c < panels; c++)
             for (i64 b = 0; b < group_bytes; b += 64)
-                PREFETCH(w->codes + (p + NC + c) * w->panel_code_bytes + g * group_bytes + b);
+                PREFETCH(w->codes + (p + panels + c) * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
         for (i64 u = 0; u < group_bytes; u += 64, xq += unit) {
             int32_t lo_x[MAX_ROWS], hi_x[MAX_ROWS];
@@ -143,16 +182,16 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 memcpy(lo_x + r, xq + r * x->K, 4);
                 if (bits == 4) memcpy(hi_x + r, xq + r * x->K + 4, 4);
             }
-#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, lo, lo_x[r]); \
-                                 if (bits == 4) a_##r##_##c = dot4(a_##r##_##c, hi, hi_x[r]); }
-#define PANEL_DOTS(c) if (NC > c) {                                          \
+#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, lo, lo_x[r], bits == 4); \
+                                 if (bits == 4) a_##r##_##c = dot4(a_##r##_##c, hi, hi_x[r], 1); }
+#define VECTOR_DOTS(c) if (NC > c) {                                         \
                 VI lo, hi;                                                   \
                 memcpy(&lo, codes##c + u, sizeof lo);                        \
                 if (bits == 4) { hi = (lo >> 4) & 0x0F0F0F0F; lo &= 0x0F0F0F0F; } \
                 R8(DOT4, c)                                                  \
             }
-            C4(PANEL_DOTS)
-#undef PANEL_DOTS
+            C4(VECTOR_DOTS)
+#undef VECTOR_DOTS
 #undef DOT4
         }
 #define SCALE(r, c) if (MR > r) {                                                                  \
@@ -160,44 +199,48 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
             f_##r##_##c = f_##r##_##c + __builtin_convertvector(a_##r##_##c, VF) * (s * x->d[at]);  \
             if (w->offsets) f_##r##_##c = f_##r##_##c + o * x->dsum[at];                            \
         }
-#define PANEL_SCALE(c) if (NC > c) {                                                   \
-            const i64 at = ((p + c) * w->panel_groups + g) * PANEL;                    \
-            VF s = params16(w->scales, at, w->f16), o = params16(w->offsets, at, w->f16); \
-            R8(SCALE, c)                                                               \
+#define VECTOR_SCALE(c) if (NC > c) {                                                         \
+            const i64 at = ((p + c / HV) * w->panel_groups + g) * PANEL + (c % HV) * IL;      \
+            VF s = params(w->scales, at, w->f16), o = params(w->offsets, at, w->f16);          \
+            R8(SCALE, c)                                                                      \
         }
-        C4(PANEL_SCALE)
-#undef PANEL_SCALE
+        C4(VECTOR_SCALE)
+#undef VECTOR_SCALE
 #undef SCALE
     }
-#define OUT(r, c) if (MR > r && NC > c) {                                            \
-        const i64 col = (p + c) * PANEL, n = N - col < PANEL ? N - col : PANEL;      \
-        if (n > 0) memcpy(y + (m0 + r) * ldy + col, &f_##r##_##c, n * sizeof(float)); \
+#define OUT(r, c) if (MR > r && NC > c) {                                                  \
+        const i64 col = (p + c / HV) * PANEL + (c % HV) * IL, n = N - col < IL ? N - col : IL; \
+        if (n > 0) memcpy(y + (m0 + r) * ldy + col, &f_##r##_##c, n * sizeof(float));       \
     }
     RC(OUT)
 #undef OUT
 }
 
 /* panels per tile: several for few rows (each sum a chain of dependent products: a decode step's one row needs
- * several in flight), one past 4 rows (the accumulators fill the registers) */
-#define PANELS_FOR(MR) ((MR) <= 2 ? 4 : (MR) <= 4 ? 2 : 1)
+ * several in flight), fewer as rows fill the registers; at most 4 vectors */
+#define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
-/* every row of x in tiles of up to MAX_ROWS against panels [p, p + NC), the panels' codes read from L1 after the
+/* every row of x in tiles of up to MAX_ROWS against panels [p, p + PP), the panels' codes read from L1 after the
  * first tile */
-static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int NC, float *y, i64 ldy, i64 N) {
+static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products) */
     const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int MR = (int)((M - m0 + count - t - 1) / (count - t));
-        switch (MR * 8 + NC / 2 + (w->bits == 4 ? 4 : 0)) {
-#define CASE(MR_, NC_) case MR_ * 8 + NC_ / 2 + 4: tile(w, x, p, m0, MR_, NC_, 4, y, ldy, N); break; \
-                       case MR_ * 8 + NC_ / 2: tile(w, x, p, m0, MR_, NC_, 8, y, ldy, N); break;
+        switch (MR * 8 + PP / 2 + (w->bits == 4 ? 4 : 0)) {
+#define CASE(MR_, PP_) case MR_ * 8 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break; \
+                       case MR_ * 8 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N); break;
+#if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
         CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1) CASE(8, 1)
+#else
+        CASE(1, 2) CASE(2, 2) CASE(3, 1) CASE(4, 1) CASE(1, 1) CASE(2, 1)
+#endif
 #undef CASE
         default: /* no such tile (PANELS_FOR and MAX_ROWS make none): say so in y rather than leave it unwritten */
             for (i64 r = m0; r < m0 + MR; r++)
-                for (i64 c = p * PANEL; c < (p + NC) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
+                for (i64 c = p * PANEL; c < (p + PP) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
         }
         m0 += MR;
     }
@@ -223,8 +266,8 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
     Rows shared;
     if (M > OWN_ROWS && !room(&shared, M, K, K / group)) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
-    const int NC = M <= MAX_ROWS ? PANELS_FOR(M) : 1;
-    const i64 tiles = ((N + PANEL - 1) / PANEL + NC - 1) / NC;
+    const int PP = M <= MAX_ROWS ? PANELS_FOR(M) : 1;
+    const i64 tiles = ((N + PANEL - 1) / PANEL + PP - 1) / PP;
     int ran = 1;
 #pragma omp parallel num_threads(threads)
     {
@@ -242,7 +285,7 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         }
 #pragma omp for schedule(static)
         for (i64 t = 0; t < tiles; t++)
-            if (rows) panel_rows(&w, rows, t * NC, M, NC, y, ldy, N);
+            if (rows) panel_rows(&w, rows, t * PP, M, PP, y, ldy, N);
     }
     return ran;
 }

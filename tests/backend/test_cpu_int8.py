@@ -7,6 +7,8 @@ import re
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
 
 from backend import LLM, SamplingParams
 from backend.engine_args import EngineArgs
@@ -14,7 +16,7 @@ from backend.kernels import native
 from backend.quant import cpu_native
 from backend.quant.formats import BY_NAME
 from backend.server import serve
-from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths
+from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths, use_kernel_build
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -63,6 +65,38 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
     for m in (1, 2, 3, 5, 8, 9, 17, 33):
         assert torch.equal(cpu_native.matmul(x[:m], *quads, rows), ours[:m]), m
         assert torch.equal(cpu_native.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1"])
+def test_int8_products_are_the_same_bits_in_every_build(name, monkeypatch):
+    """The native build's integer sums (VNNI, or AVX2's two-step products) against GCC's portable vectors, which
+    multiply byte by byte: the same bits, at 1 to 20 rows."""
+    raw, quads = quad_ordered(name, 70, 256, seed=21)
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
+    native_y = [cpu_native.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
+    use_kernel_build("portable", monkeypatch)
+    for m, y in zip((1, 3, 20), native_y):
+        assert torch.equal(cpu_native.matmul(x[:m], *quads, 70), y), m
+
+
+def test_int8_products_at_the_extremes_of_8_bit_codes():
+    """Codes of +-127 (stored as 255 and 1) times x quantized to +-127 everywhere: sums a 16-bit step would
+    saturate (2 * 255 * 127 > 32767), exact here against the float64 oracle."""
+    cols = 256
+    w = torch.ones(16, cols)
+    w[1::2] *= -1.0
+    w[2, ::3] = 0.5
+    raw = quantize(w.numpy(), T.Q8_0)
+    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME["Q8_0"], cols)
+    quads = (cpu_native.quad_order(codes, 8), scales, offsets,
+             cpu_native.Layout(8, layout.group, layout.f16, layout.offsets, order="quads"))
+    x = torch.ones(3, cols)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    want = quantized_x(x, layout.group) @ gguf_dequant(raw, "Q8_0").double().T
+    ours = cpu_native.matmul(x, *quads, 16).double()
+    assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
+    assert abs(ours[0, 0] - cols) < 0.1 and abs(ours[1, 0] + cols) < 0.1  # d is fp16: 127 d is not quite 1
 
 
 def test_int8_products_of_tiny_activations():
