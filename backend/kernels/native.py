@@ -30,7 +30,8 @@ _HERE = Path(__file__).parent
 SOURCES = [_HERE / "cpu_ops.c", _HERE / "cpu_attention.c", _HERE / "cpu_decoder.c", _QUANT / "cpu_kernel.c",
            _QUANT / "cpu_amx.c", _QUANT / "cpu_amx_codes.c", _QUANT / "cpu_moe.c",
            _QUANT / "cpu_int8.c"]
-HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h", _QUANT / "cpu_moe.h"]
+HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h", _QUANT / "cpu_moe.h",
+           _QUANT / "cpu_int8.h"]
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 

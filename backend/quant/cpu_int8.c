@@ -19,7 +19,7 @@
 #include <math.h>
 #include <omp.h>
 
-#include "cpu_kernel.h"
+#include "cpu_int8.h"
 
 /* Integer and float vectors of IL lanes: a panel's 16 rows in one AVX-512 register, or in two halves of 8 (AVX2 and
  * the portable build: GCC splits a 64-byte vector into 16-byte pieces through the stack there, 2x slower, measured) */
@@ -79,14 +79,6 @@ INLINE VF params(const void *base, i64 index, int f16) {
     return v;
 }
 
-/* x's rows quantized: xq [M][K], and per row and group d, d * sum xq and the bias each group's integer sum starts
- * at */
-typedef struct {
-    int8_t *q;
-    float *d, *dsum;
-    int32_t *bias;
-    i64 K, groups;
-} Rows;
 
 /* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
  * either way: a max, products and integer sums do not depend on the order they are taken in) */
@@ -132,7 +124,7 @@ INLINE float group_codes(const float *xg, i64 group, int8_t *q, int32_t *total) 
     return bad ? __builtin_nanf("") : amax;
 }
 
-static void quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r) {
+void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r) {
     for (i64 g = 0; g < r->groups; g++) {
         const float *xg = x + m * r->K + g * group;
         int32_t total;
@@ -222,7 +214,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 
 /* every row of x in tiles of up to MAX_ROWS against panels [p, p + PP), the panels' codes read from L1 after the
  * first tile */
-static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N) {
+void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products) */
     const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
@@ -246,6 +238,13 @@ static void panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int P
     }
 }
 
+int int8_panels(i64 M) { return M <= MAX_ROWS ? PANELS_FOR(M) : 1; }
+
+Rows int8_rows_from(const Rows *r, i64 first) {
+    return (Rows){r->q + first * r->K, r->d + first * r->groups, r->dsum + first * r->groups,
+                  r->bias + first * r->groups, r->K, r->groups};
+}
+
 /* room for M rows of K in the calling thread's scratch (kept between calls); 0 where memory ran out */
 static int room(Rows *r, i64 M, i64 K, i64 groups) {
     static __thread void *q_buf, *f_buf;
@@ -266,7 +265,7 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
     Rows shared;
     if (M > OWN_ROWS && !room(&shared, M, K, K / group)) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
-    const int PP = M <= MAX_ROWS ? PANELS_FOR(M) : 1;
+    const int PP = int8_panels(M);
     const i64 tiles = ((N + PANEL - 1) / PANEL + PP - 1) / PP;
     int ran = 1;
 #pragma omp parallel num_threads(threads)
@@ -274,10 +273,10 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         Rows own, *rows = &shared;
         if (M <= OWN_ROWS) {
             rows = room(&own, M, K, K / group) ? &own : NULL;
-            for (i64 m = 0; rows && m < M; m++) quantize_row(x, m, group, bits, rows);
+            for (i64 m = 0; rows && m < M; m++) int8_quantize_row(x, m, group, bits, rows);
         } else {
 #pragma omp for schedule(static)
-            for (i64 m = 0; m < M; m++) quantize_row(x, m, group, bits, rows);
+            for (i64 m = 0; m < M; m++) int8_quantize_row(x, m, group, bits, rows);
         }
         if (!rows) {
 #pragma omp atomic write
@@ -285,7 +284,7 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         }
 #pragma omp for schedule(static)
         for (i64 t = 0; t < tiles; t++)
-            if (rows) panel_rows(&w, rows, t * PP, M, PP, y, ldy, N);
+            if (rows) int8_panel_rows(&w, rows, t * PP, M, PP, y, ldy, N);
     }
     return ran;
 }

@@ -6,11 +6,12 @@
  *
  * The arithmetic is the per-expert loop's (backend/quant/experts.py): each matmul row is the quantized kernel's
  * (whatever the rows beside it), SiLU-and-multiply is cpu_ops.c's, and a token's output sums weight * down in
- * ascending expert order, from zero.
+ * ascending expert order, from zero. In an engine with activations="int8" the stacks are in quad order and each
+ * token's x (then each pair's activations) is quantized once, as the 8-bit kernel quantizes a row (cpu_int8.c).
  */
 #include <math.h>
 
-#include "cpu_kernel.h"
+#include "cpu_int8.h"
 #include "cpu_moe.h"
 
 i64 tile_panels(i64 M);
@@ -35,14 +36,36 @@ static void transpose_rows(const float *x, i64 rows, i64 K, float *xt) {
     else transpose_tile(x, 0, rows, K, xt);
 }
 
-/* One matmul per chunk as (chunk, part, panel) jobs: `parts` matrices of `rows` (gate and up, or down) */
-static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, i64 *jobs) {
+/* One matmul per chunk as (chunk, part, panel) jobs: `parts` matrices of `rows` (gate and up, or down), in tiles of
+ * the fp32 kernel's panels or (quads) the 8-bit one's */
+static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, int quads, i64 *jobs) {
     i64 n = 0;
-    for (i64 c = 0; c < count; c++)
+    for (i64 c = 0; c < count; c++) {
+        const i64 step = quads ? int8_panels(chunks[c].rows) : tile_panels(chunks[c].rows);
         for (i64 part = 0; part < parts; part++)
-            for (i64 p = 0; p < (rows + PANEL - 1) / PANEL; p += tile_panels(chunks[c].rows), n++)
+            for (i64 p = 0; p < (rows + PANEL - 1) / PANEL; p += step, n++)
                 jobs[3 * n] = c, jobs[3 * n + 1] = part, jobs[3 * n + 2] = p;
+    }
     return n;
+}
+
+/* M rows of K quantized per group of `group` k's, in one allocation (q NULL where memory ran out) */
+static Rows rows_alloc(i64 M, i64 K, i64 group) {
+    const i64 groups = K / group;
+    float *f = malloc((size_t)(M * groups) * 3 * sizeof(float) + (size_t)(M * K));
+    return (Rows){f ? (int8_t *)(f + 3 * M * groups) : NULL, f, f + M * groups, (int32_t *)(f + 2 * M * groups), K,
+                  groups};
+}
+
+/* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y */
+static void expert_tile(const Weight *w, int quads, const Rows *q, const float *xt, const Chunk *ch, i64 p,
+                        float *y, i64 N, i64 ldy) {
+    if (quads) {
+        Rows view = int8_rows_from(q, ch->first);
+        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows), y, ldy, N);
+    } else {
+        qmm_rows_tile(w, p, xt + ch->xt, ch->rows, y, N, ldy);
+    }
 }
 
 /* The router of M rows x [M, H]: for each row, the k experts with the largest softmax probabilities of its logits
@@ -99,6 +122,13 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     Chunk *chunks = malloc((size_t)P * sizeof(Chunk));
     float *act = malloc((size_t)(P * I) * sizeof(float)), *gate_up = malloc((size_t)(P * 2 * I) * sizeof(float));
     float *y = malloc((size_t)(P * widest) * sizeof(float)), *xt = NULL;
+    /* quads: x quantized for gate and for up (one copy where their groups and bits agree), activations for down */
+    const int quads = gate->order == 2, shared = gate->group == up->group && gate->bits == up->bits;
+    Rows qg = {0}, qu = {0}, qd = {0};
+    if (quads) {
+        qg = rows_alloc(P, H, gate->group), qu = shared ? qg : rows_alloc(P, H, up->group);
+        qd = rows_alloc(P, I, down->group);
+    }
     i64 count = 0, used = 0;
     if (start && filled && order && at && chunks) {
         /* the pairs i = t * k + j sorted by expert, then by token: a counting sort */
@@ -109,41 +139,60 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
             for (i64 r = first; r < start[e]; r += ROWS_X, count++) {
                 i64 rows = start[e] - r < ROWS_X ? start[e] - r : ROWS_X;
                 chunks[count] = (Chunk){e, r, rows, used};
-                used += (rows == 1 ? 1 : ROWS_X) * widest;
+                used += quads ? 0 : (rows == 1 ? 1 : ROWS_X) * widest;
             }
         /* at[t * k + n]: where token t's n-th pair in ascending expert order sits in the sorted order */
         for (i64 i = 0; i < P; i++) at[order[i] / k * k + filled[order[i] / k]++] = i;
-        xt = malloc((size_t)used * sizeof(float));
+        xt = malloc((size_t)(used ? used : 1) * sizeof(float));
     }
     int ok = start && filled && order && at && up_jobs && down_jobs && chunks && act && gate_up && y && xt;
+    ok = ok && (!quads || (qg.q && qu.q && qd.q));
     if (ok) {
-        const i64 n_up = tile_jobs(chunks, count, I, 2, up_jobs), n_down = tile_jobs(chunks, count, H, 1, down_jobs);
+        const i64 n_up = tile_jobs(chunks, count, I, 2, quads, up_jobs);
+        const i64 n_down = tile_jobs(chunks, count, H, 1, quads, down_jobs);
 #pragma omp parallel num_threads(threads)
         {
+            if (quads) {
 #pragma omp for schedule(static)
-            for (i64 c = 0; c < count; c++) {
-                float *rows = y + chunks[c].first * widest; /* the chunk's x gathered, in y as scratch */
-                for (i64 r = 0; r < chunks[c].rows; r++)
-                    memcpy(rows + r * H, x + order[chunks[c].first + r] / k * H, (size_t)H * sizeof(float));
-                transpose_rows(rows, chunks[c].rows, H, xt + chunks[c].xt);
+                for (i64 i = 0; i < P; i++) {
+                    Rows g = int8_rows_from(&qg, i), u = int8_rows_from(&qu, i);
+                    int8_quantize_row(x + order[i] / k * H, 0, gate->group, (int)gate->bits, &g);
+                    if (!shared) int8_quantize_row(x + order[i] / k * H, 0, up->group, (int)up->bits, &u);
+                }
+            } else {
+#pragma omp for schedule(static)
+                for (i64 c = 0; c < count; c++) {
+                    float *rows = y + chunks[c].first * widest; /* the chunk's x gathered, in y as scratch */
+                    for (i64 r = 0; r < chunks[c].rows; r++)
+                        memcpy(rows + r * H, x + order[chunks[c].first + r] / k * H, (size_t)H * sizeof(float));
+                    transpose_rows(rows, chunks[c].rows, H, xt + chunks[c].xt);
+                }
             }
 #pragma omp for schedule(static)
             for (i64 j = 0; j < n_up; j++) {
                 const Chunk *ch = chunks + up_jobs[3 * j];
-                Weight w = expert(up_jobs[3 * j + 1] ? up : gate, ch->expert);
-                qmm_rows_tile(&w, up_jobs[3 * j + 2], xt + ch->xt, ch->rows,
-                              gate_up + ch->first * 2 * I + up_jobs[3 * j + 1] * I, I, 2 * I);
+                const int part = (int)up_jobs[3 * j + 1];
+                Weight w = expert(part ? up : gate, ch->expert);
+                expert_tile(&w, quads, part ? &qu : &qg, xt, ch, up_jobs[3 * j + 2],
+                            gate_up + ch->first * 2 * I + part * I, I, 2 * I);
             }
 #pragma omp for schedule(static)
             for (i64 c = 0; c < count; c++) {
-                silu_mul_rows(gate_up + chunks[c].first * 2 * I, act + chunks[c].first * I, chunks[c].rows, I);
-                transpose_rows(act + chunks[c].first * I, chunks[c].rows, I, xt + chunks[c].xt);
+                const Chunk *ch = chunks + c;
+                silu_mul_rows(gate_up + ch->first * 2 * I, act + ch->first * I, ch->rows, I);
+                if (quads) {
+                    Rows d = int8_rows_from(&qd, ch->first);
+                    for (i64 r = 0; r < ch->rows; r++)
+                        int8_quantize_row(act + ch->first * I, r, down->group, (int)down->bits, &d);
+                } else {
+                    transpose_rows(act + ch->first * I, ch->rows, I, xt + ch->xt);
+                }
             }
 #pragma omp for schedule(static)
             for (i64 j = 0; j < n_down; j++) {
                 const Chunk *ch = chunks + down_jobs[3 * j];
                 Weight w = expert(down, ch->expert);
-                qmm_rows_tile(&w, down_jobs[3 * j + 2], xt + ch->xt, ch->rows, y + ch->first * H, H, H);
+                expert_tile(&w, quads, &qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H);
             }
 #pragma omp for schedule(static)
             for (i64 t = 0; t < T; t++)
@@ -156,5 +205,6 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     }
     free(start), free(filled), free(order), free(at), free(up_jobs), free(down_jobs), free(chunks);
     free(xt), free(act), free(gate_up), free(y);
+    free(qg.d), free(shared ? NULL : qu.d), free(qd.d); /* each Rows' one allocation starts at d */
     return ok;
 }

@@ -31,14 +31,15 @@ def one_call_tokens() -> int:
 class ExpertStack(ctypes.Structure):  # cpu_moe.h's
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
                 ("codes_stride", ctypes.c_int64), ("params_stride", ctypes.c_int64), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64)]
+                ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64),
+                ("order", ctypes.c_int64)]
 
 
 def expert_stack(w: QuantWeight) -> ExpertStack:
     lay = w.layout
     return ExpertStack(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
                         w.codes.stride(0) * w.codes.element_size(), w.scales.stride(0) * w.scales.element_size(),
-                        w.rows, w.cols, lay.group, lay.bits, int(lay.f16))
+                        w.rows, w.cols, lay.group, lay.bits, int(lay.f16), lay.order_code)
 
 
 class QuantExperts(nn.Module):
@@ -101,8 +102,11 @@ class QuantExperts(nn.Module):
         return out
 
     def packed(self) -> bool:
-        """Whether every stack is in our kernel's layout, in the module (not an ExpertCache's slots)."""
-        return all(w.layout is not None and w.codes is not None for w in self.weights())
+        """Whether every stack is in our kernel's layout, one order for all three (the fp32 kernel's panels, or
+        quads for 8-bit activations), in the module (not an ExpertCache's slots)."""
+        layouts = [w.layout for w in self.weights() if w.codes is not None]
+        return len(layouts) == 3 and None not in layouts and len({lay.order for lay in layouts}) == 1 \
+            and layouts[0].order in ("panels", "quads")
 
     def stacks(self) -> list[ExpertStack]:
         """gate, up and down as cpu_moe.c reads them (built once per call: the one-call decoder keeps its own)."""

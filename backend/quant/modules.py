@@ -53,10 +53,9 @@ class QuantWeight(nn.Module):
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
         packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
         layout = packs[0][3]
-        # Not an expert stack's: its one C call (cpu_moe.c) reads the fp32 layout, 1.45x the per-expert loop's speed
-        # at 1 to 16 tokens (Q4_K, measured), so a MoE layer's experts stay fp32.
-        if not self.lead and self.cols % 32 == 0 and native.enabled():
-            if products == "bfloat16" and native.amx():  # every product bf16's, on the tiles
+        # An expert stack is fp32's or int8's (cpu_moe.c reads both): not AMX tiles' pairs.
+        if self.cols % 32 == 0 and native.enabled():
+            if products == "bfloat16" and native.amx() and not self.lead:  # every product bf16's, on the tiles
                 bits = cpu_native.paired_bits([p[0] for p in packs], layout.bits)
                 packs = [(cpu_native.pair_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")

@@ -28,13 +28,17 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
     assert_one_call_is_the_modules(engine)
 
 
+@pytest.mark.parametrize("activations", ["float32", "int8"])
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
-def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, family):
-    """The router (fp32) and the routed experts (our packed layout) in the same C call as the attention: the
-    module path's route_rows and moe_tokens, the same bits; more rows than one call's experts take go through the
-    modules (whose per-expert loop is faster there)."""
+def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, family, activations):
+    """The router (fp32) and the routed experts (our packed layout; quad order with 8-bit activations) in the same
+    C call as the attention: the module path's route_rows and moe_tokens, the same bits; more rows than one call's
+    experts take go through the modules (whose per-expert loop is faster there)."""
     path, _ = tiny_gguf(family)
-    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, speculative={"method": "ngram", "num_tokens": 3}))
+    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, activations=activations,
+                                    speculative={"method": "ngram", "num_tokens": 3}))
+    stacks = engine.runner.model.model.layers[0].mlp.experts.weights()
+    assert {w.layout.order for w in stacks} == {"quads" if activations == "int8" else "panels"}
     decoder = engine.runner.cpu_decoder
     assert decoder is not None and decoder.max_rows == one_call_tokens()
     assert decoder.takes(decoder.max_rows) and not decoder.takes(decoder.max_rows + 1)

@@ -64,14 +64,18 @@ def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatc
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("products", ["float32", "int8"])
 @pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_1", "Q4_0")])
-def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, c_kernels, monkeypatch):
+def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, products, c_kernels, monkeypatch):
     """A decode batch's experts go through one C call (cpu_moe.c), a prompt chunk's through the per-expert loop:
     each token gets the loop's bits, alone or beside others (a decode step and a draft's verification rows agree,
-    speculation stays exact), with experts meeting 1 to 40 rows (chunks of 16), and the call is really taken."""
+    speculation stays exact), with experts meeting 1 to 40 rows (chunks of 16), and the call is really taken. With
+    8-bit activations (quad order: x quantized once per token for gate and up, shared where their groups agree,
+    each pair's activations for down) the loop is the 8-bit kernel's matmuls."""
     module, _, _ = experts(formats)
     for w in module.weights():
-        w.pack_for_cpu()
+        w.pack_for_cpu(products)
+        assert w.layout.order == ("quads" if products == "int8" else "panels")
     g = torch.Generator().manual_seed(6)
     x = torch.randn(60, H, generator=g)
     weights, ids = route(torch.randn(60, E, generator=g), 3, True)  # three terms a token: their order shows
