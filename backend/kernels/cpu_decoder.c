@@ -8,8 +8,9 @@
  * residual added first), fused q|k|v, rotary over q and k (each head RMS-normed first where the model has q/k
  * norms: Qwen3), paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our
  * quantized layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's
- * q|k|v). A MoE layer (Mixtral, Qwen3-MoE) has, in place of gate|up and down, its router and routed experts: the
- * module path's two calls (moe_route_rows, moe_tokens in ../quant/cpu_moe.c), here without Python between them.
+ * q|k|v). A MoE layer (Mixtral, Qwen3-MoE, Qwen2-MoE) has, in place of gate|up and down, its router and routed
+ * experts and, in Qwen2-MoE, a gated shared expert: the module path's calls (moe_route_rows, moe_tokens,
+ * moe_add_shared_rows in ../quant/cpu_moe.c), here without Python between them.
  */
 #include <omp.h>
 
@@ -41,11 +42,15 @@ typedef struct {
     const float *bias; /* or NULL */
 } Linear;
 
-/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks */
+/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; Qwen2-MoE's shared expert
+ * (a dense feed-forward of shared_inter, weighted by sigmoid(x . shared_gate)) where shared_gate is not NULL */
 typedef struct {
     const float *router; /* NULL: a dense layer (gate_up and down) */
     i64 experts, top_k, renormalize;
     ExpertStack gate, up, down;
+    const float *shared_gate;
+    Linear shared_gate_up, shared_down;
+    i64 shared_inter;
 } Experts;
 
 typedef struct {
@@ -56,7 +61,8 @@ typedef struct {
 } Layer;
 
 typedef struct {
-    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window; /* top_k: most of a MoE layer */
+    /* inter: the widest feed-forward (dense, or a shared expert); top_k: the most of a MoE layer */
+    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window;
     float eps, scale;
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
@@ -89,7 +95,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     const i64 qkv_cols = (hq + 2 * hkv) * D, qk_cols = (hq + hkv) * D;
     const int kind = (int)s->kv_kind;
-    size_t need = (size_t)M * (3 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter + 3 * s->top_k) + 2;
+    size_t need = (size_t)M * (4 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter + 3 * s->top_k) + 2;
     if (work_floats < need) {
         free(work);
         work = malloc(need * sizeof(float));
@@ -98,7 +104,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
     }
     float *residual = work, *h = residual + M * H, *out = h + M * H, *qkv = out + M * H, *qk = qkv + M * qkv_cols;
     float *attn = qk + M * qk_cols, *gate_up = attn + M * hq * D, *act = gate_up + M * 2 * s->inter;
-    float *weights = act + M * s->inter;
+    float *shared = act + M * s->inter, *weights = shared + M * H;
     int64_t *ids = (int64_t *)(((uintptr_t)(weights + M * s->top_k) + 7) & ~(uintptr_t)7);
     for (i64 l = 0; l < s->layers; l++) {
         const Layer *L = layers + l;
@@ -129,6 +135,12 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads);
             if (moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads) != 1)
                 return 0;
+            if (E->shared_gate) { /* the module's order: the routed experts' sum, then the gated shared expert */
+                matmul(&E->shared_gate_up, h, M, gate_up, threads);
+                silu_mul_rows(gate_up, act, M, E->shared_inter);
+                matmul(&E->shared_down, act, M, shared, threads);
+                moe_add_shared_rows(h, M, E->shared_gate, H, shared, out);
+            }
             continue;
         }
         matmul(&L->gate_up, h, M, gate_up, threads);

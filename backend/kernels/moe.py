@@ -32,6 +32,18 @@ def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) 
     return route(gate(x), top_k, renormalize)
 
 
+def add_shared(out: torch.Tensor, x: torch.Tensor, gate: nn.Module, shared: torch.Tensor) -> torch.Tensor:
+    """out + sigmoid(gate(x)) * shared: Qwen2-MoE's gated shared expert added to the routed experts' sum; with our
+    CPU kernels in one C call (cpu_moe.c's moe_add_shared_rows, in place: the one-call decode step's)."""
+    w = gate.weight
+    if type(gate) is nn.Linear and gate.bias is None and w.shape[0] == 1 and native.usable(out, x, w, shared) \
+            and all(t.is_contiguous() for t in (out, x, w, shared)):
+        native.library().moe_add_shared_rows(x.data_ptr(), x.shape[0], w.data_ptr(), x.shape[1], shared.data_ptr(),
+                                             out.data_ptr())
+        return out
+    return out + torch.sigmoid(gate(x)) * shared
+
+
 def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
     """x [T, H]; w_gate_up [E, 2I, H]; w_down [E, H, I]; topk_* [T, K] -> [T, H].

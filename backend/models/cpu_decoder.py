@@ -4,7 +4,7 @@ The C loop runs the kernels the modules would call, in their order, so the hidde
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
 format), with or without biases (Qwen2) and q/k norms (Qwen3), and MoE layers whose router is fp32 and whose
-experts are in our layout, without a shared expert (Mixtral, Qwen3-MoE). The runner builds one per KV cache (the
+experts are in our layout (Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). The runner builds one per KV cache (the
 cache's addresses are in it) and uses it for steps whose rows all attend as decode rows, up to max_rows of them.
 """
 
@@ -34,7 +34,8 @@ class _Linear(ctypes.Structure):
 
 class _Experts(ctypes.Structure):
     _fields_ = [("router", ptr), ("experts", i64), ("top_k", i64), ("renormalize", i64), ("gate", ExpertStack),
-                ("up", ExpertStack), ("down", ExpertStack)]
+                ("up", ExpertStack), ("down", ExpertStack), ("shared_gate", ptr), ("shared_gate_up", _Linear),
+                ("shared_down", _Linear), ("shared_inter", i64)]
 
 
 class _Layer(ctypes.Structure):
@@ -68,14 +69,28 @@ def _linear(linear) -> _Linear | None:
                    bias.data_ptr() if bias is not None else None)
 
 
+def _fp32_vectors(linear: torch.nn.Module, rows: int | None = None) -> bool:
+    """Whether a plain nn.Linear's weight (of `rows` rows) is what the C loop reads: fp32, contiguous, no bias."""
+    w = linear.weight
+    return type(linear) is torch.nn.Linear and linear.bias is None and native.usable(w) and w.is_contiguous() \
+        and (rows is None or w.shape[0] == rows)
+
+
 def _experts(moe: SparseMoE) -> _Experts | None:
-    """A MoE layer the C loop computes as its modules do (route_rows, then moe_tokens), or None."""
-    gate, experts = moe.gate, moe.experts
-    if moe.shared_expert is not None or moe.expert_cache is not None or not isinstance(experts, QuantExperts) \
-            or not experts.packed() or type(gate) is not torch.nn.Linear or gate.bias is not None \
-            or not (native.usable(gate.weight) and gate.weight.is_contiguous()):
+    """A MoE layer the C loop computes as its modules do (route_rows, moe_tokens, then add_shared), or None."""
+    experts = moe.experts
+    if moe.expert_cache is not None or not isinstance(experts, QuantExperts) or not experts.packed() \
+            or not _fp32_vectors(moe.gate):
         return None
-    return _Experts(gate.weight.data_ptr(), gate.weight.shape[0], moe.top_k, int(moe.renormalize), *experts.stacks())
+    shared = [None, _Linear(), _Linear(), 0]
+    if moe.shared_expert is not None:
+        mlp = moe.shared_expert
+        shared = [moe.shared_expert_gate.weight.data_ptr(), _linear(mlp.gate_up_proj), _linear(mlp.down_proj),
+                  mlp.down_proj.in_features]
+        if not _fp32_vectors(moe.shared_expert_gate, 1) or None in shared[1:3]:
+            return None
+    return _Experts(moe.gate.weight.data_ptr(), moe.gate.weight.shape[0], moe.top_k, int(moe.renormalize),
+                    *experts.stacks(), *shared)
 
 
 def _norms(layer) -> list[torch.Tensor | None]:
@@ -99,7 +114,7 @@ class CpuDecoder:
         norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
-        layers, top_k = [], 0
+        layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if attn.k_cache.numel() == 0:
@@ -109,6 +124,7 @@ class CpuDecoder:
             elif isinstance(mlp, SparseMoE):
                 ffn, moe = [_Linear(), _Linear()], _experts(mlp)
                 top_k = max(top_k, mlp.top_k)
+                inter = max(inter, moe.shared_inter if moe is not None else 0)
             else:
                 return None
             parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
@@ -118,7 +134,7 @@ class CpuDecoder:
             layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                       cfg.intermediate_size, top_k, first.k_cache.shape[1], cfg.sliding_window or 0,
+                       inter, top_k, first.k_cache.shape[1], cfg.sliding_window or 0,
                        cfg.rms_norm_eps, first.scale, model.model.norm.weight.data_ptr(),
                        native.KV_KINDS[first.k_cache.dtype])
         return cls(model, layers, shape, one_call_tokens() if top_k else None)

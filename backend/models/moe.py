@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from backend.kernels.moe import fused_moe, route_rows
+from backend.kernels.moe import add_shared, fused_moe, route_rows
 from backend.model_config import ModelConfig
 from backend.models.mlp import MLP
 
@@ -62,5 +62,5 @@ class SparseMoE(nn.Module):
         else:
             out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = add_shared(out, x, self.shared_expert_gate, self.shared_expert(x))
         return out

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backend.kernels import native
-from backend.kernels.moe import fused_moe, route, route_rows
+from backend.kernels.moe import add_shared, fused_moe, route, route_rows
 from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
@@ -158,3 +158,17 @@ def test_the_c_router_breaks_ties_by_the_lower_expert():
     weights, ids = route_rows(torch.ones(1, 16), gate, 4, False)
     assert ids.tolist() == [[1, 2, 4, 0]]
     assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+def test_the_shared_expert_is_added_as_torch_adds_it():
+    """add_shared (cpu_moe.c's moe_add_shared_rows, the one-call step's) against Qwen2-MoE's formula in torch:
+    out + sigmoid(x . gate) * shared, to float rounding, in place."""
+    g = torch.Generator().manual_seed(3)
+    x, shared, out = (torch.randn(5, 200, generator=g) for _ in range(3))
+    gate = torch.nn.Linear(200, 1, bias=False)
+    gate.weight.data = torch.randn(1, 200, generator=g) / 5
+    want = out + torch.sigmoid(gate(x)) * shared
+    got = add_shared(out.clone(), x, gate, shared)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(got, out)
