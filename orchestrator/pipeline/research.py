@@ -9,6 +9,7 @@ from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.prose import clean_title
 
 HEADING_WORDS = 8
+HEADING_CHARS, TITLE_CHARS, POINT_CHARS = 120, 120, 120
 
 ATTEMPTS = 3
 SOURCE_CHARS = 6000  # of each source file, to stay well inside small models' context
@@ -22,13 +23,15 @@ def outline_schema(sections: int) -> dict:
     return {
         "type": "object",
         "properties": {
-            "title": {"type": "string", "minLength": 3, "maxLength": 80},
+            # Room for a model's long first try: the grammar closing a string at its limit cuts mid-word, while
+            # clean_title shortens at a clause or word boundary (HEADING_WORDS, TITLE_WORDS)
+            "title": {"type": "string", "minLength": 3, "maxLength": TITLE_CHARS},
             "sections": {"type": "array", "minItems": sections, "maxItems": sections, "items": {
                 "type": "object",
                 "properties": {
-                    "heading": {"type": "string", "minLength": 2, "maxLength": 60},
+                    "heading": {"type": "string", "minLength": 2, "maxLength": HEADING_CHARS},
                     "key_points": {"type": "array", "minItems": 2, "maxItems": 3,
-                                   "items": {"type": "string", "minLength": 3, "maxLength": 120}},
+                                   "items": {"type": "string", "minLength": 3, "maxLength": POINT_CHARS}},
                 },
                 "required": ["heading", "key_points"], "additionalProperties": False,
             }},
@@ -94,7 +97,7 @@ async def research(llm: LLMRouter, params: ArticleParams, structured: bool = Tru
     for attempt in range(ATTEMPTS):
         # Room for the schema's longest answer even at one character per token (as small models can write), or
         # what the model's context leaves: a real outline is far shorter than that longest one.
-        budget = await fit(llm, messages, 150 + 520 * params.sections)
+        budget = await fit(llm, messages, 30 + TITLE_CHARS + (50 + HEADING_CHARS + 3 * POINT_CHARS) * params.sections)
         reply = await llm.chat(messages, max_tokens=budget, **params.stage_sampling()["outline"].chat(),
                                json_schema=schema, seed=None if params.seed is None else params.seed + attempt)
         text = reply["text"]

@@ -24,7 +24,7 @@ OUTLINE = {"title": "Here is a summary of porridge, which is a", "sections": [
     {"heading": "Origins", "key_points": ["grain", "fire"]}, {"heading": "Today", "key_points": ["oats", "milk"]}]}
 
 
-def stub_app(requests: list[dict]) -> FastAPI:
+def stub_app(requests: list[dict], max_model_len: int = 8192) -> FastAPI:
     app = FastAPI()
 
     @app.get("/health")
@@ -34,7 +34,7 @@ def stub_app(requests: list[dict]) -> FastAPI:
     @app.get("/v1/models")
     def models() -> dict:
         return {"object": "list", "data": [{"id": "stub", "object": "model", "owned_by": "test",
-                                            "max_model_len": 8192}]}
+                                            "max_model_len": max_model_len}]}
 
     @app.post("/v1/chat/completions")
     def chat(body: dict) -> dict:
@@ -51,11 +51,13 @@ def stub_app(requests: list[dict]) -> FastAPI:
     return app
 
 
-@pytest.fixture
-def looping_upstream():
+@pytest.fixture(params=[8192])
+def looping_upstream(request):
+    """(base URL, the chat requests it got); its model's context is the param (8192 unless a test says)."""
     requests: list[dict] = []
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(stub_app(requests), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(stub_app(requests, request.param), host="127.0.0.1", port=port,
+                                          log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     _wait_healthy(f"http://127.0.0.1:{port}")
@@ -83,3 +85,23 @@ def test_a_looping_section_is_rewritten_once_with_stronger_penalties_and_history
     assert article.startswith("# Here is a summary") is False and "Porridge" in article.splitlines()[0]
     params = json.loads((settings.runs_dir / run.id / "params.json").read_text())
     assert params["sampling"]["sections"]["repetition_penalty"] == 1.15
+
+
+@pytest.mark.parametrize("looping_upstream", [1024], indirect=True)
+def test_a_runs_sampling_and_section_length_reach_the_model(tmp_path, looping_upstream):
+    """`run --sampling` overrides reach every section request (and only the stage named), and a model whose
+    context is small is asked for shorter sections (section_words: half the context for the article's text)."""
+    url, requests = looping_upstream
+    settings = Settings(home=tmp_path / "home", llm_urls=(url,), comfyui_url=None)
+    overrides = {"sections": {"temperature": 0.3, "repetition_penalty": 1.2}}
+    done = run_cli(settings, "run", "porridge", "--sections", "2", "--images", "0", "--seed", "3", "--words", "400",
+                   "--sampling", json.dumps(overrides), "--json")
+    assert done.returncode == 0, done.stderr
+    outline = [b for b in requests if b.get("response_format")]
+    sections = [b for b in requests if not b.get("response_format")]
+    assert len(sections) == 2 and len(outline) == 1
+    assert all(b["temperature"] == 0.3 and b["repetition_penalty"] == 1.2 for b in sections)
+    assert outline[0]["temperature"] == DEFAULTS["outline"].temperature
+    words = int(1024 // 2 // 2 / 1.6)  # 160 of the 400 asked: the context holds no more beside the prompts
+    assert all(f"About {words} words" in b["messages"][-1]["content"] for b in sections)
+    assert all(b["max_tokens"] <= 1024 for b in sections)

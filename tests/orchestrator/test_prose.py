@@ -1,7 +1,10 @@
+import json
+
 import pytest
 
 from orchestrator.pipeline.params import ArticleParams, ParamsError
 from orchestrator.pipeline.prose import clean_title, demote_headings, distinct_n, repeated_share, section_body
+from orchestrator.pipeline.research import HEADING_CHARS, HEADING_WORDS, outline_schema, parse_outline
 from orchestrator.pipeline.sampling import DEFAULTS, resolve
 
 
@@ -69,3 +72,16 @@ def test_headings_inside_a_section_go_under_the_sections_heading():
     assert demote_headings(text, 3) == "Intro.\n\n### Big\n\ntext\n\n#### Smaller\n\n```\n# a comment in code\n```"
     assert demote_headings("#### Deep\n", 3) == "#### Deep\n"  # already below: left as written
     assert demote_headings("no headings", 3) == "no headings"
+
+
+def test_a_long_heading_is_shortened_at_a_boundary_not_cut_by_the_grammar():
+    """The schema leaves a model room for a long first heading (a grammar closing the string at its limit would
+    cut mid-word); parse_outline shortens it to a phrase of at most HEADING_WORDS words."""
+    long = "The early history of solar lighthouses, which changed how coastal regions of Europe saw the night"
+    schema = outline_schema(2)["properties"]["sections"]["items"]["properties"]["heading"]
+    assert len(long) <= schema["maxLength"] == HEADING_CHARS  # the model may write it whole
+    text = json.dumps({"title": "Lighthouses", "sections": [
+        {"heading": long, "key_points": ["a", "b"]}, {"heading": "Lenses", "key_points": ["c", "d"]}]})
+    heading = parse_outline(text, 2)["sections"][0]["heading"]
+    assert heading == "The early history of solar lighthouses"
+    assert len(heading.split()) <= HEADING_WORDS
