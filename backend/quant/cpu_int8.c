@@ -10,11 +10,12 @@
  * operations in the same order, so gives the same bits.
  *
  * Codes in quad order (cpu_native.quad_order): per panel of 16 weight rows, 64 bytes for each 4 k's (8-bit: byte
- * 4r + i is row r's q at k + i, plus 128) or each 8 k's (4-bit: byte 4r + i holds row r's q at k + i in its low
- * nibble and at k + 4 + i in its high one). One AVX-512 VNNI instruction (vpdpbusd) then multiplies 16 rows' 4 codes
- * by 4 of xq and adds them into the 16 rows' sums: 64 multiply-adds where an fp32 fma does 16, at the same rate
- * (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd, two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's sum starts at
- * -128 sum xq to take it back out.
+ * 4r + i is row r's q at k + i, plus 128; "bits 7" where no q is -128, cpu_native.quad_bits) or each 8 k's (4-bit:
+ * byte 4r + i holds row r's q at k + i in its low nibble and at k + 4 + i in its high one). One AVX-512 VNNI
+ * instruction (vpdpbusd) then multiplies 16 rows' 4 codes by 4 of xq and adds them into the 16 rows' sums: 64
+ * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd,
+ * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's
+ * sum starts at -128 sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  */
 #include <math.h>
 #include <omp.h>
@@ -32,23 +33,38 @@
 typedef int32_t VI __attribute__((vector_size(IL * 4)));
 typedef float VF __attribute__((vector_size(IL * 4)));
 
-/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones, per 32-bit lane. nibbles: every byte of u
- * is below 16 (4-bit codes). */
-INLINE VI dot4(VI acc, VI u, int32_t x, const int nibbles) {
+/* What a dot4 is handed: 4-bit codes (every byte of u below 16), 8-bit codes (u = q + 128), or 8-bit codes none of
+ * which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
+enum { BYTES, NIBBLES, SIGNED };
+/* Whether this build sums q * x for 8-bit codes without -128 (AVX2), so their groups start at 0, not -128 sum xq */
+#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+#define SEVEN_SIGNED 1
+#else
+#define SEVEN_SIGNED 0
+#endif
+
+/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
+ * of u - 128) */
+INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    (void)nibbles;
+    (void)kind;
     return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
 #elif defined(__AVX2__)
-    /* vpmaddubsw sums two products into an int16, which saturates past 32767: codes below 16 times |x| <= 127 stay
-     * under it (2 * 15 * 127), and 8-bit codes go in as their two nibbles (u = 16 hi + lo), the high one's sums
-     * scaled by 16 in int32 by vpmaddwd; either way the same exact integers as vpdpbusd's */
+    /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4-bit
+     * codes times |x| <= 127 stay under it (2 * 15 * 127); 8-bit codes go in as their two nibbles (u = 16 hi + lo),
+     * the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as |x| times q * sign(x)
+     * (2 * 127 * 127). Exact integers every way, the same as vpdpbusd's and the portable loop's. */
     const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
     __m256i half[IL / 8], sum[IL / 8];
     memcpy(half, &u, sizeof half);
     memcpy(sum, &acc, sizeof sum);
     for (int i = 0; i < IL / 8; i++) {
-        if (nibbles) {
+        if (kind == NIBBLES) {
             sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(half[i], xb), ones));
+        } else if (kind == SIGNED) {
+            __m256i q = _mm256_xor_si256(half[i], _mm256_set1_epi8((char)0x80));
+            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb));
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, ones));
         } else {
             __m256i lo = _mm256_and_si256(half[i], low), hi = _mm256_and_si256(_mm256_srli_epi16(half[i], 4), low);
             sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xb), ones));
@@ -58,7 +74,7 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int nibbles) {
     memcpy(&acc, sum, sizeof acc);
     return acc;
 #else
-    (void)nibbles;
+    (void)kind;
     for (int i = 0; i < 4; i++) acc += ((u >> (8 * i)) & 0xFF) * (int32_t)(int8_t)(x >> (8 * i));
     return acc;
 #endif
@@ -132,7 +148,7 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
         const i64 at = m * r->groups + g;
         r->d[at] = amax / 127.0f; /* NaN where x holds a NaN or an infinity: the row's y, as in the fp32 kernel */
         r->dsum[at] = r->d[at] * (float)total;
-        r->bias[at] = bits == 8 ? -128 * total : 0;
+        r->bias[at] = bits == 8 || (bits == 7 && !SEVEN_SIGNED) ? -128 * total : 0;
     }
 }
 
@@ -152,6 +168,7 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
                  float *y, i64 ldy, i64 N) {
     const i64 unit = bits == 4 ? 8 : 4, group_bytes = w->group / unit * 64, panels = (NC + HV - 1) / HV;
+    const int kind = bits == 4 ? NIBBLES : bits == 7 && SEVEN_SIGNED ? SIGNED : BYTES;
 #define ACC(r, c) VF f_##r##_##c = {0}; VI a_##r##_##c;
     RC(ACC)
 #undef ACC
@@ -174,8 +191,8 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 memcpy(lo_x + r, xq + r * x->K, 4);
                 if (bits == 4) memcpy(hi_x + r, xq + r * x->K + 4, 4);
             }
-#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, lo, lo_x[r], bits == 4); \
-                                 if (bits == 4) a_##r##_##c = dot4(a_##r##_##c, hi, hi_x[r], 1); }
+#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, lo, lo_x[r], kind); \
+                                 if (bits == 4) a_##r##_##c = dot4(a_##r##_##c, hi, hi_x[r], NIBBLES); }
 #define VECTOR_DOTS(c) if (NC > c) {                                         \
                 VI lo, hi;                                                   \
                 memcpy(&lo, codes##c + u, sizeof lo);                        \
@@ -220,9 +237,10 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int MR = (int)((M - m0 + count - t - 1) / (count - t));
-        switch (MR * 8 + PP / 2 + (w->bits == 4 ? 4 : 0)) {
-#define CASE(MR_, PP_) case MR_ * 8 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break; \
-                       case MR_ * 8 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N); break;
+        switch (MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : 0)) {
+#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break; \
+                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N); break; \
+                       case MR_ * 16 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N); break;
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
         CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1) CASE(8, 1)

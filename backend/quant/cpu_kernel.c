@@ -68,9 +68,18 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
                 PREFETCH(next + g * w->group * step + b);
             /* two k at a time (groups are 16 or 32 long): one load and nibble split serve both */
             for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
-#define DECODE(c) V w##c = vzero(), u##c = vzero();                                  \
-                  if (NC > c) {                                                       \
-                      vcodes2(codes##c + k * step, bits, c % H, &w##c, &u##c);        \
+                V w0 = vzero(), u0 = vzero(), w1 = vzero(), u1 = vzero(), w2 = vzero(), u2 = vzero();
+                V w3 = vzero(), u3 = vzero();
+#define CODES2(c) if (NC > c) vcodes2(codes##c + k * step, bits, c % H, &w##c, &u##c);
+                /* a panel's two halves (vectors c and c + 1) from one load and one widening, where H is 2 */
+                if (PAIRED_HALVES && bits == 4) {
+                    vcodes_halves(codes0 + k * step, &w0, &u0, &w1, &u1);
+                    if (NC > 2) vcodes_halves(codes2 + k * step, &w2, &u2, &w3, &u3);
+                } else {
+                    C4(CODES2)
+                }
+#undef CODES2
+#define DECODE(c) if (NC > c) {                                                       \
                       w##c = vfma(w##c, s##c, o##c);                                  \
                       u##c = vfma(u##c, s##c, o##c);                                  \
                   }

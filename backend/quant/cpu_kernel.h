@@ -114,6 +114,25 @@ INLINE V vparams(const void *base, i64 index, int f16) {
     return v;
 }
 #endif
+/* AVX2: the 4-bit codes of a panel's two halves (rows 0-7 in the low nibbles, 8-15 in the high) at k and k + 1,
+ * from one 16-byte load widened twice: lo/hi at k (lo_k, hi_k) and at k + 1 (lo_n, hi_n) */
+#if INTRINSICS && !defined(__AVX512F__)
+#define PAIRED_HALVES 1
+INLINE void vcodes_halves(const uint8_t *c, V *lo_k, V *lo_n, V *hi_k, V *hi_n) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)c);
+    const __m256i at_k = _mm256_cvtepu8_epi32(b), at_n = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    *lo_k = _mm256_cvtepi32_ps(_mm256_and_si256(at_k, low));
+    *hi_k = _mm256_cvtepi32_ps(_mm256_srli_epi32(at_k, 4));
+    *lo_n = _mm256_cvtepi32_ps(_mm256_and_si256(at_n, low));
+    *hi_n = _mm256_cvtepi32_ps(_mm256_srli_epi32(at_n, 4));
+}
+#else
+#define PAIRED_HALVES 0
+INLINE void vcodes_halves(const uint8_t *c, V *lo_k, V *lo_n, V *hi_k, V *hi_n) { /* never called */
+    (void)c, (void)lo_k, (void)lo_n, (void)hi_k, (void)hi_n;
+}
+#endif
 #ifndef PAIRED_CODES
 INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
     *at_k = vcodes(c, bits, h);

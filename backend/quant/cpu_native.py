@@ -123,6 +123,14 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return rows.to(torch.uint8).contiguous()
 
 
+def quad_bits(codes: list[torch.Tensor], bits: int) -> int:
+    """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit stay 4; 8-bit codes take 7 where
+    no q is -128 (AVX2 then multiplies q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
+    if bits == 4:
+        return 4
+    return 7 if all(int(c.view(torch.int8).min()) > -128 for c in codes if c.numel()) else 8
+
+
 def quad_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """pack's codes four k's to a 32-bit lane, for cpu_int8.c: per panel, 64 bytes for each 8 k's (4-bit: byte
     4r + i holds row r's q at k + i in its low nibble, at k + 4 + i in its high) or each 4 k's (8-bit: byte 4r + i,

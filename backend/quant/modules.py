@@ -60,8 +60,9 @@ class QuantWeight(nn.Module):
                 packs = [(cpu_native.pair_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")
             elif products == "int8":
+                bits = cpu_native.quad_bits([p[0] for p in packs], layout.bits)
                 packs = [(cpu_native.quad_order(p[0], layout.bits), *p[1:]) for p in packs]
-                layout = dataclasses.replace(layout, order="quads")
+                layout = dataclasses.replace(layout, bits=bits, order="quads")
         self.layout = layout
         for i, name in enumerate(("codes", "scales", "offsets")):
             if packs[0][i] is not None:

@@ -24,11 +24,12 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler 
 FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"]
 
 
-def quad_ordered(name: str, rows: int, cols: int, seed: int):
-    raw = random_raw(name, rows, cols, seed=seed)
+def quad_ordered(name: str, rows: int, cols: int, seed: int, raw=None):
+    """(raw blocks, the quad-ordered matrix as pack_for_cpu makes it: 8-bit codes without -128 as bits 7)."""
+    raw = random_raw(name, rows, cols, seed=seed) if raw is None else raw
     codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     quads = (cpu_native.quad_order(codes, layout.bits), scales, offsets, cpu_native.Layout(
-        layout.bits, layout.group, layout.f16, layout.offsets, order="quads"))
+        cpu_native.quad_bits([codes], layout.bits), layout.group, layout.f16, layout.offsets, order="quads"))
     return raw, quads
 
 
@@ -67,11 +68,17 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
         assert torch.equal(cpu_native.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q8_0 with -128"])
 def test_int8_products_are_the_same_bits_in_every_build(name, monkeypatch):
-    """The native build's integer sums (VNNI, or AVX2's two-step products) against GCC's portable vectors, which
-    multiply byte by byte: the same bits, at 1 to 20 rows."""
-    raw, quads = quad_ordered(name, 70, 256, seed=21)
+    """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 8-bit codes as two nibbles, or
+    q times x's sign where no code is -128) against GCC's portable vectors, which multiply byte by byte: the same
+    bits, at 1 to 20 rows."""
+    raw = None
+    if name == "Q8_0 with -128":
+        name, raw = "Q8_0", random_raw("Q8_0", 70, 256, seed=21)
+        raw[5, 2 + 7] = 0x80  # block 0's code 7 of row 5: q = -128
+    raw, quads = quad_ordered(name, 70, 256, seed=21, raw=raw)
+    assert quads[3].bits == {"Q4_K": 4}.get(name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
     native_y = [cpu_native.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
     use_kernel_build("portable", monkeypatch)
