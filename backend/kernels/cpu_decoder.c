@@ -13,6 +13,7 @@
  * moe_add_shared_rows in ../quant/cpu_moe.c), here without Python between them.
  */
 #include <omp.h>
+#include <stddef.h>
 
 #include "../quant/cpu_moe.h"
 #include "cpu_vectors.h"
@@ -67,6 +68,17 @@ typedef struct {
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
 } Shape;
+
+/* The sizes and some offsets of the structs cpu_decoder.py and experts.py mirror with ctypes, in this order, for a
+ * test to hold the two to the same layout */
+void struct_layouts(int64_t *out) {
+    const int64_t v[] = {sizeof(QuantMatrix), sizeof(Linear), offsetof(Linear, bias), sizeof(ExpertStack),
+                         offsetof(ExpertStack, order), sizeof(Experts), offsetof(Experts, gate),
+                         offsetof(Experts, shared_gate), offsetof(Experts, shared_inter), sizeof(Layer),
+                         offsetof(Layer, moe), offsetof(Layer, k_cache), sizeof(Shape), offsetof(Shape, eps),
+                         offsetof(Shape, final_norm), offsetof(Shape, kv_kind)};
+    memcpy(out, v, sizeof v);
+}
 
 double matmul_seconds; /* wall time in the matmuls, for bench/engine.py's split of a step */
 

@@ -96,7 +96,9 @@ def load(path: Path) -> ctypes.CDLL:
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
     lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
     lib.decode_layers.restype = i32
-    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store):
+    lib.struct_layouts.argtypes = [ptr]
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
+               lib.struct_layouts):
         fn.restype = None
     return lib
 

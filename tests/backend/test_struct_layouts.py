@@ -1,0 +1,26 @@
+"""The structs the one-call decode step and the MoE call read (cpu_decoder.c, cpu_moe.h) and their ctypes mirrors
+(cpu_decoder.py, experts.py) have the same sizes and field offsets: a field added on one side only would make C
+read the wrong pointers."""
+
+import ctypes
+
+import pytest
+
+from backend.kernels import native
+from backend.models import cpu_decoder
+from backend.quant.experts import ExpertStack
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+
+
+def test_the_ctypes_mirrors_have_the_c_layouts():
+    want = [ctypes.sizeof(cpu_decoder._QuantMatrix), ctypes.sizeof(cpu_decoder._Linear),
+            cpu_decoder._Linear.bias.offset, ctypes.sizeof(ExpertStack), ExpertStack.order.offset,
+            ctypes.sizeof(cpu_decoder._Experts), cpu_decoder._Experts.gate.offset,
+            cpu_decoder._Experts.shared_gate.offset, cpu_decoder._Experts.shared_inter.offset,
+            ctypes.sizeof(cpu_decoder._Layer), cpu_decoder._Layer.moe.offset, cpu_decoder._Layer.k_cache.offset,
+            ctypes.sizeof(cpu_decoder._Shape), cpu_decoder._Shape.eps.offset, cpu_decoder._Shape.final_norm.offset,
+            cpu_decoder._Shape.kv_kind.offset]
+    got = (ctypes.c_int64 * len(want))()
+    native.library().struct_layouts(got)
+    assert list(got) == want
