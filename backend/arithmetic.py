@@ -65,7 +65,7 @@ def products(dtype: torch.dtype, device: torch.device, reader, quantization: str
     than fp32 from one row, and a draft's verification row nearly free), more from bf16-rounded weights (2.7x fp32
     at 32 rows); a lone sequence's speculation of up to 15 drafts a step stays identical to its plain decoding.
     Without AMX every product is fp32. Elsewhere bfloat16 is bfloat16 modules, run by PyTorch."""
-    from backend.quant import cpu_native
+    from backend.quant import cpu_layout
     from backend.quant.formats import FORMATS
 
     if activations not in ACTIVATIONS:
@@ -85,10 +85,10 @@ def products(dtype: torch.dtype, device: torch.device, reader, quantization: str
                     else "it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants")
             raise ValueError(f"activations='int8' multiplies a GGUF's quantized blocks, and {model}: {what}; leave "
                              "activations as float32")
-        if not cpu_native.enabled():
+        if not cpu_layout.enabled():
             raise ValueError("activations='int8' runs in our C kernels, which are not available here (no C "
                              "compiler, or SCRIPTORIUM_QUANT_CPU=reference); leave activations as float32")
         return "int8"
-    if device.type == "cpu" and dtype == torch.bfloat16 and blocks and cpu_native.enabled():
+    if device.type == "cpu" and dtype == torch.bfloat16 and blocks and cpu_layout.enabled():
         return "bfloat16"
     return "float32"

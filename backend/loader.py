@@ -165,10 +165,10 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
 def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
     """Repack quantized weights for our CPU kernel, or map a GGUF's earlier repack (backend/quant/pack_cache.py)."""
-    from backend.quant import cpu_native, pack_cache
+    from backend.quant import cpu_layout, pack_cache
     from backend.quant.modules import QuantWeight
 
-    if not cpu_native.enabled():
+    if not cpu_layout.enabled():
         return
     entry = pack_cache.entry_path(gguf, products) if gguf is not None else None
     if entry is not None and pack_cache.load(model, entry):

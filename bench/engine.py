@@ -78,9 +78,9 @@ def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -
     from torch.profiler import ProfilerActivity, profile
 
     from backend.kernels import native
-    from backend.quant import cpu_native
+    from backend.quant import cpu_layout
 
-    kernel = cpu_native.matmul
+    kernel = cpu_layout.matmul
     kernel_s = [0.0]
 
     def timed(*args):
@@ -94,13 +94,13 @@ def decode_split(llm: LLM, prompt: list[int], step_ms: float, steps: int = 32) -
     def matmul_ms(max_tokens: int) -> float:
         """Of one request: its prompt's and then max_tokens - 1 decode steps'."""
         kernel_s[0], before = 0.0, inside.value
-        cpu_native.matmul = timed
+        cpu_layout.matmul = timed
         try:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
                              use_tqdm=False)
         finally:
-            cpu_native.matmul = kernel
+            cpu_layout.matmul = kernel
         profiled_us = sum(e.self_cpu_time_total for e in prof.key_averages()
                           if e.key.startswith("aten::") and "mm" in e.key.split("::", 1)[1])
         return profiled_us / 1000 + (kernel_s[0] + inside.value - before) * 1000

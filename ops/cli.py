@@ -119,7 +119,7 @@ def _status(args) -> int:
     state = State(lifecycle.home())
     rows = [lifecycle.service_status(s, state, stack) for s in stack.services.values()]
     devices, source = gpu.probe()
-    from ops.lease import describe
+    from ops.lease_repair import describe
 
     lease = describe(lifecycle.home())
     from common.settings import Settings
@@ -156,7 +156,7 @@ def _health(args) -> int:
             print(f"error: {detail}", file=sys.stderr)
         return 0 if ok else 1
     from common.settings import Settings
-    from ops.lease import repair
+    from ops.lease_repair import repair
 
     repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
     report = lifecycle.health_report(stack, args.profile, every=args.all)

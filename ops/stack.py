@@ -48,7 +48,7 @@ class Service:
     prepare: list[list[str]] = field(default_factory=list)  # commands run before a start (e.g. fetching a model)
     stop_timeout: float = 30.0
     health_timeout: float = 600.0
-    # How it lends its memory to an elastic service that would not fit (orchestrator/lease.py):
+    # How it lends its memory to an elastic service that would not fit (orchestrator/image_lease.py):
     # scriptorium | vllm (POST /sleep, /wake_up) | sglang (/release_ and /resume_memory_occupation) | none
     sleep_api: str = "none"
     engine: str | None = None  # the LLM engine it runs (ops/engines.py): scriptorium | vllm | sglang

@@ -110,7 +110,7 @@ class State:
     def all(self) -> list[Record]:
         if not self.dir.exists():
             return []
-        # lease.json (ops/lease.py) shares the directory but is not a service
+        # lease.json (ops/lease_repair.py) shares the directory but is not a service
         paths = [p for p in sorted(self.dir.glob("*.json")) if p.name not in NOT_SERVICES]
         return [r for p in paths if (r := self._load(p)) is not None]
 

@@ -147,7 +147,7 @@ int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, co
             _tile_loadconfig(&cfg);
 #pragma omp for schedule(static)
             for (i64 pp = 0; pp < pairs; pp++) {
-                /* panels are padded to whole groups of 4 (cpu_native.pack), so panel 2 pp + 1 exists */
+                /* panels are padded to whole groups of 4 (cpu_layout.pack), so panel 2 pp + 1 exists */
                 uint16_t *w0 = wb, *w1 = wb + K * PANEL;
                 if (padded <= 32) { /* one block of rows: 32 k's decoded at a time, still in L1 for the tiles */
                     zero_tiles();

@@ -5,7 +5,7 @@
  * the same bits alone, in a batch or verifying drafts (one kernel from 1 to 16 rows, each row's sums in one
  * order).
  *
- * The layout (cpu_native.pair_order): per panel of 16 weight rows, its codes in the order of a weight tile's
+ * The layout (cpu_layout.pair_order): per panel of 16 weight rows, its codes in the order of a weight tile's
  * rows (k pairs side by side): 4-bit, 32 bytes for two tile rows, the low nibbles one and the high nibbles the
  * next; 8-bit, a byte a word (qmm_codes below). Word i of a tile row is column i / 2 at k + i % 2. A code u
  * expands to bf16 as 0x4300 | u, which is exactly 128 + u, in four vector operations a 32 bytes, with no

@@ -9,8 +9,8 @@
  * in a batch, or as a verification row at any draft length. Every build (AVX-512 or portable) does the same float
  * operations in the same order, so gives the same bits.
  *
- * Codes in quad order (cpu_native.quad_order): per panel of 16 weight rows, 64 bytes for each 4 k's (8-bit: byte
- * 4r + i is row r's q at k + i, plus 128; "bits 7" where no q is -128, cpu_native.quad_bits) or each 8 k's (4-bit:
+ * Codes in quad order (cpu_layout.quad_order): per panel of 16 weight rows, 64 bytes for each 4 k's (8-bit: byte
+ * 4r + i is row r's q at k + i, plus 128; "bits 7" where no q is -128, cpu_layout.quad_bits) or each 8 k's (4-bit:
  * byte 4r + i holds row r's q at k + i in its low nibble and at k + 4 + i in its high one). One AVX-512 VNNI
  * instruction (vpdpbusd) then multiplies 16 rows' 4 codes by 4 of xq and adds them into the 16 rows' sums: 64
  * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd,

@@ -1,5 +1,5 @@
 /* Quantized matmul on the CPU: y[m, n] = sum_k x[m, k] * w[n, k], each weight decoded inside the loop from the
- * integer code and the scale (and offset) of a GGUF block format, repacked at load by cpu_native.py:
+ * integer code and the scale (and offset) of a GGUF block format, repacked at load by cpu_layout.py:
  *
  *   weight rows in panels of 16 (padded with zero rows to a multiple of 4 panels); for each panel and each k, the
  *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16
@@ -183,9 +183,9 @@ INLINE void no_memory(float *y, i64 M, i64 N, i64 ldy) { /* say so in y rather t
 }
 
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns).
- * order: where the codes lie (cpu_native.ORDERS): 0, this kernel's panels; 1, a bfloat16 engine's on an AMX CPU
- * (cpu_native.pair_order), bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to
- * bf16 past that; 2, an engine with 8-bit activations (cpu_native.quad_order, cpu_int8.c). Only the loader makes
+ * order: where the codes lie (cpu_layout.ORDERS): 0, this kernel's panels; 1, a bfloat16 engine's on an AMX CPU
+ * (cpu_layout.pair_order), bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to
+ * bf16 past that; 2, an engine with 8-bit activations (cpu_layout.quad_order, cpu_int8.c). Only the loader makes
  * the pairs' order, where the tiles run. Should a kernel not run (no memory for its buffers), y is NaN. */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
          int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads) {

@@ -12,7 +12,7 @@ typedef struct {
     const uint8_t *codes;
     const uint8_t *scales, *offsets; /* offsets may be NULL */
     i64 codes_stride, params_stride, rows, cols, group, bits, f16;
-    i64 order; /* cpu_native.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
+    i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
 } ExpertStack;
 
 void moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,

@@ -2,7 +2,7 @@
 
 Every supported type reads as w = q * scale + offset per group of `group` weights, with q a small
 signed integer. The operations (and their order) are those of gguf-py's dequantize, so the torch
-reference is bit-exact to it; the CPU repacking (cpu_native.py) keeps the same decomposition.
+reference is bit-exact to it; the CPU repacking (cpu_layout.py) keeps the same decomposition.
 """
 
 from dataclasses import dataclass

@@ -2,7 +2,7 @@
 
 Paths, by device: CUDA (or SCRIPTORIUM_TRITON=1) decodes the blocks inside Triton matmuls
 (backend/kernels/quant_triton.py); the CPU runs our kernel on weights repacked once at load
-(cpu_native.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
+(cpu_layout.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
 """
 
 import dataclasses
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend.kernels import native, use_triton
-from backend.quant import cpu_native
+from backend.quant import cpu_layout
 from backend.quant.formats import Format, dequantize, row_bytes
 
 
@@ -27,11 +27,11 @@ class QuantWeight(nn.Module):
         self.row_bytes = row_bytes(fmt, cols) if fmt is not None else 0
         shape = (*lead, rows, self.row_bytes) if fmt is not None else (*lead, rows, cols)
         self.register_buffer("data", torch.empty(shape, dtype=torch.uint8 if fmt else dtype, device=device))
-        # CPU repacking (cpu_native.py); scales kept as integer bits so that module.to(dtype) leaves them alone.
+        # CPU repacking (cpu_layout.py); scales kept as integer bits so that module.to(dtype) leaves them alone.
         self.register_buffer("codes", None)
         self.register_buffer("scales", None)
         self.register_buffer("offsets", None)
-        self.layout: cpu_native.Layout | None = None
+        self.layout: cpu_layout.Layout | None = None
         self.keep_data = False  # an embedding reads the blocks too
 
     @property
@@ -51,17 +51,17 @@ class QuantWeight(nn.Module):
         if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
-        packs = [cpu_native.pack(m, self.fmt, self.cols) for m in flat]
+        packs = [cpu_layout.pack(m, self.fmt, self.cols) for m in flat]
         layout = packs[0][3]
         # An expert stack is fp32's or int8's (cpu_moe.c reads both): not AMX tiles' pairs.
         if self.cols % 32 == 0 and native.enabled():
             if products == "bfloat16" and native.amx() and not self.lead:  # every product bf16's, on the tiles
-                bits = cpu_native.paired_bits([p[0] for p in packs], layout.bits)
-                packs = [(cpu_native.pair_order(p[0], bits), *p[1:]) for p in packs]
+                bits = cpu_layout.paired_bits([p[0] for p in packs], layout.bits)
+                packs = [(cpu_layout.pair_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")
             elif products == "int8":
-                bits = cpu_native.quad_bits([p[0] for p in packs], layout.bits)
-                packs = [(cpu_native.quad_order(p[0], layout.bits), *p[1:]) for p in packs]
+                bits = cpu_layout.quad_bits([p[0] for p in packs], layout.bits)
+                packs = [(cpu_layout.quad_order(p[0], layout.bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="quads")
         self.layout = layout
         for i, name in enumerate(("codes", "scales", "offsets")):
@@ -89,13 +89,13 @@ class QuantWeight(nn.Module):
         """x [..., cols] @ W.T -> [..., rows]: W itself, or expert `expert` of the stack (or of `tensors`,
         stacks shaped as tensors() gives them)."""
         if self.layout is not None and expert is None and tensors is None and not x.is_cuda:  # a decode step's path
-            return cpu_native.matmul(x, self.codes, self.scales, self.offsets, self.layout, self.rows)
+            return cpu_layout.matmul(x, self.codes, self.scales, self.offsets, self.layout, self.rows)
         tensors = tensors if tensors is not None else self.tensors()
         if self.layout is not None:
             if x.is_cuda:
                 raise RuntimeError("this weight was repacked for the CPU at load; load the model again for CUDA")
             codes, scales, *offsets = (t if expert is None else t[expert] for t in tensors)
-            return cpu_native.matmul(x, codes, scales, offsets[0] if offsets else None, self.layout, self.rows)
+            return cpu_layout.matmul(x, codes, scales, offsets[0] if offsets else None, self.layout, self.rows)
         data = tensors[0] if expert is None else tensors[0][expert]
         if self.fmt is None:
             return F.linear(x, data)

@@ -19,7 +19,7 @@ from torch import nn
 
 from backend.home import cache_dir
 from backend.kernels import native
-from backend.quant import cpu_native, formats, modules
+from backend.quant import cpu_layout, formats, modules
 from backend.quant.modules import QuantWeight
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ PARTS = ("codes", "scales", "offsets")
 
 def _code_version() -> str:
     digest = hashlib.sha256()
-    for module in (cpu_native, formats, modules):
+    for module in (cpu_layout, formats, modules):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
@@ -64,7 +64,7 @@ def load(model: nn.Module, path: Path) -> bool:
         path.unlink(missing_ok=True)
         return False
     for name, weight in weights.items():
-        weight.layout = cpu_native.Layout(**layouts[name])
+        weight.layout = cpu_layout.Layout(**layouts[name])
         for part in PARTS:
             setattr(weight, part, tensors.get(f"{name}.{part}"))
         if not weight.keep_data:

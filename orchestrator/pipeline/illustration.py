@@ -10,7 +10,7 @@ from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
 from orchestrator.clients.context import fit
 from orchestrator.clients.router import LLMRouter
-from orchestrator.lease import Coordinator
+from orchestrator.image_lease import Coordinator
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.workflows import edit
 

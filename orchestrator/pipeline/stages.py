@@ -5,7 +5,7 @@ stands is reused (see steps.Mode), and instructions that differ from those a par
 import asyncio
 import json
 
-from common.lease import LeaseError
+from common.lease_file import LeaseError
 from orchestrator import history
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
 from orchestrator.clients.context import context_window

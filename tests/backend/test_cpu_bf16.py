@@ -11,7 +11,7 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.kernels import native
-from backend.quant import cpu_native
+from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME
 from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths
 from tests.backend.quant_blocks import gguf_dequant, random_raw
@@ -35,9 +35,9 @@ needs_amx = pytest.mark.skipif(not amx_cpu(), reason="codes in the tiles' order 
 def pair_ordered(name: str, rows: int, cols: int, seed: int):
     """gguf-py's blocks, and their codes in the tiles' order with scales and offsets and layout."""
     raw = random_raw(name, rows, cols, seed=seed)
-    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
-    bits = cpu_native.paired_bits([codes], layout.bits)
-    return raw, (cpu_native.pair_order(codes, bits), scales, offsets,
+    codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    bits = cpu_layout.paired_bits([codes], layout.bits)
+    return raw, (cpu_layout.pair_order(codes, bits), scales, offsets,
                  dataclasses.replace(layout, bits=bits, order="pairs"))
 
 
@@ -52,13 +52,13 @@ def test_codes_on_the_tiles(name):
     x = torch.randn(40, cols, generator=torch.Generator().manual_seed(1))
     w = gguf_dequant(raw, name).double()
     exact, rounded = x.bfloat16().double() @ w.T, x.bfloat16().double() @ w.bfloat16().double().T
-    sixteen = cpu_native.matmul(x[:16], *paired, rows)
+    sixteen = cpu_layout.matmul(x[:16], *paired, rows)
     err, err_rounded = (sixteen.double() - exact[:16]).abs().max(), (rounded - exact).abs().max()
     assert err < 1e-5 * exact.abs().max() and err < err_rounded / 50, (err, err_rounded)
     for m in (1, 2, 7, 15):
-        assert torch.equal(cpu_native.matmul(x[:m], *paired, rows), sixteen[:m]), m
-        assert torch.equal(cpu_native.matmul(x[16 - m:16], *paired, rows), sixteen[16 - m:]), m
-    many = cpu_native.matmul(x, *paired, rows)
+        assert torch.equal(cpu_layout.matmul(x[:m], *paired, rows), sixteen[:m]), m
+        assert torch.equal(cpu_layout.matmul(x[16 - m:16], *paired, rows), sixteen[16 - m:]), m
+    many = cpu_layout.matmul(x, *paired, rows)
     torch.testing.assert_close(many.double(), rounded, atol=1e-5 * rounded.abs().max().item(), rtol=1e-5)
     assert not torch.equal(many[:16], sixteen)
 
@@ -72,10 +72,10 @@ def test_past_16_rows_a_row_does_not_depend_on_the_rows_beside(name):
     cols, rows = block * max(2, 256 // block), 70  # 8 or more blocks of 32 k: sums whose order shows
     _, paired = pair_ordered(name, rows, cols, seed=4)
     x = torch.randn(100, cols, generator=torch.Generator().manual_seed(5))
-    whole = cpu_native.matmul(x, *paired, rows)
+    whole = cpu_layout.matmul(x, *paired, rows)
     for m in (17, 31, 32, 33, 64):
-        assert torch.equal(cpu_native.matmul(x[:m], *paired, rows), whole[:m]), m
-        assert torch.equal(cpu_native.matmul(x[100 - m:], *paired, rows), whole[100 - m:]), m
+        assert torch.equal(cpu_layout.matmul(x[:m], *paired, rows), whole[:m]), m
+        assert torch.equal(cpu_layout.matmul(x[100 - m:], *paired, rows), whole[100 - m:]), m
 
 
 def test_pair_order_moves_the_codes_where_the_tiles_read_them():
@@ -83,10 +83,10 @@ def test_pair_order_moves_the_codes_where_the_tiles_read_them():
     nibbles row 2c, the high 2c + 1), 8-bit ones a row, q + 64 where every q fits 7 bits, else q + 128."""
     for name, bits in (("Q4_1", 4), ("Q6_K", 7), ("Q8_0", 8)):
         cols = BY_NAME[name].block
-        codes, *_ = cpu_native.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
-        assert cpu_native.paired_bits([codes], 4 if bits == 4 else 8) == bits
+        codes, *_ = cpu_layout.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
+        assert cpu_layout.paired_bits([codes], 4 if bits == 4 else 8) == bits
         q = torch.cat([codes & 15, codes >> 4], dim=-1) if bits == 4 else codes.view(torch.int8).int()
-        paired = cpu_native.pair_order(codes, bits)
+        paired = cpu_layout.pair_order(codes, bits)
         assert paired.dtype == torch.uint8 and paired.shape == (codes.shape[0], cols // (4 if bits == 4 else 2), 32)
         for p, r, i in [(0, 0, 0), (0, 0, 1), (1, 3, 17), (3, cols // 2 - 1, 31), (2, 7, 6)]:
             want = int(q[p, 2 * r + i % 2, i // 2])

@@ -13,7 +13,7 @@ from gguf.quants import quantize
 from backend import LLM, SamplingParams
 from backend.engine_args import EngineArgs
 from backend.kernels import native
-from backend.quant import cpu_native
+from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME
 from backend.server import serve
 from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths, use_kernel_build
@@ -27,9 +27,9 @@ FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K
 def quad_ordered(name: str, rows: int, cols: int, seed: int, raw=None):
     """(raw blocks, the quad-ordered matrix as pack_for_cpu makes it: 8-bit codes without -128 as bits 7)."""
     raw = random_raw(name, rows, cols, seed=seed) if raw is None else raw
-    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
-    quads = (cpu_native.quad_order(codes, layout.bits), scales, offsets, cpu_native.Layout(
-        cpu_native.quad_bits([codes], layout.bits), layout.group, layout.f16, layout.offsets, order="quads"))
+    codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    quads = (cpu_layout.quad_order(codes, layout.bits), scales, offsets, cpu_layout.Layout(
+        cpu_layout.quad_bits([codes], layout.bits), layout.group, layout.f16, layout.offsets, order="quads"))
     return raw, quads
 
 
@@ -55,7 +55,7 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
     x[4, 32:64] = 0.0
     w = gguf_dequant(raw, name).double()
     want = quantized_x(x, layout.group) @ w.T
-    ours = cpu_native.matmul(x, *quads, rows)
+    ours = cpu_layout.matmul(x, *quads, rows)
     err = (ours.double() - want).abs().max()
     assert err < 2e-6 * want.abs().max(), err
     exact = x.double() @ w.T  # each x off by at most half its group's step, max |x| / 254
@@ -64,8 +64,8 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
     assert ((ours.double() - exact).abs() <= bound + 1e-5).all()
     assert (ours.double() - exact).abs().max() > 0  # x really was quantized
     for m in (1, 2, 3, 5, 8, 9, 17, 33):
-        assert torch.equal(cpu_native.matmul(x[:m], *quads, rows), ours[:m]), m
-        assert torch.equal(cpu_native.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
+        assert torch.equal(cpu_layout.matmul(x[:m], *quads, rows), ours[:m]), m
+        assert torch.equal(cpu_layout.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q8_0 with -128"])
@@ -80,10 +80,10 @@ def test_int8_products_are_the_same_bits_in_every_build(name, monkeypatch):
     raw, quads = quad_ordered(name, 70, 256, seed=21, raw=raw)
     assert quads[3].bits == {"Q4_K": 4}.get(name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
-    native_y = [cpu_native.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
+    native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
     use_kernel_build("portable", monkeypatch)
     for m, y in zip((1, 3, 20), native_y):
-        assert torch.equal(cpu_native.matmul(x[:m], *quads, 70), y), m
+        assert torch.equal(cpu_layout.matmul(x[:m], *quads, 70), y), m
 
 
 def test_int8_products_at_the_extremes_of_8_bit_codes():
@@ -94,14 +94,14 @@ def test_int8_products_at_the_extremes_of_8_bit_codes():
     w[1::2] *= -1.0
     w[2, ::3] = 0.5
     raw = quantize(w.numpy(), T.Q8_0)
-    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME["Q8_0"], cols)
-    quads = (cpu_native.quad_order(codes, 8), scales, offsets,
-             cpu_native.Layout(8, layout.group, layout.f16, layout.offsets, order="quads"))
+    codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME["Q8_0"], cols)
+    quads = (cpu_layout.quad_order(codes, 8), scales, offsets,
+             cpu_layout.Layout(8, layout.group, layout.f16, layout.offsets, order="quads"))
     x = torch.ones(3, cols)
     x[1] = -1.0
     x[2, ::2] = -1.0
     want = quantized_x(x, layout.group) @ gguf_dequant(raw, "Q8_0").double().T
-    ours = cpu_native.matmul(x, *quads, 16).double()
+    ours = cpu_layout.matmul(x, *quads, 16).double()
     assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
     assert abs(ours[0, 0] - cols) < 0.1 and abs(ours[1, 0] + cols) < 0.1  # d is fp16: 127 d is not quite 1
 
@@ -115,7 +115,7 @@ def test_int8_products_of_tiny_activations():
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(6)) * scales
     w = gguf_dequant(raw, "Q4_K").double()
     want = quantized_x(x * 2.0**64, quads[3].group) / 2.0**64 @ w.T
-    ours = cpu_native.matmul(x, *quads, 64).double()
+    ours = cpu_layout.matmul(x, *quads, 64).double()
     err = (ours - want).abs().amax(1)
     assert (err < 2e-6 * want.abs().amax(1) + 1e-40).all(), err
 
@@ -124,9 +124,9 @@ def test_int8_products_carry_nan_and_infinity():
     """A NaN or an infinity in x makes its row's outputs NaN, as the fp32 kernel's would be; other rows unharmed."""
     _, quads = quad_ordered("Q8_0", 64, 64, seed=2)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
-    clean = cpu_native.matmul(x, *quads, 64)
+    clean = cpu_layout.matmul(x, *quads, 64)
     x[0, 5], x[2, 40] = float("nan"), float("inf")
-    y = cpu_native.matmul(x, *quads, 64)
+    y = cpu_layout.matmul(x, *quads, 64)
     assert y[0].isnan().all() and y[2].isnan().all() and torch.equal(y[1], clean[1])
 
 
@@ -135,9 +135,9 @@ def test_quad_order_puts_four_ks_of_a_row_in_a_lane():
     in the low nibble and at 8j + 4 + i in the high one."""
     for name, bits in (("Q4_1", 4), ("Q8_0", 8)):
         cols = 64
-        codes, *_ = cpu_native.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
+        codes, *_ = cpu_layout.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
         q = torch.cat([codes & 15, codes >> 4], dim=-1).int() if bits == 4 else codes.view(torch.int8).int()
-        quads = cpu_native.quad_order(codes, bits)
+        quads = cpu_layout.quad_order(codes, bits)
         assert quads.dtype == torch.uint8 and quads.shape == (codes.shape[0], cols * bits // 32, 64)
         for p, j, r, i in [(0, 0, 0, 0), (0, 1, 3, 2), (1, 5, 15, 3), (3, cols * bits // 32 - 1, 9, 1)]:
             byte = int(quads[p, j, 4 * r + i])

@@ -7,11 +7,11 @@ import os
 import pytest
 
 from backend import LLM, SamplingParams
-from backend.quant import cpu_native, pack_cache
+from backend.quant import cpu_layout, pack_cache
 from backend.quant.modules import QuantWeight
 from tests.backend.conftest import prompts_of_lengths
 
-pytestmark = pytest.mark.skipif(not cpu_native.enabled(), reason="no C compiler for the CPU kernels")
+pytestmark = pytest.mark.skipif(not cpu_layout.enabled(), reason="no C compiler for the CPU kernels")
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
 PROMPTS = prompts_of_lengths(5, 30)
 

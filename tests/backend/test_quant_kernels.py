@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend.kernels import native, quant_triton
-from backend.quant import cpu_native
+from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
 from tests.backend.conftest import interpreted_only, on_kernel_device
@@ -27,8 +27,8 @@ def triton_matmul(x, raw, name):
 
 
 def cpu_matmul(x, raw, name):
-    codes, scales, offsets, layout = cpu_native.pack(raw, BY_NAME[name], x.shape[1])
-    return cpu_native.matmul(x, codes, scales, offsets, layout, raw.shape[0])
+    codes, scales, offsets, layout = cpu_layout.pack(raw, BY_NAME[name], x.shape[1])
+    return cpu_layout.matmul(x, codes, scales, offsets, layout, raw.shape[0])
 
 
 def assert_exact(y, ref):
@@ -60,7 +60,7 @@ needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compile
 def kernel_weights(codes, scales, offsets, layout, rows: int, cols: int) -> torch.Tensor:
     """The weights as the kernel reads them, [rows, cols]: the identity through it (each output one exact
     product 1 * w)."""
-    return cpu_native.matmul(torch.eye(cols), codes, scales, offsets, layout, rows).T
+    return cpu_layout.matmul(torch.eye(cols), codes, scales, offsets, layout, rows).T
 
 
 @needs_kernel
@@ -97,7 +97,7 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
     """Every format, K-quants included: the repacked codes and scales decode to gguf-py's weights exactly."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=6)
-    codes, scales, offsets, layout = cpu_native.pack(torch.from_numpy(raw), BY_NAME[name], cols)
+    codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     assert torch.equal(kernel_weights(codes, scales, offsets, layout, ROWS, cols), gguf_dequant(raw, name))
     # what is stored: 4-bit codes for the 4-bit (and 2/3-bit) formats, fp16 scales where the file's are fp16
     assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8)

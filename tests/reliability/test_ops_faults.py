@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.procs import pid_alive, start_time
-from ops import lease
+from ops import lease_repair
 from ops.state import Record, State
 from tests.backend.server_process import free_port
 from tests.ops.conftest import run_ops
@@ -115,16 +115,16 @@ def test_a_damaged_state_file_or_the_lease_beside_it_breaks_no_command(tmp_path)
 
 def test_a_lease_held_by_a_reused_pid_is_repaired_and_a_live_holder_kept(tmp_path, bystander):
     home = tmp_path / "home"
-    file = lease.LeaseFile(home)
+    file = lease_repair.LeaseFile(home)
     file.dir.mkdir(parents=True)
     lent = {"asleep": True, "since": time.time(), "expires": time.time() + 3600, "last_job_end": None,
             "backend": None, "comfyui": None}
     file.write({**lent, "holders": {str(os.getpid()): 1}, "starts": {str(os.getpid()): start_time(os.getpid())}})
-    assert lease.repair(home, None) == [] and file.read()["asleep"]  # its holder runs: the lease stands
+    assert lease_repair.repair(home, None) == [] and file.read()["asleep"]  # its holder runs: the lease stands
     # The image job that took the lease died; its pid now belongs to the bystander.
     file.write({**lent, "holders": {str(bystander.pid): 1},
                 "starts": {str(bystander.pid): start_time(bystander.pid) - 5}})
-    repaired = lease.repair(home, None)
+    repaired = lease_repair.repair(home, None)
     assert repaired and "gone" in repaired[0]
     assert file.read() is None and bystander.poll() is None
 
@@ -170,7 +170,7 @@ def test_state_records_and_the_lease_are_written_atomically_and_fsynced(tmp_path
     home = tmp_path / "home"
     State(home).put(Record(service="first", runner="process", pid=os.getpid()))
     assert disk.synced_before_rename(home / "state" / "first.json")
-    file = lease.LeaseFile(home)
+    file = lease_repair.LeaseFile(home)
     file.write({"asleep": True})
     assert disk.synced_before_rename(file.path)
     assert sorted(p.name for p in (home / "state").iterdir()) == ["first.json", "lease.json"]  # no temporaries

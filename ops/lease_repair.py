@@ -1,13 +1,13 @@
-"""What ops does with the GPU lease (common.lease): `ops status` says who holds the card, `ops health`
+"""What ops does with the GPU lease (common.lease_file): `ops status` says who holds the card, `ops health`
 repairs a lease whose holders died or that expired, and wakes an LLM left asleep without one. Image jobs
-take leases through orchestrator.lease."""
+take leases through orchestrator.image_lease."""
 
 import asyncio
 import time
 from pathlib import Path
 
 from common import backend_client
-from common.lease import LeaseError, LeaseFile, give_back_async, holder_alive
+from common.lease_file import LeaseError, LeaseFile, give_back_async, holder_alive
 
 __all__ = ["LeaseError", "LeaseFile", "describe", "repair"]
 

@@ -5,7 +5,7 @@ probe, with ComfyUI's /system_stats as a second opinion). If it does not fit, th
 and sleeps (/sleep: KV cache freed, weights moved off the card), the coordinator waits until the
 memory is really free, the job runs, and once ComfyUI has been idle for a while it calls ComfyUI's
 /free (polling, since /free only sets a flag) and wakes the backend. Leases are serialised across
-processes with a file lock (common.lease); a job arriving while the card is lent shares the lease.
+processes with a file lock (common.lease_file); a job arriving while the card is lent shares the lease.
 A lease expires, and `ops health` repairs one whose holders died, so the LLM is never left asleep.
 """
 
@@ -18,7 +18,7 @@ import httpx
 
 from common import backend_client
 from common.gpu import fmt
-from common.lease import EXPIRY, LeaseError, LeaseFile, free_memory, give_back_async, join
+from common.lease_file import EXPIRY, LeaseError, LeaseFile, free_memory, give_back_async, join
 from orchestrator.settings import Settings
 
 __all__ = ["Coordinator", "LeaseError"]

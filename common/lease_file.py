@@ -1,7 +1,7 @@
 """The GPU lease file every process shares: who holds the card, whether the LLM sleeps for ComfyUI.
 
 state/lease.json is read and written under an exclusive lock (state/lease.lock); state/lease-events.log
-says what happened. orchestrator.lease takes leases for image jobs; ops reads them (status) and
+says what happened. orchestrator.image_lease takes leases for image jobs; ops reads them (status) and
 repairs those whose holders died (health). Giving the card back (ComfyUI frees its models, the LLM
 wakes) is here because both do it.
 """
