@@ -144,7 +144,8 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
         if (L->moe.router) {
             const Experts *E = &L->moe;
-            moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads);
+            if (!moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads))
+                return 0;
             if (moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads) != 1)
                 return 0;
             if (E->shared_gate) { /* the module's order: the routed experts' sum, then the gated shared expert */

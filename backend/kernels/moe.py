@@ -25,9 +25,10 @@ def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) 
             and x.is_contiguous() and 0 < top_k <= w.shape[0]:
         ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
         weights = torch.empty(x.shape[0], top_k)
-        native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[0], w.shape[1], top_k,
-                                        int(renormalize), ids.data_ptr(), weights.data_ptr(),
-                                        torch.get_num_threads())
+        if not native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[0], w.shape[1],
+                                               top_k, int(renormalize), ids.data_ptr(), weights.data_ptr(),
+                                               torch.get_num_threads()):
+            raise MemoryError(f"no memory for the router logits of {x.shape[0]} tokens")
         return weights, ids
     return route(gate(x), top_k, renormalize)
 

@@ -84,7 +84,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
     lib.moe_route_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i32, ptr, ptr, i32]
-    lib.moe_route_rows.restype = None
+    lib.moe_route_rows.restype = i32
     lib.moe_add_shared_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
     lib.moe_add_shared_rows.restype = None
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]

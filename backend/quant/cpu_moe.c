@@ -83,11 +83,11 @@ static float dot_row(const float *a, const float *b, i64 n) {
 /* The router of M rows x [M, H]: for each row, the k experts with the largest softmax probabilities of its logits
  * (router [experts, H] fp32, each logit a dot_row), the largest first (the lower id on a tie), with those
  * probabilities as weights, renormalised to sum to one where asked (Qwen3-MoE's norm_topk_prob; Mixtral's softmax
- * over its top k logits is the same numbers). */
-void moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
-                    int64_t *ids, float *weights, int threads) {
+ * over its top k logits is the same numbers). Returns 1; 0 where memory ran out. */
+int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
+                   int64_t *ids, float *weights, int threads) {
     float *logits = malloc((size_t)(M * experts) * sizeof(float));
-    if (!logits) abort(); /* a few kilobytes: no machine that ran the model to here lacks them */
+    if (!logits) return 0;
 #pragma omp parallel for num_threads(threads) schedule(static) if (M * experts * H >= (1 << 18))
     for (i64 j = 0; j < M * experts; j++) logits[j] = dot_row(x + j / experts * H, router + j % experts * H, H);
     for (i64 r = 0; r < M; r++) {
@@ -109,6 +109,7 @@ void moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64
         for (i64 j = 0; renormalize && j < k; j++) weights[r * k + j] /= kept;
     }
     free(logits);
+    return 1;
 }
 
 /* out [M, H] += sigmoid(x . gate) * shared, row by row: Qwen2-MoE's shared expert beside the routed ones (gate

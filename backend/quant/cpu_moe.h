@@ -15,8 +15,8 @@ typedef struct {
     i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
 } ExpertStack;
 
-void moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
-                    int64_t *ids, float *weights, int threads);
+int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
+                   int64_t *ids, float *weights, int threads);
 void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const float *shared, float *out);
 int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
                const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads);
