@@ -22,9 +22,9 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "packed"
 
 
-def outputs(path) -> list:
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs)
-            for o in LLM(str(path), block_size=16).generate(PROMPTS, PARAMS, use_tqdm=False)]
+def outputs(path, activations: str = "float32") -> list:
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in LLM(
+        str(path), block_size=16, activations=activations).generate(PROMPTS, PARAMS, use_tqdm=False)]
 
 
 def no_repacking(monkeypatch):
@@ -33,14 +33,16 @@ def no_repacking(monkeypatch):
     monkeypatch.setattr(QuantWeight, "pack_for_cpu", refuse)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
-def test_a_second_load_maps_the_first_ones_repack(family, tiny_gguf, cache, monkeypatch):
+@pytest.mark.parametrize("family, activations", [("llama", "float32"), ("qwen3_moe", "float32"),
+                                                 ("qwen3_moe", "int8")])
+def test_a_second_load_maps_the_first_ones_repack(family, activations, tiny_gguf, cache, monkeypatch):
+    """int8: expert stacks in quad order, 8-bit codes as "bits 7", kept in the entry's layouts."""
     path = tiny_gguf(family)[0]
-    fresh = outputs(path)
+    fresh = outputs(path, activations)
     [entry] = cache.glob("*.pt")
     with monkeypatch.context() as m:
         no_repacking(m)
-        assert outputs(path) == fresh
+        assert outputs(path, activations) == fresh
 
 
 def test_a_changed_file_gets_a_new_entry(tiny_gguf, cache, monkeypatch):
