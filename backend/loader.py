@@ -4,6 +4,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import sys
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,14 +175,21 @@ def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
     entry = pack_cache.entry_path(gguf, products) if gguf is not None else None
     if entry is not None and pack_cache.load(model, entry):
         return
+    from rich.progress import Progress
+
     weights = [m for m in model.modules() if isinstance(m, QuantWeight)]
     if entry is not None:
         log.info("repacking %d quantized weights for the CPU kernel (once for this file: kept in %s)", len(weights),
                  entry.parent)
-    for m in weights:
-        m.pack_for_cpu(products)
+    started = time.monotonic()
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task("repacking weights for the CPU kernel", total=len(weights))
+        for m in weights:
+            m.pack_for_cpu(products)
+            progress.advance(task)
     if entry is not None:
         pack_cache.save(model, entry)
+        log.info("repacked in %.1f s; the next start maps %s", time.monotonic() - started, entry.name)
 
 
 def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:

@@ -32,6 +32,7 @@ from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
+from backend.kernels import native
 from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.weight_sizes import host_expert_bytes, module_bytes
@@ -52,6 +53,8 @@ class LLMEngine:
             raise ValueError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU; use device='cpu'")
         if self.device.type == "cuda":
             check_cuda_block_size(config.block_size)
+        if self.device.type == "cpu":  # a first start's compile overlaps the tokenizer and the weights
+            native.build_in_background()
         self.source = locate(config.model)
         self.model_config, reader = residency.read_model_config(self)
         self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)

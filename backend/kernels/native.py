@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -65,15 +66,26 @@ def tile_rows() -> int:
     return ctypes.c_int64.in_dll(library(), "ROWS_PER_TILE").value
 
 
+_building = threading.Lock()  # a second first caller waits for the one compiling, then maps its library
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (logged once) where it cannot be built here."""
-    try:
-        return load(build())
-    except (OSError, RuntimeError) as e:
-        log.warning("no CPU kernels: quantized layers dequantize on every matmul (slow) and the small ops run as "
-                    "several PyTorch ops: %s", e)
-        return None
+    with _building:
+        try:
+            return load(build())
+        except (OSError, RuntimeError) as e:
+            log.warning("no CPU kernels: quantized layers dequantize on every matmul (slow) and the small ops run "
+                        "as several PyTorch ops: %s", e)
+            return None
+
+
+def build_in_background() -> None:
+    """Start compiling the kernels (a first start on a machine: seconds of the C compiler) while the caller reads
+    the model's file; library() then waits for it rather than compiling again."""
+    if os.environ.get("SCRIPTORIUM_CPU_KERNELS", "native") != "torch" and library.cache_info().currsize == 0:
+        threading.Thread(target=library, name="compile-cpu-kernels", daemon=True).start()
 
 
 def load(path: Path) -> ctypes.CDLL:
