@@ -4,8 +4,9 @@ The C loop runs the kernels the modules would call, in their order, so the hidde
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
 format), with or without biases (Qwen2) and q/k norms (Qwen3), and MoE layers whose router is fp32 and whose
-experts are in our layout (Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). The runner builds one per KV cache (the
-cache's addresses are in it) and uses it for steps whose rows all attend as decode rows, up to max_rows of them.
+experts are in our layout (Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). The runner builds one per
+KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend as decode rows, up to
+max_rows of them.
 """
 
 import ctypes

@@ -7,7 +7,8 @@
  * The arithmetic is the per-expert loop's (backend/quant/experts.py): each matmul row is the quantized kernel's
  * (whatever the rows beside it), SiLU-and-multiply is cpu_ops.c's, and a token's output sums weight * down in
  * ascending expert order, from zero. In an engine with activations="int8" the stacks are in quad order and each
- * token's x (then each pair's activations) is quantized once, as the 8-bit kernel quantizes a row (cpu_int8.c).
+ * (token, expert) pair's x, then its activations, is quantized as the 8-bit kernel quantizes a row (cpu_int8.c):
+ * the same codes for a token whichever expert it meets, at a cost far below the matmuls'.
  */
 #include <math.h>
 
