@@ -126,6 +126,7 @@ def main() -> None:
                         help="the python of a venv with llama-cpp-python: adds llama.cpp's rows (--quantized)")
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows vs llama.cpp (engine_quantized.moe_rows)")
+    parser.add_argument("--shapes", default=None, help="with --moe: bench/moe_gguf.py's SHAPES, comma-separated")
     args = parser.parse_args()
     if args.quantized or args.moe:
         from engine_quantized import moe_rows, quantized_rows  # bench/, beside this script

@@ -105,10 +105,10 @@ def quantized_rows(args) -> dict:
 def moe_rows(args) -> list[dict]:
     """One row per MoE file (bench/moe_gguf.py: Qwen3-MoE and Mixtral shapes, Q4_K_M, llama.cpp's layout): our
     decode at batch 1 and 4, exact and int8 activations, beside llama.cpp's on the same file (null without it)."""
-    from moe_gguf import SHAPES, moe_file  # bench/, beside this script
+    from moe_gguf import DEFAULT_SHAPES, moe_file  # bench/, beside this script
 
     rows = []
-    for family in SHAPES:
+    for family in args.shapes.split(",") if args.shapes else DEFAULT_SHAPES:
         path = moe_file(family)
         single = [[(17 * i + 3) % 400 + 3 for i in range(32)]]
         batch = [[(17 * i + 29 * b) % 400 + 3 for i in range(32)] for b in range(1, args.concurrency + 1)]

@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--gguf", action="store_true")
+    parser.add_argument("--shapes", default=None, help="with --gguf: bench/moe_gguf.py's SHAPES, comma-separated "
+                        "(default: qwen3_moe,mixtral; qwen3_30b_a3b_shaped is ~0.8 GB)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
     args = parser.parse_args()
