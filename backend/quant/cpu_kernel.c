@@ -250,3 +250,30 @@ const i64 ROWS_PER_TILE = ROWS_X; /* for callers choosing between tiles and qmm'
 void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy) {
     few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
 }
+
+/* Rows ids [n] of a [rows, K] weight in the panels layout as fp32 out [n, K]: q * scale + offset, gguf-py's
+ * dequantized values bit for bit (q * scale is exact), for an embedding table's lookup. Returns 1; 0 for an id
+ * outside [0, rows). */
+int rows_of_panels(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
+                   int bits, int f16, const int64_t *ids, i64 n, float *out) {
+    for (i64 i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= rows) return 0;
+    const Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+    const i64 step = PANEL * bits / 8; /* a panel's code bytes per k */
+    for (i64 i = 0; i < n; i++) {
+        const i64 p = ids[i] / PANEL, j = ids[i] % PANEL;
+        const uint8_t *c = codes + p * w.panel_code_bytes;
+        for (i64 g = 0; g < w.panel_groups; g++) {
+            const i64 at = (p * w.panel_groups + g) * PANEL + j;
+            const float s = f16 ? (float)((const _Float16 *)scales)[at] : ((const float *)scales)[at];
+            const float o = !offsets ? 0.0f
+                            : f16 ? (float)((const _Float16 *)offsets)[at] : ((const float *)offsets)[at];
+            for (i64 k = g * group; k < (g + 1) * group; k++) {
+                const float q = bits == 4 ? (float)((c[k * step + j % 8] >> (4 * (j / 8))) & 15)
+                                          : (float)((const int8_t *)c)[k * step + j];
+                out[i * K + k] = q * s + o;
+            }
+        }
+    }
+    return 1;
+}

@@ -151,3 +151,26 @@ def test_float_parts_and_the_dense_code_path():
     assert_exact(on_kernel_device(quant_triton.qlinear, x, w, 0, 20, 64, 0), x @ w.T)
     assert_exact(on_kernel_device(quant_triton.qlinear, x[:2], w, 0, 20, 64, 0), x[:2] @ w.T)
 
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("name", FORMATS)
+def test_an_embedding_lookup_from_the_repacked_table_is_gguf_pys_rows(name):
+    """QuantEmbedding reads token rows from the repacked table in one C call (rows_of_panels): gguf-py's
+    dequantized rows bit for bit, as the torch path's are; an id past the table is an IndexError."""
+    from backend.quant.modules import QuantEmbedding
+
+    rows, cols = 50, 256
+    raw = random_raw(name, rows, cols, seed=3)
+    weight = QuantWeight(BY_NAME[name], rows, cols, device="cpu")
+    weight.data.copy_(torch.from_numpy(raw))
+    table = QuantEmbedding(weight, torch.float32)
+    ids = torch.tensor([[0, 17, 49], [8, 15, 16]])
+    want = gguf_dequant(raw, name)[ids]
+    assert torch.equal(table(ids), want)  # the torch path, before the repack
+    weight.pack_for_cpu()
+    if weight.layout is None or weight.layout.order != "panels":
+        pytest.skip(f"{name} is not repacked for our kernel")
+    assert torch.equal(table(ids), want)
+    with pytest.raises(IndexError, match="50 rows"):
+        table(torch.tensor([3, 50]))
