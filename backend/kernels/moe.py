@@ -16,13 +16,20 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights, ids
 
 
+def c_reads(linear: nn.Module, rows: int | None = None) -> bool:
+    """Whether cpu_moe.c (and the one-call step) can read this router or shared-expert gate as it is: a plain
+    nn.Linear without bias, its weight fp32, contiguous, on the CPU (and of `rows` rows)."""
+    w = linear.weight
+    return type(linear) is nn.Linear and linear.bias is None and native.usable(w) and w.is_contiguous() \
+        and (rows is None or w.shape[0] == rows)
+
+
 def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """route() of the router's logits for x [T, H]; with our CPU kernels, in one C call (cpu_moe.c's
     moe_route_rows: the one-call decode step's router, so both give the same bits, each row's whatever the rows
     beside it)."""
     w = gate.weight
-    if type(gate) is nn.Linear and gate.bias is None and native.usable(x, w) and w.is_contiguous() \
-            and x.is_contiguous() and 0 < top_k <= w.shape[0]:
+    if c_reads(gate) and native.usable(x) and x.is_contiguous() and 0 < top_k <= w.shape[0]:
         ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
         weights = torch.empty(x.shape[0], top_k)
         if not native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[0], w.shape[1],
@@ -36,11 +43,9 @@ def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) 
 def add_shared(out: torch.Tensor, x: torch.Tensor, gate: nn.Module, shared: torch.Tensor) -> torch.Tensor:
     """out + sigmoid(gate(x)) * shared: Qwen2-MoE's gated shared expert added to the routed experts' sum; with our
     CPU kernels in one C call (cpu_moe.c's moe_add_shared_rows, in place: the one-call decode step's)."""
-    w = gate.weight
-    if type(gate) is nn.Linear and gate.bias is None and w.shape[0] == 1 and native.usable(out, x, w, shared) \
-            and all(t.is_contiguous() for t in (out, x, w, shared)):
-        native.library().moe_add_shared_rows(x.data_ptr(), x.shape[0], w.data_ptr(), x.shape[1], shared.data_ptr(),
-                                             out.data_ptr())
+    if c_reads(gate, 1) and native.usable(out, x, shared) and all(t.is_contiguous() for t in (out, x, shared)):
+        native.library().moe_add_shared_rows(x.data_ptr(), x.shape[0], gate.weight.data_ptr(), x.shape[1],
+                                             shared.data_ptr(), out.data_ptr())
         return out
     return out + torch.sigmoid(gate(x)) * shared
 

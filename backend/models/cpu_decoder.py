@@ -15,6 +15,7 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
+from backend.kernels.moe import c_reads
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
 from backend.models.transformer import CausalLM
@@ -70,25 +71,18 @@ def _linear(linear) -> _Linear | None:
                    bias.data_ptr() if bias is not None else None)
 
 
-def _fp32_vectors(linear: torch.nn.Module, rows: int | None = None) -> bool:
-    """Whether a plain nn.Linear's weight (of `rows` rows) is what the C loop reads: fp32, contiguous, no bias."""
-    w = linear.weight
-    return type(linear) is torch.nn.Linear and linear.bias is None and native.usable(w) and w.is_contiguous() \
-        and (rows is None or w.shape[0] == rows)
-
-
 def _experts(moe: SparseMoE) -> _Experts | None:
     """A MoE layer the C loop computes as its modules do (route_rows, moe_tokens, then add_shared), or None."""
     experts = moe.experts
     if moe.expert_cache is not None or not isinstance(experts, QuantExperts) or not experts.packed() \
-            or not _fp32_vectors(moe.gate):
+            or not c_reads(moe.gate):
         return None
     shared = [None, _Linear(), _Linear(), 0]
     if moe.shared_expert is not None:
         mlp = moe.shared_expert
         shared = [moe.shared_expert_gate.weight.data_ptr(), _linear(mlp.gate_up_proj), _linear(mlp.down_proj),
                   mlp.down_proj.in_features]
-        if not _fp32_vectors(moe.shared_expert_gate, 1) or None in shared[1:3]:
+        if not c_reads(moe.shared_expert_gate, 1) or None in shared[1:3]:
             return None
     return _Experts(moe.gate.weight.data_ptr(), moe.gate.weight.shape[0], moe.top_k, int(moe.renormalize),
                     *experts.stacks(), *shared)
