@@ -4,6 +4,8 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import shutil
 import sys
 import time
 import zlib
@@ -17,6 +19,7 @@ from backend.home import cache_dir
 from backend.model_config import ModelConfig, ModelLoadError, as_id_list, from_hf_config
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
+from backend.plain_tokenizer import PlainTokenizer
 from backend.quant.formats import BY_NAME
 from backend.weights import iter_safetensors, load_weights, materialise
 
@@ -227,8 +230,8 @@ def _auto_tokenizer(path: Path, **kwargs):
 
 
 def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
-    """The model's tokenizer (a GGUF's from its metadata), or the one in the directory `tokenizer` names."""
-    from transformers import AutoTokenizer
+    """The model's tokenizer (a GGUF's from its metadata, converted by transformers at its first start and
+    read without transformers after: backend.plain_tokenizer), or the one in the directory `tokenizer` names."""
 
     if tokenizer is not None and resolve(tokenizer) not in (source.path, source.gguf_file):
         path = resolve(tokenizer)
@@ -248,10 +251,14 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     stat = source.gguf_file.stat()
     key = hashlib.sha256(f"{source.gguf_file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / key
-    if (cached / "tokenizer.json").exists():
-        return _auto_tokenizer(cached)
-    tokenizer = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
-    tmp = cached.with_name(cached.name + ".partial")
-    tokenizer.save_pretrained(str(tmp))
-    tmp.replace(cached) if not cached.exists() else None
-    return tokenizer
+    if not (cached / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        shutil.rmtree(cached, ignore_errors=True)  # a conversion cut short
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name).save_pretrained(str(tmp))
+        try:
+            tmp.replace(cached)
+        except OSError:  # another process converted it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PlainTokenizer(cached)

@@ -19,6 +19,24 @@ COMPILER_CACHE_BYTES = 256 << 20  # xgrammar's own cache of rule masks
 MAX_SCHEMA_DEPTH = 32  # objects and arrays nested in a schema; deeper ones are refused before compiling
 
 
+def grammar_tokenizer_info(xgrammar, tokenizer, vocab_size: int):
+    """xgrammar's view of the vocabulary: from_huggingface's for a transformers tokenizer; for a PlainTokenizer
+    the same fields from the same sources (its vocabulary, tokenizer.json's decoder and normalizer, its EOS)."""
+    from backend.plain_tokenizer import PlainTokenizer
+
+    if not isinstance(tokenizer, PlainTokenizer):
+        return xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    encoded = [""] * vocab_size
+    for token, tid in tokenizer.get_vocab().items():
+        if tid < vocab_size:
+            encoded[tid] = token
+    found = xgrammar.TokenizerInfo._detect_metadata_from_hf(tokenizer.backend_tokenizer.to_str())
+    eos = tokenizer.eos_token_id
+    return xgrammar.TokenizerInfo(encoded, found["vocab_type"], vocab_size=vocab_size,
+                                  stop_token_ids=[eos] if eos is not None else None,
+                                  add_prefix_space=found["add_prefix_space"])
+
+
 class GuidedDecoding:
     def __init__(self, tokenizer, vocab_size: int, max_grammars: int = MAX_GRAMMARS, max_schema_bytes: int = 256 << 10):
         import xgrammar
@@ -27,7 +45,7 @@ class GuidedDecoding:
         self.vocab_size = vocab_size
         self.max_grammars = max_grammars
         self.max_schema_bytes = max_schema_bytes
-        self.info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.info = grammar_tokenizer_info(xgrammar, tokenizer, vocab_size)
         self.compiler = xgrammar.GrammarCompiler(self.info, cache_limit_bytes=COMPILER_CACHE_BYTES)
         self._grammars: OrderedDict[str, object] = OrderedDict()
         self._lock = threading.Lock()
