@@ -139,7 +139,7 @@ def test_prune_keeps_exactly_the_right_set(tmp_path):
 
 def test_backup_keeps_the_copies_of_the_agent_configs_install_recorded(tmp_path, monkeypatch):
     from common.agent_configs import remember
-    from ops.cli import _backup_configs
+    from ops.backup_commands import backup_configs
     from ops.stack import load
 
     monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "home"))
@@ -149,4 +149,4 @@ def test_backup_keeps_the_copies_of_the_agent_configs_install_recorded(tmp_path,
     copy = config.parent / "config.yaml.20260101-000000.scriptorium.bak"
     copy.write_text("old\n")
     remember(config, tmp_path / "home")
-    assert copy in _backup_configs(load(str(Path(__file__).resolve().parents[2] / "compose.yaml")))
+    assert copy in backup_configs(load(str(Path(__file__).resolve().parents[2] / "compose.yaml")))
