@@ -1,19 +1,17 @@
 """An async client for any OpenAI-compatible server (ours, vLLM, SGLang, Ollama, llama.cpp, ...).
 
-Retries with exponential backoff on 429, 5xx and dropped connections; a 503 with Retry-After
-(our backend while it sleeps for ComfyUI, or loading) is waited out rather than reported as a
-failure. A refused connection (nothing listens) is retried only for `connect_wait` seconds:
-interactive callers (the MCP server) pass 0 and hear at once that the server is not running.
+Retries on 429, 5xx, dropped connections and a 503 while the backend sleeps or loads, as
+orchestrator/clients/retries.py decides; interactive callers (the MCP server) pass connect_wait=0 and hear at
+once that the server is not running. A stream is retried only before its first text.
 """
 
-import asyncio
 import json
-import random
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+
+from orchestrator.clients.retries import RETRYABLE, GiveUp, Retries
 
 
 @dataclass
@@ -41,9 +39,6 @@ class StreamError(LLMError):
             any(word in kind for word in ("internal", "server", "unavailable", "overloaded"))
 
 
-RETRYABLE = {429, 500, 502, 503, 504}
-
-
 class LLMClient:
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 600.0,
                  max_wait: float = 600.0, max_retries: int = 8, connect_wait: float = 30.0):
@@ -65,40 +60,45 @@ class LLMClient:
     async def __aexit__(self, *_) -> None:
         await self.aclose()
 
-    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
-        if response is not None and "retry-after" in response.headers:
+    def _retries(self) -> Retries:
+        return Retries(self.max_wait, self.max_retries, self.connect_wait)
+
+    async def _send(self, method: str, path: str, body: dict | None, retries: Retries,
+                    stream: bool = False) -> httpx.Response:
+        """The first answer that is no retryable failure (when streaming, its body not read yet: close it);
+        retried as orchestrator/clients/retries.py decides."""
+        while True:
             try:
-                return min(float(response.headers["retry-after"]), 60.0)
-            except ValueError:
-                pass
-        return min(0.5 * 2 ** attempt, 20.0) * (0.5 + random.random() / 2)
+                response = await self.http.send(self.http.build_request(method, path, json=body), stream=stream)
+            except httpx.ConnectError as e:
+                try:
+                    if await retries.after_refused(f"{type(e).__name__}: {e}"):
+                        continue
+                except GiveUp as gave_up:
+                    raise self._gave_up(path, gave_up) from None
+                raise self._unreachable(path, e) from None
+            except httpx.TransportError as e:
+                await self._after_failure(retries, path, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+                continue
+            if response.status_code < 400:
+                return response
+            await response.aread()
+            if response.status_code not in RETRYABLE:
+                raise LLMError(f"{self.base_url}{path} answered {response.status_code}: {_message(response)}")
+            await self._after_failure(retries, path, f"{response.status_code}: {_message(response)}", response)
+
+    async def _after_failure(self, retries: Retries, path: str, problem: str,
+                             response: httpx.Response | None = None) -> None:
+        try:
+            await retries.after_failure(problem, response)
+        except GiveUp as e:
+            raise self._gave_up(path, e) from None
+
+    def _gave_up(self, path: str, error: GiveUp) -> LLMError:
+        return LLMError(f"{self.base_url}{path} {error}; is the LLM server running? (SCRIPTORIUM_LLM_URL)")
 
     async def _request(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
-        started = time.monotonic()
-        attempt = 0
-        while True:
-            response = None
-            try:
-                response = await self.http.request(method, path, json=body)
-                if response.status_code < 400:
-                    return response
-                if response.status_code not in RETRYABLE:
-                    raise LLMError(f"{self.base_url}{path} answered {response.status_code}: {_message(response)}")
-                problem = f"{response.status_code}: {_message(response)}"
-            except httpx.ConnectError as e:
-                if time.monotonic() - started >= self.connect_wait:
-                    raise self._unreachable(path, e) from None
-                problem = f"{type(e).__name__}: {e}"
-            except httpx.TransportError as e:
-                problem = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            delay = self._delay(attempt, response)
-            waited = time.monotonic() - started
-            if attempt >= self.max_retries and not (response is not None and response.status_code == 503) \
-                    or waited + delay > self.max_wait:
-                raise LLMError(f"{self.base_url}{path} failed after {attempt + 1} attempts over {waited:.0f} s "
-                               f"(last: {problem}); is the LLM server running? (SCRIPTORIUM_LLM_URL)")
-            attempt += 1
-            await asyncio.sleep(delay)
+        return await self._send(method, path, body, self._retries())
 
     def _unreachable(self, path: str, error: httpx.ConnectError) -> "LLMError":
         return LLMError(f"cannot connect to the LLM server at {self.base_url} ({error or 'connection refused'}) while "
@@ -118,59 +118,41 @@ class LLMClient:
 
     async def chat(self, messages: list[dict], *, max_tokens: int = 512, temperature: float = 0.7,
                    json_schema: dict | None = None, seed: int | None = None, stop: list[str] | None = None,
-                   extra: dict | None = None) -> dict:
-        """One chat completion: {"text", "finish_reason", "usage"}."""
-        body = await self._chat_body(messages, max_tokens, temperature, json_schema, seed, stop, extra)
+                   extra: dict | None = None, model: str | None = None) -> dict:
+        """One chat completion: {"text", "finish_reason", "usage"}; model: this call's, else the client's."""
+        body = await self._chat_body(model, messages, max_tokens, temperature, json_schema, seed, stop, extra)
         return chat_result(self.base_url, (await self._request("POST", "/chat/completions", body)).json())
 
     async def stream_chat(self, messages: list[dict], *, max_tokens: int = 512, temperature: float = 0.7,
                           seed: int | None = None, stop: list[str] | None = None,
-                          info: StreamInfo | None = None) -> AsyncIterator[str]:
+                          info: StreamInfo | None = None, model: str | None = None) -> AsyncIterator[str]:
         """Text deltas as the server streams them (connection retries happen before the first byte only).
         info: filled with the answering model and the server's token count as they arrive."""
-        body = await self._chat_body(messages, max_tokens, temperature, None, seed, stop, None)
+        body = await self._chat_body(model, messages, max_tokens, temperature, None, seed, stop, None)
         body.update(stream_body(info))
-        started = time.monotonic()
-        attempt = 0
+        retries = self._retries()
         while True:
+            response = await self._send("POST", "/chat/completions", body, retries, stream=True)
+            yielded = False
             try:
-                async with self.http.stream("POST", "/chat/completions", json=body) as response:
-                    if response.status_code in RETRYABLE and time.monotonic() - started < self.max_wait:
-                        await response.aread()
-                        attempt += 1
-                        await asyncio.sleep(self._delay(attempt, response))
-                        continue
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise LLMError(f"{self.base_url}/chat/completions answered {response.status_code}: "
-                                       f"{_message(response)}")
-                    yielded = False
-                    try:
-                        async for line in response.aiter_lines():
-                            deltas = stream_deltas(line, info)
-                            if deltas is None:
-                                return
-                            for delta in deltas:
-                                yielded = True
-                                yield delta
-                    except httpx.TransportError as e:
-                        if yielded:  # never retried: the text so far would come twice
-                            raise broken_stream(self.base_url, e) from None
-                        raise
-                    raise broken_stream(self.base_url, None)
-            except httpx.ConnectError as e:
-                if time.monotonic() - started >= self.connect_wait:
-                    raise self._unreachable("/chat/completions", e) from None
-                attempt += 1
-                await asyncio.sleep(min(self._delay(attempt, None), self.connect_wait))
+                async for line in response.aiter_lines():
+                    deltas = stream_deltas(line, info)
+                    if deltas is None:
+                        return
+                    for delta in deltas:
+                        yielded = True
+                        yield delta
+                raise broken_stream(self.base_url, None)
             except httpx.TransportError as e:
-                if attempt >= self.max_retries or time.monotonic() - started > self.max_wait:
-                    raise LLMError(f"{self.base_url}/chat/completions: {type(e).__name__}: {e}") from None
-                attempt += 1
-                await asyncio.sleep(self._delay(attempt, None))
+                if yielded:  # never retried: the text so far would come twice
+                    raise broken_stream(self.base_url, e) from None
+                await self._after_failure(retries, "/chat/completions", f"{type(e).__name__}: {e}")
+            finally:
+                await response.aclose()
 
-    async def _chat_body(self, messages, max_tokens, temperature, json_schema, seed, stop, extra) -> dict:
-        return chat_body(await self.resolve_model(), messages, max_tokens, temperature, json_schema, seed, stop, extra)
+    async def _chat_body(self, model, messages, max_tokens, temperature, json_schema, seed, stop, extra) -> dict:
+        return chat_body(model or await self.resolve_model(), messages, max_tokens, temperature, json_schema, seed,
+                         stop, extra)
 
 
 def chat_body(model: str, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7,

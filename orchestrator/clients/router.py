@@ -34,7 +34,8 @@ from orchestrator.clients.llm import (
     stream_body,
     stream_deltas,
 )
-from orchestrator.clients.upstream import Busy, Failed, Run, Upstream, retry_after
+from orchestrator.clients.retries import retry_after
+from orchestrator.clients.upstream import Busy, Failed, Run, Upstream
 
 
 class LLMRouter:
@@ -235,10 +236,9 @@ class LLMRouter:
             run.retried = True
 
     @contextlib.asynccontextmanager
-    async def _alone(self, model: str | None):
+    async def _alone(self):
         """One upstream: its client retries as it does; the router only keeps the counts."""
         up = self.pool[0]
-        up.client.model = model or self.model
         up.in_flight += 1
         self._publish()
         try:
@@ -254,8 +254,8 @@ class LLMRouter:
 
     async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
         if len(self.pool) == 1:
-            async with self._alone(model) as client:
-                return await client.chat(messages, **kwargs)
+            async with self._alone() as client:
+                return await client.chat(messages, model=model or self.model, **kwargs)
         model = await self._resolve(model)
         body, run = chat_body(model, messages, **kwargs), Run()
         while True:
@@ -282,8 +282,8 @@ class LLMRouter:
                           **kwargs) -> AsyncIterator[str]:
         """Text deltas; info (when given) takes the answering model and the server's token count."""
         if len(self.pool) == 1:
-            async with self._alone(model) as client:
-                async for delta in client.stream_chat(messages, info=info, **kwargs):
+            async with self._alone() as client:
+                async for delta in client.stream_chat(messages, info=info, model=model or self.model, **kwargs):
                     yield delta
             return
         model = await self._resolve(model)

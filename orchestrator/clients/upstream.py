@@ -4,8 +4,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from orchestrator.clients.llm import LLMClient
 
 
@@ -40,14 +38,6 @@ class Failed(Exception):
     def __init__(self, message: str, reached: bool = True):
         super().__init__(message)
         self.reached = reached  # False: the request never reached the upstream (connection refused)
-
-
-def retry_after(response: httpx.Response) -> float:
-    """Seconds to leave an upstream alone, from its Retry-After (at most a minute; 1 s when it is a date)."""
-    try:
-        return min(float(response.headers["retry-after"]), 60.0)
-    except ValueError:
-        return 1.0
 
 
 @dataclass
