@@ -44,11 +44,11 @@ def token_losses(llm: LLM, ids: list[int], unscaled: bool = False) -> torch.Tens
     engine.add_request("long", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
     assert [item.num_tokens for item in batch] == [len(ids)], "the prompt must fit one step"
-    input_ids, positions, meta, _ = engine.runner.prepare(batch)
+    input_ids, positions, meta, inputs = engine.runner.prepare(batch)
     target = torch.tensor(ids[1:])
     losses = []
     with torch.inference_mode():
-        hidden = engine.model(input_ids, positions, meta)[batch[0].hidden_rows]
+        hidden = engine.model(input_ids, positions, meta)[inputs.hidden_rows[0]]
         for start in range(0, len(ids) - 1, 1024):
             logits = engine.model.compute_logits(hidden[start:min(start + 1024, len(ids) - 1)]).float()
             losses.append(torch.nn.functional.cross_entropy(logits, target[start:start + len(logits)],

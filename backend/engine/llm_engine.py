@@ -206,12 +206,12 @@ class LLMEngine:
             return []
         if self.speculator:
             self.speculator.propose(plan, self.sampler)
-        # logits on the device, each item's logit_rows saying which rows are its; pooled: embedding inputs' row sums
-        logits, pooled, prompt_logprobs = self.runner.execute_pooled(plan)
-        self.scheduler.start_forks(plan, self.runner.copy_block)
-        tokens, logprobs, failed = sample_plan(self.sampler, plan, logits)
+        out = self.runner.execute(plan)
+        forks = self.scheduler.start_forks(plan, self.runner.copy_block)
+        plan, logit_rows = plan + [f for _, f in forks], out.logit_rows + [out.logit_rows[i] for i, _ in forks]
+        tokens, logprobs, failed = sample_plan(self.sampler, plan, out.logits, logit_rows)
         failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer,
-                                             pooled, prompt_logprobs, logprobs)
+                                             out.pooled, out.prompt_logprobs, logprobs)
         if self.speculator:
             self.speculator.learn(plan, tokens)
         for seq, error in failed:

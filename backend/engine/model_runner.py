@@ -2,11 +2,13 @@
 
 import math
 import mmap
+from dataclasses import dataclass, field
 
 import torch
 
 from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
+from backend.engine.step_inputs import StepInputs, lay_out
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
@@ -17,6 +19,15 @@ from backend.models.transformer import Attention, CausalLM
 # once per row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh
 # 512-token prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
 SHORT_CONTEXT = 256
+
+
+@dataclass
+class StepOutput:
+    """What a forward pass hands the sample and postprocess stages."""
+    logits: torch.Tensor  # fp32, of the sampling rows only, on the device
+    logit_rows: list[slice | None]  # per plan item: its rows of logits (None: it samples nothing)
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # plan index -> an embedding chunk's row sum
+    prompt_logprobs: dict[int, tuple] = field(default_factory=dict)  # plan index -> (first token, entries)
 
 
 class ModelRunner:
@@ -104,80 +115,63 @@ class ModelRunner:
                                  decode_context_lens=st["lens"][:b])
         return st["input_ids"][:b], st["positions"][:b], meta
 
-    def fill_static(self, batch: list[ScheduledSeq], batch_size: int) -> None:
-        """Write a decode batch into the static inputs, rows past it as padding (slot -1: nothing stored;
+    def fill_static(self, inputs: StepInputs, batch_size: int) -> None:
+        """Write a decode batch's rows into the static inputs, rows past it as padding (slot -1: nothing stored;
         length 0: nothing attended). One host-to-device copy per input."""
-        n, b = len(batch), batch_size
-        st, size, pad = self.static, self.block_size, batch_size - n
-        positions = [item.seq.num_computed_tokens for item in batch]
-        st["input_ids"][:b].copy_(torch.tensor([item.seq.token_ids[p] for item, p in zip(batch, positions)] + [0] * pad))
-        st["positions"][:b].copy_(torch.tensor(positions + [0] * pad))
-        st["slots"][:b].copy_(torch.tensor([item.seq.block_table[p // size] * size + p % size
-                                            for item, p in zip(batch, positions)] + [-1] * pad))
-        st["lens"][:b].copy_(torch.tensor([p + 1 for p in positions] + [0] * pad))
+        n, b = len(inputs.input_ids), batch_size
+        st, pad = self.static, batch_size - n
+        st["input_ids"][:b].copy_(torch.tensor(inputs.input_ids + [0] * pad))
+        st["positions"][:b].copy_(torch.tensor(inputs.positions + [0] * pad))
+        st["slots"][:b].copy_(torch.tensor(inputs.slots + [-1] * pad))
+        st["lens"][:b].copy_(torch.tensor([p + 1 for p in inputs.positions] + [0] * pad))
         # Columns past a row's own blocks keep older numbers: the kernel reads only a row's first
         # ceil(length / block_size) entries.
         limit = st["tables"].shape[1]  # blocks of max_model_len; a table may hold more (reserved for drafts)
-        tables = [item.seq.block_table[:limit] for item in batch]
+        tables = [table[:limit] for table in inputs.tables]
         width = max(len(t) for t in tables)
         st["tables"][:n, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables]))
 
-    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+    def _replay(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states of a decode batch through the smallest captured graph that holds it."""
-        batch_size = min(b for b in self.graphs if b >= len(batch))
-        self.fill_static(batch, batch_size)
+        rows = len(inputs.input_ids)
+        batch_size = min(b for b in self.graphs if b >= rows)
+        self.fill_static(inputs, batch_size)
         graph, out = self.graphs[batch_size]
         graph.replay()
-        return out[:len(batch)]
+        return out[:rows]
 
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        size = self.block_size
-        return [block_table[p // size] * size + p % size for p in range(start, end)]
-
-    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-        """The plan's inputs, laid out once: decode rows first (a token per sequence, and verification runs and
-        short prompt chunks where they attend as decode rows), then prompt chunks and the other verification runs.
-        Sets each item's hidden_rows and each sampling item's logit_rows, and returns the hidden rows the logits
-        come from."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+    def _attends_as_decode(self, item: ScheduledSeq) -> bool:
         # With our CPU kernels a verification run is decode rows too (each row attending as it would decoding), and
         # so is a short prompt chunk with the one-call step: the step stays a decode step.
-        decode, prefill = [], []
-        for i, item in enumerate(plan):
-            as_decode = item.num_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
-                self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
-                and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
-            (decode if as_decode else prefill).append(i)
-        for i in decode + prefill:
-            item = plan[i]
-            seq, start, end = item.seq, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens
-            item.hidden_rows = slice(len(input_ids), len(input_ids) + item.num_tokens)
-            input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
-            positions.extend(range(start, end))
-            slots.extend(self._slots(seq.block_table, start, end))
-        n = sum(plan[i].num_tokens for i in decode)
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), num_decode=n)
-        if decode:
-            meta.decode_block_tables = self._tables([plan[i].seq.block_table for i in decode
-                                                     for _ in range(plan[i].num_tokens)])
-            meta.decode_context_lens = self._tensor([p + 1 for p in positions[:n]])
-            if len(set(positions[:n])) == 1:
-                meta.decode_uniform_len = positions[0] + 1
-        for i in prefill:
-            item = plan[i]
+        return item.num_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
+            self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
+            and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
+
+    def lay_out(self, plan: StepPlan) -> StepInputs:
+        return lay_out(plan, self.block_size, self._attends_as_decode)
+
+    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, StepInputs]:
+        """The plan's rows (step_inputs.lay_out) as the model's tensors and attention metadata."""
+        inputs = self.lay_out(plan)
+        n = inputs.num_decode
+        meta = AttentionMetadata(slot_mapping=self._tensor(inputs.slots), num_decode=n)
+        if inputs.decode:
+            meta.decode_block_tables = self._tables(inputs.tables)
+            meta.decode_context_lens = self._tensor([p + 1 for p in inputs.positions[:n]])
+            if len(set(inputs.positions[:n])) == 1:
+                meta.decode_uniform_len = inputs.positions[0] + 1
+        for i in inputs.prefill:
+            item, rows = plan[i], inputs.hidden_rows[i]
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
             table = torch.tensor(item.seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(item.hidden_rows.start, item.hidden_rows.stop,
-                                              item.seq.num_computed_tokens + item.num_tokens, table,
-                                              verifies=item.num_draft > 0 and item.seq.params.greedy))
-        if prefill:
+            meta.prefills.append(PrefillChunk(rows.start, rows.stop, item.seq.num_computed_tokens + item.num_tokens,
+                                              table, verifies=item.num_draft > 0 and item.seq.params.greedy))
+        if inputs.prefill:
             meta.prefill_cu_q = self._tensor([c.start - n for c in meta.prefills] + [meta.prefills[-1].end - n])
             meta.prefill_context_lens = self._tensor([c.context_len for c in meta.prefills])
-            meta.prefill_block_tables = self._tables([plan[i].seq.block_table for i in prefill])
+            meta.prefill_block_tables = self._tables([plan[i].seq.block_table for i in inputs.prefill])
             meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
-        return self._tensor(input_ids), self._tensor(positions), meta, _assign_logit_rows(plan)
+        return self._tensor(inputs.input_ids), self._tensor(inputs.positions), meta, inputs
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -187,39 +181,33 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         return self._tensor([t + [0] * (width - len(t)) for t in tables])
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Runs the plan; returns fp32 logits of its sampling rows on the device, item.logit_rows saying
-        which are whose: the caller moves to the host only what it needs (token ids, for greedy requests)."""
-        return self.execute_pooled(plan)[0]
-
     @torch.inference_mode()
-    def execute_pooled(self, plan: StepPlan) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, tuple]]:
-        """execute(), and by position in the plan: for each embedding input's chunk (item.pool) the fp32 sum of
-        its hidden rows; for each chunk of a request that asked for prompt logprobs, (the index of the first
-        prompt token they are for, their entries)."""
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Runs the plan: fp32 logits of its sampling rows on the device (the caller moves to the host only what it
+        needs: token ids, for greedy requests), whose rows are whose, and by position in the plan each embedding
+        input chunk's (item.pool) fp32 sum of its hidden rows, and for each chunk of a request that asked for
+        prompt logprobs, (the index of the first prompt token they are for, their entries)."""
         # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
         # (the one-call step and graphs have kernels of their own)
         every_row = any(item.pool or item.prompt_logprobs for item in plan)
         if self.graphs and not every_row and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
                 and len(plan) <= max(self.graphs):
-            hidden = self._replay(plan)
-            for row, item in enumerate(plan):
-                item.hidden_rows = slice(row, row + 1)
-            _assign_logit_rows(plan)
-            return self.model.compute_logits(hidden), {}, {}
-        input_ids, positions, meta, sample_rows = self.prepare(plan)
+            inputs = lay_out(plan, self.block_size, lambda item: True)
+            return StepOutput(self.model.compute_logits(self._replay(inputs)), inputs.logit_rows)
+        input_ids, positions, meta, inputs = self.prepare(plan)
         if self.cpu_decoder is not None and not meta.prefills and not every_row \
                 and self.cpu_decoder.takes(input_ids.shape[0]):
             hidden = self.cpu_decoder(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
-        pooled = {i: hidden[item.hidden_rows].float().sum(dim=0) for i, item in enumerate(plan) if item.pool}
-        prompt_logprobs = {i: chunk_prompt_logprobs(self.model.compute_logits, hidden, item)
+        pooled = {i: hidden[inputs.hidden_rows[i]].float().sum(dim=0) for i, item in enumerate(plan) if item.pool}
+        prompt_logprobs = {i: chunk_prompt_logprobs(self.model.compute_logits, hidden[inputs.hidden_rows[i]], item)
                            for i, item in enumerate(plan) if item.prompt_logprobs}
-        if not sample_rows:
-            return torch.empty(0, self.model.config.vocab_size), pooled, prompt_logprobs
-        index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return self.model.compute_logits(hidden[index]), pooled, prompt_logprobs
+        if not inputs.sample_rows:
+            return StepOutput(torch.empty(0, self.model.config.vocab_size), inputs.logit_rows, pooled,
+                              prompt_logprobs)
+        index = torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)
+        return StepOutput(self.model.compute_logits(hidden[index]), inputs.logit_rows, pooled, prompt_logprobs)
 
 
 def _host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -230,17 +218,3 @@ def _host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
-
-
-def _assign_logit_rows(plan: StepPlan) -> list[int]:
-    """Each sampling item's slice of the logits (its last row, or its last known token and drafts when it
-    verifies), in plan order; returns the hidden rows they are computed from."""
-    rows: list[int] = []
-    for item in plan:
-        if item.samples:
-            last = item.hidden_rows.stop - 1
-            item.logit_rows = slice(len(rows), len(rows) + item.num_draft + 1)
-            rows.extend(range(last - item.num_draft, last + 1))
-        else:
-            item.logit_rows = None
-    return rows

@@ -22,12 +22,12 @@ PromptLogprobs = list[dict[int, Logprob] | None]  # one entry per prompt token, 
 
 def chunk_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                           item: ScheduledSeq) -> tuple[int, list[dict[int, Logprob]]]:
-    """(the index of the first prompt token they are for, the entries) from the item's hidden rows: each the
-    token's own logprob and rank, and the `prompt_logprobs` most likely tokens besides."""
+    """(the index of the first prompt token they are for, the entries) from the item's rows of hidden states:
+    each the token's own logprob and rank, and the `prompt_logprobs` most likely tokens besides."""
     seq, top = item.seq, item.seq.params.prompt_logprobs
     start = seq.num_computed_tokens
     end = min(start + item.num_tokens, seq.num_prompt_tokens - 1)  # positions whose next token is in the prompt
-    rows = hidden[item.hidden_rows][:end - start]
+    rows = hidden[:end - start]
     targets = torch.tensor(seq.token_ids[start + 1:end + 1], dtype=torch.long, device=hidden.device)
     entries: list[dict[int, Logprob]] = []
     for a in range(0, end - start, ROWS_PER_SLICE):

@@ -37,8 +37,6 @@ class ScheduledSeq:
     max_drafts: int = 0  # draft slots reserved for it; the proposer fills up to this many
     draft_tokens: list[int] = field(default_factory=list)  # proposed for this step and verified by it
     draft_probs: torch.Tensor | None = None  # the proposer's distribution per draft (None: deterministic)
-    logit_rows: slice | None = None  # its rows of the step's logits (set by the runner)
-    hidden_rows: slice | None = None  # its rows of the step's hidden states (set by the runner)
     pool: bool = False  # an embedding input's chunk: its hidden rows are summed, nothing is sampled
     # its rows give prompt logprobs (engine/prompt_logprobs.py): the request asked, and the chunk has prompt tokens
     # after its rows
@@ -157,11 +155,13 @@ class Scheduler:
             prefill -= n
         return plan
 
-    def start_forks(self, plan: StepPlan, copy_block: Callable[[int, int], None]) -> None:
+    def start_forks(self, plan: StepPlan, copy_block: Callable[[int, int], None]) -> list[tuple[int, ScheduledSeq]]:
         """Siblings of a sequence whose prompt this step finished take its KV (full blocks shared, the
-        partial last one copied) and join the plan, sampling their first tokens from its logits. Without a
-        free block or slot a sibling queues first in line instead, to find the prompt in the prefix cache."""
-        for item in list(plan):
+        partial last one copied) and run from now on; returned as (the parent's plan index, the sibling's item):
+        they sample their first tokens from the parent's logits. Without a free block or slot a sibling queues
+        first in line instead, to find the prompt in the prefix cache."""
+        forks = []
+        for index, item in enumerate(plan):
             parent = item.seq
             if not parent.forks or not item.computes_last_token:
                 continue
@@ -177,7 +177,8 @@ class Scheduler:
                     copy_block(*copy)
                 child.status = Status.RUNNING
                 self.running.append(child)
-                plan.append(ScheduledSeq(child, 0, logit_rows=item.logit_rows))
+                forks.append((index, ScheduledSeq(child, 0)))
+        return forks
 
     def postprocess(self, plan: StepPlan, tokens: list[list[int] | None], eos_token_ids: set[int],
                     max_model_len: int, tokenizer=None, pooled: dict[int, torch.Tensor] | None = None,

@@ -161,7 +161,7 @@ class DraftProposer:
         for step in range(max((item.max_drafts for item, _ in active), default=0)):
             group = [(item, state) for item, state in active if item.max_drafts > step]
             runs = [ScheduledSeq(state, state.num_tokens - state.num_computed_tokens) for _, state in group]
-            logits = self.runner.execute(runs)  # on the device, one row each, over the draft's vocabulary
+            logits = self.runner.execute(runs).logits  # on the device, one row each, over the draft's vocabulary
             for run in runs:
                 run.seq.num_computed_tokens += run.num_tokens
             strings = [id(item) in own for item, _ in group]

@@ -122,13 +122,13 @@ def test_hash_collision_never_serves_wrong_tokens(monkeypatch):
 
 def _count_computed(llm) -> list[int]:
     """Wrap the runner so each step's computed token count is recorded."""
-    counts, execute = [], llm.engine.runner.execute_pooled
+    counts, execute = [], llm.engine.runner.execute
 
     def counting(batch):
         counts.append(sum(item.num_tokens for item in batch))
         return execute(batch)
 
-    llm.engine.runner.execute_pooled = counting
+    llm.engine.runner.execute = counting
     return counts
 
 

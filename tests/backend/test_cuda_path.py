@@ -122,7 +122,7 @@ def test_a_padded_static_decode_batch_matches_the_eager_step(family, tiny_dir, m
     runner.static["tables"].fill_(7)  # stale entries past each row's blocks must not matter
     caches = runner._attention_modules()
     before = [m.k_cache.clone() for m in caches]
-    runner.fill_static(batch, 8)
+    runner.fill_static(runner.lay_out(batch), 8)
     with torch.inference_mode():
         static = runner.model(*runner.static_args(8))
         written = [m.k_cache.clone() for m in caches]

@@ -39,21 +39,22 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
     items = {item.seq.request_id: item for item in plan}
     assert set(items) == {"a", "c", "whole", "partial"} and items["a"].max_drafts == 2
     items["a"].draft_tokens, items["a"].num_tokens = [7, 11], 3  # any drafts: their rows are verified
-    logits = engine.runner.execute(plan)
+    out = engine.runner.execute(plan)
+    logits, rows = out.logits, {item.seq.request_id: r for item, r in zip(plan, out.logit_rows)}
 
     def expected(tokens: list[int], positions: range) -> torch.Tensor:
         with torch.no_grad():
             return reference(torch.tensor([tokens])).logits[0, list(positions)]
 
     drafted = a.token_ids + [7, 11]
-    torch.testing.assert_close(logits[items["a"].logit_rows], expected(drafted, range(a.num_tokens - 1, len(drafted))),
+    torch.testing.assert_close(logits[rows["a"]], expected(drafted, range(a.num_tokens - 1, len(drafted))),
                                atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(logits[items["c"].logit_rows], expected(c.token_ids, [c.num_tokens - 1]),
+    torch.testing.assert_close(logits[rows["c"]], expected(c.token_ids, [c.num_tokens - 1]),
                                atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(logits[items["whole"].logit_rows], expected(whole, [len(whole) - 1]),
+    torch.testing.assert_close(logits[rows["whole"]], expected(whole, [len(whole) - 1]),
                                atol=1e-4, rtol=1e-4)
-    assert items["partial"].logit_rows is None and items["partial"].num_tokens < len(partial)
-    slices = [items[r].logit_rows for r in ("a", "c", "whole")]
+    assert rows["partial"] is None and items["partial"].num_tokens < len(partial)
+    slices = [rows[r] for r in ("a", "c", "whole")]
     assert [(s.start, s.stop) for s in slices] == [(0, 3), (3, 4), (4, 5)]  # plan order, contiguous
     for rid in items:
         engine.abort_request(rid)

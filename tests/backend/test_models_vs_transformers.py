@@ -17,12 +17,12 @@ def prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
         engine.add_request(f"logits-{i}", prompt, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
     assert [item.num_tokens for item in batch] == [len(p) for p in prompts]
-    input_ids, positions, meta, _ = engine.runner.prepare(batch)
+    input_ids, positions, meta, inputs = engine.runner.prepare(batch)
     with torch.inference_mode():
         logits = engine.model.compute_logits(engine.model(input_ids, positions, meta))
     for i in range(len(prompts)):
         engine.abort_request(f"logits-{i}")
-    return [logits[item.hidden_rows] for item in batch]
+    return [logits[rows] for rows in inputs.hidden_rows]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
