@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,9 +188,10 @@ def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
     started = time.monotonic()
     with Progress(transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task("repacking weights for the CPU kernel", total=len(weights))
-        for m in weights:
-            m.pack_for_cpu(products)
-            progress.advance(task)
+        # torch's ops release the GIL: a weight per core (each op's own threads would mostly sit idle on them)
+        with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8))) as pool:
+            for _ in pool.map(lambda m: m.pack_for_cpu(products), weights):
+                progress.advance(task)
     if entry is not None:
         pack_cache.save(model, entry)
         log.info("repacked in %.1f s; the next start maps %s", time.monotonic() - started, entry.name)
