@@ -205,7 +205,7 @@ class LLMEngine:
         if not plan:
             return []
         if self.speculator:
-            self.speculator.propose(plan, self.sampler)
+            plan = self.speculator.propose(plan, self.sampler)
         out = self.runner.execute(plan)
         forks = self.scheduler.start_forks(plan, self.runner.copy_block)
         plan, logit_rows = plan + [f for _, f in forks], out.logit_rows + [out.logit_rows[i] for i, _ in forks]

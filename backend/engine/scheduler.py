@@ -30,8 +30,9 @@ from backend.engine.sequence import Sequence, Status
 from backend.engine.wait_queue import WaitQueue
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class ScheduledSeq:
+    """One sequence's part of a step, as the scheduler plans it (drafts added by the speculator make a new one)."""
     seq: Sequence
     num_tokens: int  # tokens computed for it this step, its drafts included
     max_drafts: int = 0  # draft slots reserved for it; the proposer fills up to this many

@@ -140,13 +140,14 @@ class DraftProposer:
             return None
         return state
 
-    def propose(self, items: list[ScheduledSeq], sampler) -> None:
-        """Fill each item's drafts (up to its max_drafts): a catch-up pass over what the draft has not seen
-        yields the first, one batched decode pass each the others."""
+    def propose(self, items: list[ScheduledSeq], sampler) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Each item's drafts (up to its max_drafts) and the distributions they were drawn from (None: greedy):
+        a catch-up pass over what the draft has not seen yields the first, one batched decode pass each the
+        others."""
         active = []
+        drafts: dict[int, list[int]] = {id(item): [] for item in items}
         for item in items:
             seq = item.seq
-            item.draft_tokens, item.draft_probs = [], None
             state = self._reserve(seq, item.max_drafts)
             if state is not None:
                 active.append((item, state))
@@ -178,16 +179,19 @@ class DraftProposer:
                 if simple[row]:
                     token, q = top[row], None
                 else:
-                    token, q = self._sample(logits[row], item.seq, item.seq.token_ids + item.draft_tokens, sampler)
+                    token, q = self._sample(logits[row], item.seq, item.seq.token_ids + drafts[id(item)], sampler)
                 state.token_ids.append(bridge.to_draft[token] if bridge is not None else token)
-                item.draft_tokens.append(token)
+                drafts[id(item)].append(token)
                 if q is not None:
                     probs[item.seq.seq_id].append(q)
-        for item, _ in active:
-            item.draft_probs = torch.stack(probs[item.seq.seq_id]) if probs[item.seq.seq_id] else None
+        out = []
+        for item in items:
+            q = probs.get(item.seq.seq_id)
             if id(item) in own:
-                item.draft_tokens = target_drafts(bridge.target_tokenizer, bridge.target_bytes, item.seq.token_ids[-1],
-                                                  [bridge.draft_bytes[d] for d in own[id(item)]])[:item.max_drafts]
+                drafts[id(item)] = target_drafts(bridge.target_tokenizer, bridge.target_bytes, item.seq.token_ids[-1],
+                                                 [bridge.draft_bytes[d] for d in own[id(item)]])[:item.max_drafts]
+            out.append((drafts[id(item)], torch.stack(q) if q else None))
+        return out
 
     @staticmethod
     def _sample(logits: torch.Tensor, seq: Sequence, history: list[int], sampler) -> tuple[int, torch.Tensor | None]:

@@ -21,10 +21,10 @@ class NgramProposer:
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, items, _sampler) -> None:
-        for item in items:
-            item.draft_tokens = propose_ngram(item.seq.token_ids, item.max_drafts, self.min_n, self.max_n)
-            item.draft_probs = None  # a deterministic proposal: q is one-hot
+    def propose(self, items, _sampler) -> list[tuple[list[int], None]]:
+        """Each item's drafts (up to its max_drafts), with no distribution: a deterministic proposal's q is
+        one-hot."""
+        return [(propose_ngram(item.seq.token_ids, item.max_drafts, self.min_n, self.max_n), None) for item in items]
 
     def release(self, seq) -> None:
         pass

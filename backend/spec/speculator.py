@@ -2,7 +2,7 @@
 sequences a step actually scheduled, and what verification taught (acceptance, stats, draft caches)."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backend.engine.scheduler import StepPlan
 from backend.engine.sequence import Sequence
@@ -72,21 +72,22 @@ class Speculator:
                 return 1
         return k
 
-    def propose(self, plan: StepPlan, sampler) -> None:
-        """Drafts for the scheduled items that reserved slots; each item's token count follows its drafts."""
+    def propose(self, plan: StepPlan, sampler) -> StepPlan:
+        """The plan with drafts for the items that reserved slots, each item's token count following its drafts."""
         items = [item for item in plan if item.max_drafts]
         if not items:
-            return
+            return plan
         try:
-            self.proposer.propose(items, sampler)
+            proposals = self.proposer.propose(items, sampler)
         except Exception:  # noqa: BLE001 drafts are an optimisation: this step verifies none
             log.exception("proposing drafts failed; this step runs without them")
+            proposals = [([], None)] * len(items)
             for item in items:
-                item.draft_tokens, item.draft_probs = [], None
                 self.proposer.release(item.seq)  # the draft's cache of it may be half written
-        for item in items:
-            item.num_tokens = 1 + item.num_draft
-        self.stats["draft_tokens"] += sum(item.num_draft for item in items)
+        drafted = {id(item): replace(item, draft_tokens=tokens, draft_probs=probs, num_tokens=1 + len(tokens))
+                   for item, (tokens, probs) in zip(items, proposals)}
+        self.stats["draft_tokens"] += sum(len(tokens) for tokens, _ in proposals)
+        return [drafted.get(id(item), item) for item in plan]
 
     def learn(self, plan: StepPlan, tokens: list[list[int] | None]) -> None:
         """After postprocess: acceptance per sequence, stats, and the draft's cache cut to what stands."""

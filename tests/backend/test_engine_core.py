@@ -4,6 +4,7 @@ deltas offline and over the server, and an engine that sleeps and wakes as good 
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import openai
@@ -38,7 +39,8 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
     plan = engine.scheduler.schedule({a.seq_id: 2})
     items = {item.seq.request_id: item for item in plan}
     assert set(items) == {"a", "c", "whole", "partial"} and items["a"].max_drafts == 2
-    items["a"].draft_tokens, items["a"].num_tokens = [7, 11], 3  # any drafts: their rows are verified
+    plan = [replace(item, draft_tokens=[7, 11], num_tokens=3) if item is items["a"] else item for item in plan]
+    items = {item.seq.request_id: item for item in plan}  # any drafts: their rows are verified
     out = engine.runner.execute(plan)
     logits, rows = out.logits, {item.seq.request_id: r for item, r in zip(plan, out.logit_rows)}
 
