@@ -4,7 +4,6 @@ import argparse
 import json
 import sys
 
-from backend.config import ACTIVATIONS, KV_CACHE_DTYPES
 from backend.model_config import ModelLoadError
 from backend.model_store import ModelStoreError, format_table, list_models, pull, to_json
 
@@ -40,25 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     p_list = models_sub.add_parser("list", help="known models and whether they are present")
     p_list.add_argument("--json", action="store_true")
 
-    from backend.server.serve import add_arguments, rope_scaling_arg
+    from backend.server.serve import add_arguments, add_model_arguments
 
     gen = sub.add_parser("generate", help="print one completion")
     gen.add_argument("prompt")
     gen.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
-    gen.add_argument("--device", default=None)
-    gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-    gen.add_argument("--activations", default="float32", choices=ACTIVATIONS)
-    gen.add_argument("--max-model-len", type=int, default=None,
-                     help="past the model's trained length RoPE is scaled by YaRN (see serve --help)")
-    gen.add_argument("--rope-scaling", type=rope_scaling_arg, default=None,
-                     help="none, yarn, yarn:FACTOR, linear:FACTOR or JSON (see serve --help)")
+    add_model_arguments(gen)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    gen.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"])
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true")
 

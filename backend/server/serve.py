@@ -41,6 +41,33 @@ def _experts(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of experts; give an integer >= 1 or 'auto'") from None
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a model runs: what `serve` and `generate` both take."""
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (CPU: float32, exact; CUDA: the checkpoint's), float32, bfloat16 (CPU with AMX: "
+                             "bf16 products for batches and prompts, about 1.6x the throughput), float16")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the model's dtype; CPU (float32): float16 or bfloat16 halve the KV cache and what "
+                             "attention reads a step (long contexts decode faster; keys and values rounded once, when "
+                             "stored; bfloat16 keeps fp32's range, float16 more precision)")
+    parser.add_argument("--activations", default="float32", choices=ACTIVATIONS,
+                        help="CPU, a GGUF kept in its blocks: int8 quantizes each row of x per block of 16 or 32 to "
+                             "8 bits and multiplies the codes in integers, as llama.cpp does (2-3x the matmul speed "
+                             "with AVX-512 VNNI; no longer exact against transformers)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the longest prompt plus completion (default: the model's context, at most 8192; "
+                             "smollm2: 32768, YaRN x4); past the model's trained length RoPE is scaled by YaRN with "
+                             "the factor it needs (65536 on smollm2: x8), unless --rope-scaling says otherwise")
+    parser.add_argument("--rope-scaling", type=rope_scaling_arg, default=None,
+                        help="RoPE scaling, overriding the model file's own: yarn (the factor --max-model-len needs, "
+                             "else 4), yarn:FACTOR, linear:FACTOR, JSON such as '{\"rope_type\": \"yarn\", "
+                             "\"factor\": 4}', or none (no scaling, even where the file has some)")
+    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"],
+                        help="int8/int4: quantize a Hugging Face checkpoint's linear layers at load (weight-only, "
+                             "groups of 32); dequantize: expand a GGUF's weights at load (default: the file's own)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                         help="the model, as `vllm serve MODEL` takes it: the same as a first --model")
@@ -65,26 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request waits for its model to load before a 503 with Retry-After")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (CPU: float32, exact; CUDA: the checkpoint's), float32, bfloat16 (CPU with AMX: "
-                             "bf16 products for batches and prompts, about 1.6x the throughput), float16")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="auto: the model's dtype; CPU (float32): float16 or bfloat16 halve the KV cache and what "
-                             "attention reads a step (long contexts decode faster; keys and values rounded once, when "
-                             "stored; bfloat16 keeps fp32's range, float16 more precision)")
-    parser.add_argument("--activations", default="float32", choices=ACTIVATIONS,
-                        help="CPU, a GGUF kept in its blocks: int8 quantizes each row of x per block of 16 or 32 to "
-                             "8 bits and multiplies the codes in integers, as llama.cpp does (2-3x the matmul speed "
-                             "with AVX-512 VNNI; no longer exact against transformers)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="the longest prompt plus completion (default: the model's context, at most 8192; "
-                             "smollm2: 32768, YaRN x4); past the model's trained length RoPE is scaled by YaRN with "
-                             "the factor it needs (65536 on smollm2: x8), unless --rope-scaling says otherwise")
-    parser.add_argument("--rope-scaling", type=rope_scaling_arg, default=None,
-                        help="RoPE scaling, overriding the model file's own: yarn (the factor --max-model-len needs, "
-                             "else 4), yarn:FACTOR, linear:FACTOR, JSON such as '{\"rope_type\": \"yarn\", "
-                             "\"factor\": 4}', or none (no scaling, even where the file has some)")
+    add_model_arguments(parser)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-n", type=int, default=16, help="the most sequences one request may ask for (n)")
     parser.add_argument("--max-schema-bytes", type=int, default=256 << 10,
@@ -121,9 +129,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
                              "pinned host memory; 'auto': the most that fit --gpu-memory-utilization")
-    parser.add_argument("--quantization", default=None, choices=["int8", "int4", "dequantize"],
-                        help="int8/int4: quantize a Hugging Face checkpoint's linear layers at load (weight-only, "
-                             "groups of 32); dequantize: expand a GGUF's weights at load (default: the file's own)")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,
