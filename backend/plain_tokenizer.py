@@ -23,8 +23,8 @@ NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 @dataclass
 class Encoding:
     """What calling a tokenizer returns: the ids, as transformers' BatchEncoding gives them."""
-    input_ids: list[int]
-    attention_mask: list[int] = field(default_factory=list)
+    input_ids: list[int] | list[list[int]]  # a list of lists for a batch of texts
+    attention_mask: list[int] | list[list[int]] = field(default_factory=list)
 
     def __getitem__(self, key: str):
         return getattr(self, key)
@@ -80,16 +80,29 @@ class PlainTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self.backend_tokenizer.get_vocab(with_added_tokens=True)
 
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self.get_vocab()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Encoding:
-        ids = self.encode(text, add_special_tokens)
-        return Encoding(ids, [1] * len(ids))
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> Encoding:
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return Encoding(ids, [1] * len(ids))
+        batch = [e.ids for e in self.backend_tokenizer.encode_batch(list(text), add_special_tokens=add_special_tokens)]
+        return Encoding(batch, [[1] * len(ids) for ids in batch])
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend_tokenizer.decode([ids] if isinstance(ids, int) else list(ids),
                                              skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
     def convert_tokens_to_ids(self, tokens: str | list[str]):
         if isinstance(tokens, str):

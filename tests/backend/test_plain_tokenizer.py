@@ -77,6 +77,9 @@ def test_ids_and_text_are_transformers(pair):
         ids = theirs(text).input_ids
         for skip in (True, False):
             assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
+    assert ours(TEXTS).input_ids == theirs(TEXTS).input_ids  # a batch
+    assert ours.batch_decode(theirs(TEXTS).input_ids) == theirs.batch_decode(theirs(TEXTS).input_ids)
+    assert [ours.tokenize(t) for t in TEXTS] == [theirs.tokenize(t) for t in TEXTS]
     every = list(range(len(theirs)))
     assert ours.decode(every) == theirs.decode(every)
     assert [ours.decode(t) for t in every] == [theirs.decode([t]) for t in every]
