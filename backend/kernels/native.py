@@ -1,5 +1,6 @@
-"""Our C kernels for the CPU (backend/kernels/cpu_ops.c, cpu_attention.c and cpu_decoder.c, backend/quant/cpu_kernel.c
-with its AMX, MoE and 8-bit-activation siblings cpu_amx.c, cpu_amx_codes.c, cpu_moe.c and cpu_int8.c), built into one
+"""Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
+matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c, cpu_int8.c, cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c;
+the small ops, attention and the one-call decode step cpu_ops.c, cpu_attention.c, cpu_decoder.c), built into one
 library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
@@ -26,13 +27,10 @@ from backend.home import cache_dir
 
 log = logging.getLogger("backend")
 
-_QUANT = Path(__file__).parent.parent / "quant"
-_HERE = Path(__file__).parent
-SOURCES = [_HERE / "cpu_ops.c", _HERE / "cpu_attention.c", _HERE / "cpu_decoder.c", _QUANT / "cpu_kernel.c",
-           _QUANT / "cpu_amx.c", _QUANT / "cpu_amx_codes.c", _QUANT / "cpu_moe.c",
-           _QUANT / "cpu_int8.c"]
-HEADERS = [_HERE / "cpu_vectors.h", _QUANT / "cpu_kernel.h", _QUANT / "cpu_amx.h", _QUANT / "cpu_moe.h",
-           _QUANT / "cpu_int8.h"]
+_CSRC = Path(__file__).parent.parent / "csrc"
+SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
+                                                 "moe", "int8")]
+HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
 

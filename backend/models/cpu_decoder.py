@@ -1,4 +1,4 @@
-"""A decode step in one call of our C kernels (backend/kernels/cpu_decoder.c) on the CPU.
+"""A decode step in one call of our C kernels (backend/csrc/cpu_decoder.c) on the CPU.
 
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our

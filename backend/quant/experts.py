@@ -28,7 +28,7 @@ def one_call_tokens() -> int:
     return FEW_TOKENS if native.tile_rows() >= 16 else FEW_TOKENS_NARROW
 
 
-class ExpertStack(ctypes.Structure):  # cpu_moe.h's
+class ExpertStack(ctypes.Structure):  # cpu_exports.h's
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
                 ("codes_stride", ctypes.c_int64), ("params_stride", ctypes.c_int64), ("rows", ctypes.c_int64),
                 ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64),

@@ -1,4 +1,4 @@
-"""The structs the one-call decode step and the MoE call read (cpu_decoder.c, cpu_moe.h) and their ctypes mirrors
+"""The structs the one-call decode step and the MoE call read (backend/csrc/cpu_exports.h) and their ctypes mirrors
 (cpu_decoder.py, experts.py) have the same sizes and field offsets: a field added on one side only would make C
 read the wrong pointers."""
 

@@ -2,6 +2,7 @@
  * over the paged KV cache, in place. fp32 arithmetic over a cache of fp32, fp16 or bf16 elements (kv_cache_dtype:
  * each read as the float it holds); its torch reference is attention.decode_attention's fallback, which the tests
  * hold it to. Compiled with -ffp-contract=off like cpu_ops.c. */
+#include "cpu_exports.h"
 #include "cpu_vectors.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))

@@ -17,10 +17,10 @@
  * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's
  * sum starts at -128 sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  */
-#include <math.h>
 #include <omp.h>
 
-#include "cpu_int8.h"
+#include "cpu_exports.h"
+#include "cpu_kernel.h"
 
 /* Integer and float vectors of IL lanes: a panel's 16 rows in one AVX-512 register, or in two halves of 8 (AVX2 and
  * the portable build: GCC splits a 64-byte vector into 16-byte pieces through the stack there, 2x slower, measured) */

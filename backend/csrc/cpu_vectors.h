@@ -1,12 +1,7 @@
 /* Vectors of 8 floats for our small CPU kernels (cpu_ops.c, cpu_attention.c): AVX2's, or GCC's portable ones
  * elsewhere, with the same operators, and e^x over them. */
 #pragma once
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef int64_t i64;
+#include "cpu_common.h"
 
 /* Vectors of 8 floats: AVX2's, or GCC's portable ones elsewhere (ARM: NEON pairs), with the same operators. */
 #if defined(__AVX2__) && defined(__FMA__)

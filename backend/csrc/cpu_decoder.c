@@ -1,5 +1,5 @@
 /* A decode step through a whole dense decoder stack in one call: the same kernels, in the same order, as the
- * model's modules call one by one (cpu_ops.c, cpu_attention.c, ../quant/cpu_kernel.c), so the result is the same
+ * model's modules call one by one (cpu_ops.c, cpu_attention.c, cpu_kernel.c), so the result is the same
  * bits; what goes is Python's work between them (module calls, tensor allocations, ctypes conversions: about 3 ms
  * of a 15 ms SmolLM2 step, measured).
  *
@@ -10,64 +10,12 @@
  * quantized layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's
  * q|k|v). A MoE layer (Mixtral, Qwen3-MoE, Qwen2-MoE) has, in place of gate|up and down, its router and routed
  * experts and, in Qwen2-MoE, a gated shared expert: the module path's calls (moe_route_rows, moe_tokens,
- * moe_add_shared_rows in ../quant/cpu_moe.c), here without Python between them.
+ * moe_add_shared_rows in cpu_moe.c), here without Python between them.
  */
 #include <omp.h>
-#include <stddef.h>
 
-#include "../quant/cpu_moe.h"
+#include "cpu_exports.h"
 #include "cpu_vectors.h"
-
-void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads);
-void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
-                   i64 cols, float eps);
-void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
-                 const float *sin, i64 ldc);
-void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
-void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
-                           const void *k_cache, const void *v_cache, int kind, i64 block_size,
-                           const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
-                           i64 max_len, int threads);
-
-typedef struct {
-    const uint8_t *codes;
-    const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16, order; /* as qmm's */
-} QuantMatrix;
-
-/* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
-typedef struct {
-    QuantMatrix parts[3];
-    i64 count, rows;
-    const float *bias; /* or NULL */
-} Linear;
-
-/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; Qwen2-MoE's shared expert
- * (a dense feed-forward of shared_inter, weighted by sigmoid(x . shared_gate)) where shared_gate is not NULL */
-typedef struct {
-    const float *router; /* NULL: a dense layer (gate_up and down) */
-    i64 experts, top_k, renormalize;
-    ExpertStack gate, up, down;
-    const float *shared_gate;
-    Linear shared_gate_up, shared_down;
-    i64 shared_inter;
-} Experts;
-
-typedef struct {
-    const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
-    Linear qkv, o, gate_up, down;
-    Experts moe;
-    void *k_cache, *v_cache; /* elements of Shape's kv_kind */
-} Layer;
-
-typedef struct {
-    /* inter: the widest feed-forward (dense, or a shared expert); top_k: the most of a MoE layer */
-    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window;
-    float eps, scale;
-    const float *final_norm;
-    i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
-} Shape;
 
 /* The sizes and some offsets of the structs cpu_decoder.py and experts.py mirror with ctypes, in this order, for a
  * test to hold the two to the same layout */

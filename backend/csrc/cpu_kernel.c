@@ -21,7 +21,8 @@
  * Compiled at first use with -march=native: AVX-512 or AVX2 (with FMA and F16C) intrinsics on x86, otherwise
  * (ARM, older x86) GCC's portable vectors of 8 floats, which the compiler maps to the CPU's (NEON, SSE).
  */
-#include "cpu_amx.h"
+#include "cpu_exports.h"
+#include "cpu_kernel.h"
 
 /* H vectors make a panel; a tile's NC column vectors cover panels p, p + 1, .. (vector c: panel p + c / H, rows
  * (c % H) * LANES ..). Several column vectors for few rows of x: each output's sum is one chain of dependent
@@ -177,28 +178,10 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
     }
 }
 
-INLINE void no_memory(float *y, i64 M, i64 N, i64 ldy) { /* say so in y rather than compute from garbage */
-    for (i64 r = 0; r < M; r++)
-        for (i64 c = 0; c < N; c++) y[r * ldy + c] = __builtin_nanf("");
-}
-
-/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns).
- * order: where the codes lie (cpu_layout.ORDERS): 0, this kernel's panels; 1, a bfloat16 engine's on an AMX CPU
- * (cpu_layout.pair_order), bf16 products on the tiles, fed the codes themselves up to 16 rows, weights rounded to
- * bf16 past that; 2, an engine with 8-bit activations (cpu_layout.quad_order, cpu_int8.c). Only the loader makes
- * the pairs' order, where the tiles run. Should a kernel not run (no memory for its buffers), y is NaN. */
-void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads) {
-    if (order) {
-        int ran = 0;
-        if (order == 2) ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
-#if HAVE_AMX
-        else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
-        else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
-#endif
-        if (M > 0 && !ran) no_memory(y, M, N, ldy);
-        return;
-    }
+/* y [M, N] = x [M, K] @ w.T from codes in this kernel's panels, y's rows ldy apart (a part of a fused layer's
+ * output writes its own columns); 0 where there was no memory for x's transposed tiles. */
+int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
     Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
     /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed
@@ -211,10 +194,7 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
     static __thread size_t shared_size;
     float *shared =
         M > ROWS_X ? grown(&shared_buf, &shared_size, (size_t)(tiles * K * ROWS_X) * sizeof(float)) : NULL;
-    if (M > ROWS_X && !shared) {
-        no_memory(y, M, N, ldy);
-        return;
-    }
+    if (M > ROWS_X && !shared) return 0;
 #pragma omp parallel num_threads(threads)
     {
         static __thread void *xt_buf, *decoded_buf;
@@ -238,6 +218,7 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
             for (i64 g = 0; g < groups; g++) few_rows(&w, g * per, xt ? xt : x, xt ? ROWS_X : 1, M, y, N, ldy);
         }
     }
+    return 1;
 }
 
 /* M <= ROWS_X rows of x against the panels [p, p + tile_panels(M)) of w, on the calling thread: a piece of a matmul

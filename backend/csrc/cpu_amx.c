@@ -14,6 +14,7 @@
  * multiple of 32, no memory for its buffers (the loader makes the layout only where the tiles run).
  */
 #include "cpu_amx.h"
+#include "cpu_exports.h"
 
 #if HAVE_AMX
 #include <sys/syscall.h>

@@ -1,6 +1,6 @@
 /* What our two AMX kernels share (cpu_amx.c: weights decoded and rounded to bf16; cpu_amx_codes.c: the codes
- * themselves) and declare for qmm (cpu_kernel.c): the tiles' configuration, the permission to use them, x rounded
- * to bf16. */
+ * themselves): the tiles' configuration, the permission to use them, x rounded to bf16. Their entry points are in
+ * cpu_exports.h. */
 #pragma once
 #include "cpu_kernel.h"
 
@@ -15,13 +15,6 @@ typedef struct {
 
 /* whether Linux lets this process use the tiles (asked once) */
 int amx_ready(void);
-
-/* y [M, N] = x [M, K] @ w.T from codes in the tiles' pair order: up to 16 rows fed the codes (cpu_amx_codes.c),
- * any number from weights rounded to bf16 (cpu_amx.c); 0 where they did not run */
-int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
-int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
 
 /* row r of x [M, K] in bf16 at xb + r * K (zeros past M) */
 INLINE void bf16_row(const float *x, i64 r, i64 M, i64 K, uint16_t *xb) {

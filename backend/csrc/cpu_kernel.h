@@ -2,9 +2,7 @@
  * their codes, scales and offsets (the layout cpu_kernel.c describes), with AVX-512, AVX2 or GCC's portable
  * vectors. */
 #pragma once
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "cpu_common.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -14,8 +12,6 @@
 #define INTRINSICS 0
 #define PREFETCH(p) __builtin_prefetch(p)
 #endif
-
-typedef int64_t i64;
 
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
@@ -140,7 +136,7 @@ INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
 }
 #endif
 
-typedef struct {
+typedef struct Weight {
     const uint8_t *codes;
     const void *scales, *offsets;
     i64 K, group, panel_code_bytes, panel_groups;
@@ -155,10 +151,6 @@ INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *of
     return w;
 }
 
-/* y [M, N] = x [M, K] @ w.T against x's rows quantized to 8 bits, from codes in quad order (cpu_int8.c); 0 where
- * memory ran out */
-int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
 
 /* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X], as the kernel's tiles read x */
 INLINE void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {

@@ -3,6 +3,7 @@
  * each has its torch reference in the .py file beside it, which the tests hold it to. Compiled with
  * -ffp-contract=off: a * b + c rounds twice, as PyTorch's separate ops do.
  */
+#include "cpu_exports.h"
 #include "cpu_vectors.h"
 
 /* out = x * rsqrt(mean(x^2) + eps) * weight, row by row; with residual: x + residual first, written to summed. */

@@ -18,6 +18,7 @@
  * Returns 0 where it did not run (no AMX, K not a multiple of 32, no memory for x's copy).
  */
 #include "cpu_amx.h"
+#include "cpu_exports.h"
 
 #if HAVE_AMX
 /* Per 32 codes of a group of panel p: the tile rows of bf16 128 + u (4-bit: two rows a 32 bytes, the low nibbles

@@ -10,14 +10,8 @@
  * (token, expert) pair's x, then its activations, is quantized as the 8-bit kernel quantizes a row (cpu_int8.c):
  * the same codes for a token whichever expert it meets, at a cost far below the matmuls'.
  */
-#include <math.h>
-
-#include "cpu_int8.h"
-#include "cpu_moe.h"
-
-i64 tile_panels(i64 M);
-void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy);
-void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
+#include "cpu_exports.h"
+#include "cpu_kernel.h"
 
 static Weight expert(const ExpertStack *s, i64 e) {
     return weight_of(s->codes + e * s->codes_stride, s->scales + e * s->params_stride,

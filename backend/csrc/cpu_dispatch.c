@@ -1,0 +1,23 @@
+/* The one entry to the quantized matmuls, and the only file that knows them all: the codes' order says which
+ * kernel reads them (cpu_layout.ORDERS). 0, the fp32 kernel's panels (cpu_kernel.c); 1, a bfloat16 engine's on an
+ * AMX CPU (cpu_layout.pair_order): bf16 products on the tiles, fed the codes themselves up to 16 rows
+ * (cpu_amx_codes.c), weights rounded to bf16 past that (cpu_amx.c); 2, an engine with 8-bit activations
+ * (cpu_layout.quad_order, cpu_int8.c). Only the loader makes the pairs' order, where the tiles run. */
+#include "cpu_amx.h"
+#include "cpu_exports.h"
+
+/* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns). Should a
+ * kernel not run (no memory for its buffers), y is NaN: said in y rather than computed from garbage. */
+void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads) {
+    int ran = 0;
+    if (order == 0) ran = qmm_fp32(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+    else if (order == 2) ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+#if HAVE_AMX
+    else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+    else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+#endif
+    if (M > 0 && !ran)
+        for (i64 r = 0; r < M; r++)
+            for (i64 c = 0; c < N; c++) y[r * ldy + c] = __builtin_nanf("");
+}

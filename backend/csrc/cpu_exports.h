@@ -1,0 +1,118 @@
+/* Every entry point of the CPU kernels, and every struct they exchange: what Python binds with ctypes
+ * (backend/kernels/native.py; the structs mirrored in models/cpu_decoder.py and quant/experts.py, their layouts
+ * tested through struct_layouts) and what one kernel file calls in another. Each kernel file includes it, so its
+ * definitions are checked against these declarations. qmm (cpu_dispatch.c) is the one entry to the quantized
+ * matmuls; it alone knows the kernels behind it. */
+#pragma once
+#include "cpu_common.h"
+
+struct Weight; /* a packed weight as the quantized kernels read it (cpu_kernel.h) */
+
+/* A stack of experts' matrices [E, rows, cols] in our packed layout: expert e's codes, scales and offsets lie e
+ * strides (bytes) after the first's. */
+typedef struct {
+    const uint8_t *codes;
+    const uint8_t *scales, *offsets; /* offsets may be NULL */
+    i64 codes_stride, params_stride, rows, cols, group, bits, f16;
+    i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
+} ExpertStack;
+
+/* x's rows quantized: xq [M][K], and per row and group d, d * sum xq and the bias each group's integer sum starts
+ * at */
+typedef struct {
+    int8_t *q;
+    float *d, *dsum;
+    int32_t *bias;
+    i64 K, groups;
+} Rows;
+
+typedef struct {
+    const uint8_t *codes;
+    const void *scales, *offsets;
+    i64 rows, cols, group, bits, f16, order; /* as qmm's */
+} QuantMatrix;
+
+/* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
+typedef struct {
+    QuantMatrix parts[3];
+    i64 count, rows;
+    const float *bias; /* or NULL */
+} Linear;
+
+/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; Qwen2-MoE's shared expert
+ * (a dense feed-forward of shared_inter, weighted by sigmoid(x . shared_gate)) where shared_gate is not NULL */
+typedef struct {
+    const float *router; /* NULL: a dense layer (gate_up and down) */
+    i64 experts, top_k, renormalize;
+    ExpertStack gate, up, down;
+    const float *shared_gate;
+    Linear shared_gate_up, shared_down;
+    i64 shared_inter;
+} Experts;
+
+typedef struct {
+    const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
+    Linear qkv, o, gate_up, down;
+    Experts moe;
+    void *k_cache, *v_cache; /* elements of Shape's kv_kind */
+} Layer;
+
+typedef struct {
+    /* inter: the widest feed-forward (dense, or a shared expert); top_k: the most of a MoE layer */
+    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window;
+    float eps, scale;
+    const float *final_norm;
+    i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
+} Shape;
+
+/* --- quantized matmuls (cpu_dispatch.c chooses; cpu_kernel.c fp32 products, cpu_int8.c 8-bit activations,
+ * cpu_amx*.c bf16 on AMX tiles). y [M, N] = x [M, K] @ w.T from w's codes, scales and offsets in the order
+ * `order` names (cpu_layout.ORDERS); the kernels return 0 where they did not run (no memory, no tiles). */
+void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads);
+int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+int amx_usable(void);
+/* the fp32 kernel's pieces for callers that run many matmuls in one parallel region (cpu_moe.c) */
+extern const i64 ROWS_PER_TILE;
+i64 tile_panels(i64 M);
+void qmm_rows_tile(const struct Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy);
+/* the 8-bit kernel's pieces (cpu_int8.c), for the same callers */
+void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r);
+Rows int8_rows_from(const Rows *r, i64 first);
+int int8_panels(i64 M);
+void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N);
+/* token rows of an embedding table in the fp32 kernel's panels, as gguf-py dequantizes them; 0: an id past it */
+int rows_of_panels(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
+                   int bits, int f16, const int64_t *ids, i64 count, float *out);
+
+/* --- MoE (cpu_moe.c) */
+int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
+                   int64_t *ids, float *weights, int threads);
+void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const float *shared, float *out);
+int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
+               const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads);
+
+/* --- small ops (cpu_ops.c) and attention (cpu_attention.c) */
+void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
+                   i64 cols, float eps);
+void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
+                 const float *sin, i64 ldc);
+void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
+void kv_store(void *cache, const float *x, i64 n, int kind);
+void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
+                           const void *k_cache, const void *v_cache, int kind, i64 block_size,
+                           const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
+                           i64 max_len, int threads);
+
+/* --- the one-call decode step (cpu_decoder.c) */
+int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
+                  const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
+                  int threads);
+void struct_layouts(int64_t *out);
