@@ -98,6 +98,7 @@ class PlainTokenizer:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).tokens
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor or an array, as transformers takes them
         return self.backend_tokenizer.decode([ids] if isinstance(ids, int) else list(ids),
                                              skip_special_tokens=skip_special_tokens)
 

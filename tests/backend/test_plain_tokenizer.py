@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import torch
 
 from backend.chat_template import render
 from backend.loader import load_tokenizer, locate
@@ -81,7 +82,7 @@ def test_ids_and_text_are_transformers(pair):
     assert ours.batch_decode(theirs(TEXTS).input_ids) == theirs.batch_decode(theirs(TEXTS).input_ids)
     assert [ours.tokenize(t) for t in TEXTS] == [theirs.tokenize(t) for t in TEXTS]
     every = list(range(len(theirs)))
-    assert ours.decode(every) == theirs.decode(every)
+    assert ours.decode(every) == theirs.decode(every) == ours.decode(torch.tensor(every))
     assert [ours.decode(t) for t in every] == [theirs.decode([t]) for t in every]
     assert ours.convert_ids_to_tokens(every) == theirs.convert_ids_to_tokens(every)
 
