@@ -68,7 +68,9 @@ class PlainTokenizer:
         if base not in NAMED_SPECIAL:
             raise AttributeError(name)
         text = self.__dict__.get("special_tokens_map", {}).get(base)
-        return self.convert_tokens_to_ids(text) if is_id and text is not None else None if is_id else text
+        if is_id:
+            return None if text is None else self.convert_tokens_to_ids(text)
+        return text
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
