@@ -43,7 +43,7 @@ def token_losses(llm: LLM, ids: list[int], unscaled: bool = False) -> torch.Tens
         engine.model.cos_sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, None, engine.max_model_len)
     engine.add_request("long", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    assert [item.num_tokens for item in batch] == [len(ids)], "the prompt must fit one step"
+    assert [item.num_scheduled_tokens for item in batch] == [len(ids)], "the prompt must fit one step"
     input_ids, positions, meta, inputs = engine.runner.prepare(batch)
     target = torch.tensor(ids[1:])
     losses = []

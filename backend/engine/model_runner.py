@@ -143,9 +143,9 @@ class ModelRunner:
     def _attends_as_decode(self, item: ScheduledSeq) -> bool:
         # With our CPU kernels a verification run is decode rows too (each row attending as it would decoding), and
         # so is a short prompt chunk with the one-call step: the step stays a decode step.
-        return item.num_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
+        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
             self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
-            and item.seq.num_computed_tokens + item.num_tokens / 2 <= SHORT_CONTEXT)
+            and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
 
     def lay_out(self, plan: StepPlan) -> StepInputs:
         return lay_out(plan, self.block_size, self._attends_as_decode)
@@ -164,7 +164,7 @@ class ModelRunner:
             item, rows = plan[i], inputs.hidden_rows[i]
             # Per-chunk tables serve the torch path; CUDA reads the batched ones below (one copy, not one each).
             table = torch.tensor(item.seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
-            meta.prefills.append(PrefillChunk(rows.start, rows.stop, item.seq.num_computed_tokens + item.num_tokens,
+            meta.prefills.append(PrefillChunk(rows.start, rows.stop, item.seq.num_computed_tokens + item.num_scheduled_tokens,
                                               table, verifies=item.num_draft > 0 and item.seq.params.greedy))
         if inputs.prefill:
             meta.prefill_cu_q = self._tensor([c.start - n for c in meta.prefills] + [meta.prefills[-1].end - n])
@@ -190,7 +190,7 @@ class ModelRunner:
         # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
         # (the one-call step and graphs have kernels of their own)
         every_row = any(item.pool or item.prompt_logprobs for item in plan)
-        if self.graphs and not every_row and all(item.num_tokens == 1 and item.computes_last_token for item in plan) \
+        if self.graphs and not every_row and all(item.num_scheduled_tokens == 1 and item.computes_last_token for item in plan) \
                 and len(plan) <= max(self.graphs):
             inputs = lay_out(plan, self.block_size, lambda item: True)
             return StepOutput(self.model.compute_logits(self._replay(inputs)), inputs.logit_rows)

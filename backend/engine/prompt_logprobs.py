@@ -26,7 +26,7 @@ def chunk_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor]
     each the token's own logprob and rank, and the `prompt_logprobs` most likely tokens besides."""
     seq, top = item.seq, item.seq.params.prompt_logprobs
     start = seq.num_computed_tokens
-    end = min(start + item.num_tokens, seq.num_prompt_tokens - 1)  # positions whose next token is in the prompt
+    end = min(start + item.num_scheduled_tokens, seq.num_prompt_tokens - 1)  # positions whose next token is in the prompt
     rows = hidden[:end - start]
     targets = torch.tensor(seq.token_ids[start + 1:end + 1], dtype=torch.long, device=hidden.device)
     entries: list[dict[int, Logprob]] = []

@@ -34,7 +34,7 @@ from backend.engine.wait_queue import WaitQueue
 class ScheduledSeq:
     """One sequence's part of a step, as the scheduler plans it (drafts added by the speculator make a new one)."""
     seq: Sequence
-    num_tokens: int  # tokens computed for it this step, its drafts included
+    num_scheduled_tokens: int  # tokens computed for it this step, its drafts included
     max_drafts: int = 0  # draft slots reserved for it; the proposer fills up to this many
     draft_tokens: list[int] = field(default_factory=list)  # proposed for this step and verified by it
     draft_probs: torch.Tensor | None = None  # the proposer's distribution per draft (None: deterministic)
@@ -46,7 +46,7 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """Whether a token is sampled for it this step (the runner gives it logit rows)."""
-        return self.num_tokens > 0 and not self.pool and self.computes_last_token
+        return self.num_scheduled_tokens > 0 and not self.pool and self.computes_last_token
 
     @property
     def num_draft(self) -> int:
@@ -55,7 +55,7 @@ class ScheduledSeq:
     @property
     def computes_last_token(self) -> bool:
         """Whether this step computes the sequence's last known token, so that a new one is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens - self.num_draft == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_scheduled_tokens - self.num_draft == self.seq.num_tokens
 
 
 def _wants_prompt_logprobs(seq: Sequence) -> bool:
@@ -170,7 +170,7 @@ class Scheduler:
             for child in children:
                 copy = False
                 if len(self.running) < self.max_num_seqs:
-                    copy = self.block_manager.fork(parent, child, parent.num_computed_tokens + item.num_tokens)
+                    copy = self.block_manager.fork(parent, child, parent.num_computed_tokens + item.num_scheduled_tokens)
                 if copy is False:
                     self.waiting.add_first(child)
                     continue
@@ -198,7 +198,7 @@ class Scheduler:
             if prompt_logprobs and i in prompt_logprobs:
                 record_prompt_logprobs(seq, *prompt_logprobs[i], tokenizer)
             if item.pool:  # its blocks never enter the prefix cache: it is freed as soon as it is done
-                seq.num_computed_tokens += item.num_tokens
+                seq.num_computed_tokens += item.num_scheduled_tokens
                 seq.pooled = add_rows(seq.pooled, pooled[i])
                 if seq.num_computed_tokens == seq.num_tokens:
                     seq.embedding = mean_vector(seq.pooled, seq.num_tokens)
@@ -207,7 +207,7 @@ class Scheduler:
             if item.num_draft:  # the last known token and the accepted drafts (all of new but one) have KV now
                 seq.num_computed_tokens += len(new) if new else 1
             else:
-                seq.num_computed_tokens += item.num_tokens
+                seq.num_computed_tokens += item.num_scheduled_tokens
             self.block_manager.hash_full_blocks(seq)
             if item.max_drafts:  # slots of rejected or never proposed drafts go back
                 self.block_manager.trim(seq, seq.num_computed_tokens + 1)

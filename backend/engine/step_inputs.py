@@ -40,11 +40,11 @@ def lay_out(plan: StepPlan, block_size: int, attends_as_decode: Callable[[Schedu
     for i in decode + prefill:
         item = plan[i]
         seq, start = item.seq, item.seq.num_computed_tokens
-        hidden_rows[i] = slice(len(input_ids), len(input_ids) + item.num_tokens)
-        input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_tokens])
-        positions.extend(range(start, start + item.num_tokens))
+        hidden_rows[i] = slice(len(input_ids), len(input_ids) + item.num_scheduled_tokens)
+        input_ids.extend((seq.token_ids[start:] + item.draft_tokens)[:item.num_scheduled_tokens])
+        positions.extend(range(start, start + item.num_scheduled_tokens))
         slots.extend(seq.block_table[p // block_size] * block_size + p % block_size
-                     for p in range(start, start + item.num_tokens))
+                     for p in range(start, start + item.num_scheduled_tokens))
     logit_rows: list[slice | None] = []
     sample_rows: list[int] = []
     for item, rows in zip(plan, hidden_rows):
@@ -53,5 +53,5 @@ def lay_out(plan: StepPlan, block_size: int, attends_as_decode: Callable[[Schedu
             continue
         logit_rows.append(slice(len(sample_rows), len(sample_rows) + item.num_draft + 1))
         sample_rows.extend(range(rows.stop - 1 - item.num_draft, rows.stop))
-    tables = [plan[i].seq.block_table for i in decode for _ in range(plan[i].num_tokens)]
+    tables = [plan[i].seq.block_table for i in decode for _ in range(plan[i].num_scheduled_tokens)]
     return StepInputs(input_ids, positions, slots, tables, decode, prefill, hidden_rows, logit_rows, sample_rows)

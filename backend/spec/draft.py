@@ -164,7 +164,7 @@ class DraftProposer:
             runs = [ScheduledSeq(state, state.num_tokens - state.num_computed_tokens) for _, state in group]
             logits = self.runner.execute(runs).logits  # on the device, one row each, over the draft's vocabulary
             for run in runs:
-                run.seq.num_computed_tokens += run.num_tokens
+                run.seq.num_computed_tokens += run.num_scheduled_tokens
             strings = [id(item) in own for item, _ in group]
             own_top = logits.argmax(dim=-1).tolist() if any(strings) else None
             if bridge is not None and not all(strings):  # only twins can be proposed, as target tokens

@@ -84,7 +84,7 @@ class Speculator:
             proposals = [([], None)] * len(items)
             for item in items:
                 self.proposer.release(item.seq)  # the draft's cache of it may be half written
-        drafted = {id(item): replace(item, draft_tokens=tokens, draft_probs=probs, num_tokens=1 + len(tokens))
+        drafted = {id(item): replace(item, draft_tokens=tokens, draft_probs=probs, num_scheduled_tokens=1 + len(tokens))
                    for item, (tokens, probs) in zip(items, proposals)}
         self.stats["draft_tokens"] += sum(len(tokens) for tokens, _ in proposals)
         return [drafted.get(id(item), item) for item in plan]

@@ -125,7 +125,7 @@ def _count_computed(llm) -> list[int]:
     counts, execute = [], llm.engine.runner.execute
 
     def counting(batch):
-        counts.append(sum(item.num_tokens for item in batch))
+        counts.append(sum(item.num_scheduled_tokens for item in batch))
         return execute(batch)
 
     llm.engine.runner.execute = counting

@@ -60,7 +60,7 @@ def assert_one_call_is_the_modules(engine: LLMEngine) -> None:
     a = next(s for s in engine.scheduler.running if s.request_id == "a")
     plan = engine.scheduler.schedule({a.seq_id: 3})
     assert all(i.seq.num_tokens - i.seq.num_computed_tokens == 1 for i in plan)  # prompts done: a decode step
-    plan = [replace(i, draft_tokens=[3, 1, 4], num_tokens=4) if i.seq is a else i for i in plan]
+    plan = [replace(i, draft_tokens=[3, 1, 4], num_scheduled_tokens=4) if i.seq is a else i for i in plan]
     item = next(i for i in plan if i.seq is a)
 
     decoder = runner.cpu_decoder

@@ -39,7 +39,7 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
     plan = engine.scheduler.schedule({a.seq_id: 2})
     items = {item.seq.request_id: item for item in plan}
     assert set(items) == {"a", "c", "whole", "partial"} and items["a"].max_drafts == 2
-    plan = [replace(item, draft_tokens=[7, 11], num_tokens=3) if item is items["a"] else item for item in plan]
+    plan = [replace(item, draft_tokens=[7, 11], num_scheduled_tokens=3) if item is items["a"] else item for item in plan]
     items = {item.seq.request_id: item for item in plan}  # any drafts: their rows are verified
     out = engine.runner.execute(plan)
     logits, rows = out.logits, {item.seq.request_id: r for item, r in zip(plan, out.logit_rows)}
@@ -55,7 +55,7 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
                                atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits[rows["whole"]], expected(whole, [len(whole) - 1]),
                                atol=1e-4, rtol=1e-4)
-    assert rows["partial"] is None and items["partial"].num_tokens < len(partial)
+    assert rows["partial"] is None and items["partial"].num_scheduled_tokens < len(partial)
     slices = [rows[r] for r in ("a", "c", "whole")]
     assert [(s.start, s.stop) for s in slices] == [(0, 3), (3, 4), (4, 5)]  # plan order, contiguous
     for rid in items:

@@ -64,7 +64,7 @@ def test_a_prompt_chunk_leaves_a_token_for_each_decoding_sequence_behind_it():
     for seq in decoding:  # their prompts computed but the last token: they decode
         seq.num_computed_tokens = seq.num_tokens - 1
     plan = scheduler.schedule()
-    assert [(item.seq.request_id, item.num_tokens) for item in plan] == [("long", 13), ("d0", 1), ("d1", 1),
+    assert [(item.seq.request_id, item.num_scheduled_tokens) for item in plan] == [("long", 13), ("d0", 1), ("d1", 1),
                                                                            ("d2", 1)]
 
 
@@ -78,13 +78,13 @@ def test_while_a_sequence_decodes_the_prompt_chunks_of_a_step_stay_within_the_pr
     for i in range(2):
         scheduler.add(_seq(1 + i, f"new{i}", list(range(3, 43))))
     # Nobody decodes: the step's whole budget goes to prompts.
-    assert [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()] == [("long", 64)]
+    assert [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()] == [("long", 64)]
     running.num_computed_tokens = running.num_tokens - 1  # now it decodes
-    plan = [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()]
+    plan = [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()]
     assert plan == [("long", 1), ("new0", 10)]  # the admission's chunk is cut to the threshold, new1 waits
     for seq in scheduler.running[1:]:
         seq.num_computed_tokens += 10
-    plan = [(item.seq.request_id, item.num_tokens) for item in scheduler.schedule()]
+    plan = [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()]
     assert plan == [("long", 1), ("new0", 10)]  # a running prompt's chunk too; nothing else is admitted
 
 
@@ -103,7 +103,7 @@ def test_embedding_inputs_run_as_chunks_beside_a_generation_and_free_their_block
 
     def recording(drafts=None):
         plan = schedule(drafts)
-        planned.append([(item.seq.request_id, item.num_tokens) for item in plan])
+        planned.append([(item.seq.request_id, item.num_scheduled_tokens) for item in plan])
         return plan
 
     engine.scheduler.schedule = recording

@@ -16,7 +16,7 @@ def prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     for i, prompt in enumerate(prompts):
         engine.add_request(f"logits-{i}", prompt, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    assert [item.num_tokens for item in batch] == [len(p) for p in prompts]
+    assert [item.num_scheduled_tokens for item in batch] == [len(p) for p in prompts]
     input_ids, positions, meta, inputs = engine.runner.prepare(batch)
     with torch.inference_mode():
         logits = engine.model.compute_logits(engine.model(input_ids, positions, meta))
