@@ -3,7 +3,7 @@ template is written for), with jinja2 alone: importing transformers costs a seco
 
 What a template sees and may call is transformers' contract: a sandbox with trim_blocks and lstrip_blocks,
 loop controls, a `{% generation %}` block, `tojson` that keeps non-ASCII text, `raise_exception`,
-`strftime_now`, the messages (reasoning under all three of its names), tools, documents,
+`strftime_now`, the messages (keys set to None left out, reasoning under all three of its names), tools, documents,
 add_generation_prompt, the named special tokens and any extra variables. Checked against transformers
 itself in tests/backend/test_plain_tokenizer.py.
 """
@@ -118,6 +118,8 @@ def render(template: str, messages: list, *, tools: list[dict] | None = None, do
     chat = plain(list(messages))
     if any(not isinstance(m, dict) for m in chat):
         raise TypeError("chat messages must be dicts (or dataclasses, or pydantic models)")
+    # a key set to None (the OpenAI SDK's content=None, tool_calls=None) is a key left out: templates test for keys
+    chat = [{k: v for k, v in m.items() if v is not None} for m in chat]
     if documents is not None and any(not isinstance(d, dict) for d in documents):
         raise TypeError("documents must be dicts with 'title' and 'text' keys")
     for tool in tools or []:

@@ -18,6 +18,10 @@ from tokenizers import Tokenizer
 from backend.chat_template import render as render_chat
 
 NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# apply_chat_template's options of transformers this tokenizer does not have: refused by name, never handed to the
+# template as variables
+NOT_HERE = ("continue_final_message", "return_assistant_tokens_mask", "return_tensors", "padding", "truncation",
+            "max_length", "tokenizer_kwargs", "sanitize_control_tokens")
 
 
 @dataclass
@@ -124,6 +128,12 @@ class PlainTokenizer:
                             tokenize: bool = True, return_dict: bool = True, **kwargs):
         """transformers' apply_chat_template for one conversation: the text (tokenize=False), else its ids
         without added special tokens (the template writes them), as an Encoding (return_dict) or a list."""
+        refused = [name for name in NOT_HERE if kwargs.pop(name, None)]
+        if refused:
+            raise NotImplementedError(f"apply_chat_template({refused[0]}=...) is transformers' own: load this directory "
+                                      f"with transformers.AutoTokenizer.from_pretrained({self.name_or_path!r}) for it")
+        if not conversation:
+            raise ValueError("the conversation is empty: give at least one message")
         template = chat_template or self.chat_template
         if template is None:
             raise ValueError("this tokenizer has no chat template: pass chat_template=...")

@@ -82,7 +82,12 @@ class LLMClient:
                 continue
             if response.status_code < 400:
                 return response
-            await response.aread()
+            try:
+                await response.aread()
+            except httpx.TransportError as e:  # the error's own body broke off: a failed transfer like any other
+                await response.aclose()
+                await self._after_failure(retries, path, f"{type(e).__name__}: {e}")
+                continue
             if response.status_code not in RETRYABLE:
                 raise LLMError(f"{self.base_url}{path} answered {response.status_code}: {_message(response)}")
             await self._after_failure(retries, path, f"{response.status_code}: {_message(response)}", response)

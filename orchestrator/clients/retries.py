@@ -45,10 +45,12 @@ class Retries:
     def _backoff(self) -> float:
         return min(0.5 * 2 ** self.attempt, 20.0) * (0.5 + random.random() / 2)
 
-    async def after_failure(self, problem: str, response: httpx.Response | None = None) -> None:
-        """Wait before the next attempt, or raise GiveUp."""
+    async def after_failure(self, problem: str, response: httpx.Response | None = None,
+                            longest: float | None = None) -> None:
+        """Wait before the next attempt (at most `longest` seconds, when given), or raise GiveUp."""
         named = retry_after(response) if response is not None else None
         delay = named if named is not None else self._backoff()
+        delay = delay if longest is None else min(delay, longest)
         waited = time.monotonic() - self.started
         waiting_out = response is not None and response.status_code == 503
         if self.attempt >= self.max_retries and not waiting_out or waited + delay > self.max_wait:
@@ -59,7 +61,8 @@ class Retries:
     async def after_refused(self, problem: str) -> bool:
         """Wait before connecting again (or raise GiveUp as after_failure); False when connect_wait is spent:
         nothing is listening."""
-        if time.monotonic() - self.started >= self.connect_wait:
+        left = self.connect_wait - (time.monotonic() - self.started)
+        if left <= 0:
             return False
-        await self.after_failure(problem)
+        await self.after_failure(problem, longest=left)
         return True

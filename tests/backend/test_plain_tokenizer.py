@@ -41,6 +41,12 @@ FEATURES_TEMPLATE = (
     "{% endfor %}{{ tools | tojson(indent=2, sort_keys=true) }}{{ dict(a=1) | tojson }}{{ strftime_now('%Y') }}"
     "{{ eos_token }}{% if add_generation_prompt %}<gen {{ flavour }}>{% endif %}"
 )
+# The OpenAI SDK's dumps carry keys set to None; templates test for the keys (Llama 3: 'tool_calls' in message)
+NONE_TURNS = [{"role": "user", "content": "Weather in Zürich?", "name": None, "tool_calls": None},
+              {"role": "assistant", "content": None, "tool_calls": TOOL_TURNS[1]["tool_calls"]},
+              {"role": "tool", "content": "{\"temp\": 4}", "tool_call_id": None}]
+NONE_TEMPLATE = ("{% for m in messages %}{{ m.role }}:{% if 'tool_calls' in m %}{{ m.tool_calls | length }} call(s) "
+                 "{% endif %}{{ m['content'] | trim }}|{% endfor %}")
 FEATURE_TURNS = [{"role": "user", "content": "q"}, {"role": "skip", "content": "x"},
                  {"role": "assistant", "content": "a", "reasoning": "because ü"},
                  {"role": "assistant", "content": "b", "thinking": "t"}]
@@ -101,18 +107,34 @@ def test_special_tokens_are_transformers(pair):
         assert ours.no_such_attribute is None  # never reached
 
 
-@pytest.mark.parametrize("template", [None, TOOLS_CHAT_TEMPLATE, FEATURES_TEMPLATE])
+@pytest.mark.parametrize("template", [None, TOOLS_CHAT_TEMPLATE, FEATURES_TEMPLATE, NONE_TEMPLATE])
 def test_chat_templates_render_as_transformers(pair, template):
     ours, theirs = pair
-    cases = [(c, None) for c in CONVERSATIONS] + [(TOOL_TURNS, TOOLS), (FEATURE_TURNS, TOOLS)]
+    cases = [(c, None) for c in CONVERSATIONS] + [(TOOL_TURNS, TOOLS), (FEATURE_TURNS, TOOLS), (NONE_TURNS, TOOLS)]
+    def outcome(tok, messages, **kwargs):  # the text, or what the template raised (SmolLM2's needs content)
+        try:
+            return tok.apply_chat_template(messages, tokenize=False, **kwargs)
+        except jinja2.TemplateError as e:
+            return type(e).__name__
+
     for messages, tools in cases:
         for gen in (True, False):
             kwargs = dict(chat_template=template, tools=tools, add_generation_prompt=gen, flavour="ü")
-            text = ours.apply_chat_template(messages, tokenize=False, **kwargs)
-            assert text == theirs.apply_chat_template(messages, tokenize=False, **kwargs)
-            assert ours.apply_chat_template(messages, **kwargs).input_ids == \
-                theirs.apply_chat_template(messages, **kwargs)["input_ids"]
+            text = outcome(ours, messages, **kwargs)
+            assert text == outcome(theirs, messages, **kwargs)
+            if messages is not NONE_TURNS or template is not None:
+                assert ours.apply_chat_template(messages, **kwargs).input_ids == \
+                    theirs.apply_chat_template(messages, **kwargs)["input_ids"]
     assert "<think>because ü|because ü</think>" in render(FEATURES_TEMPLATE, FEATURE_TURNS, tools=None)
+    assert render(NONE_TEMPLATE, NONE_TURNS) == "user:Weather in Zürich?|assistant:1 call(s) |tool:{\"temp\": 4}|"
+
+
+def test_what_only_transformers_does_is_refused_by_name(pair):
+    ours, _ = pair
+    with pytest.raises(NotImplementedError, match="continue_final_message"):
+        ours.apply_chat_template(CONVERSATIONS[0], continue_final_message=True)
+    with pytest.raises(ValueError, match="empty"):
+        ours.apply_chat_template([], tokenize=False)
 
 
 def test_template_refusals_and_sandbox_are_transformers(pair):

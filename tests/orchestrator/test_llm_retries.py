@@ -26,7 +26,7 @@ def _chunk(text: str) -> str:
 
 def scripted_app(script: list[str], seen: list[str]) -> FastAPI:
     """Each chat request takes the next step of the script (the last repeats): "ok", "busy" (503 with
-    Retry-After: 0), "500", "502", "429", "400", "drop" (a stream whose connection drops before any text), "half" (one
+    Retry-After: 0), "500", "502", "429", "400", "broken500" (a 500 whose body breaks off), "drop" (a stream whose connection drops before any text), "half" (one
     delta, then the connection drops)."""
     app = FastAPI()
 
@@ -43,6 +43,13 @@ def scripted_app(script: list[str], seen: list[str]) -> FastAPI:
             return JSONResponse({"error": {"message": "asleep"}}, 503, headers={"Retry-After": "0"})
         if step in ("500", "502", "429", "400"):
             return JSONResponse({"error": {"message": f"scripted {step}"}}, int(step))
+        if step == "broken500":  # a 500 whose own body breaks off
+
+            async def half_error():
+                yield b'{"error": {"mess'
+                raise RuntimeError("the upstream died while answering its error")
+
+            return StreamingResponse(half_error(), status_code=500, media_type="application/json")
         if not body.get("stream"):
             return ANSWER
 
@@ -95,9 +102,10 @@ def ask(url: str, stream: bool, **client) -> str:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_failures_before_the_answer_are_retried(upstream, stream):
-    url, seen = upstream(["busy", "500", "429", "drop" if stream else "502", "ok"])
+    script = ["busy", "500", "broken500", "429", "drop" if stream else "502", "ok"]
+    url, seen = upstream(script)
     assert ask(url, stream) == "ink"
-    assert seen == ["busy", "500", "429", "drop" if stream else "502", "ok"]
+    assert seen == script
 
 
 @pytest.mark.parametrize("stream", [False, True])
