@@ -55,4 +55,4 @@ up: $(VENV)/.installed model
 device-wheels:
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 		--platform manylinux2014_x86_64 -d .wheels gguf xgrammar apache-tvm-ffi pydantic pydantic-core \
-		annotated-types typing-inspection
+		annotated-types typing-inspection jsonschema jsonschema-specifications referencing rpds-py attrs

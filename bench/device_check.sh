@@ -25,7 +25,7 @@ start=$(date +%s)
 
 missing=$("$PY" - <<'PYCODE'
 import importlib.util
-print(" ".join(name for name in ("gguf", "xgrammar") if importlib.util.find_spec(name) is None))
+print(" ".join(name for name in ("gguf", "xgrammar", "jsonschema") if importlib.util.find_spec(name) is None))
 PYCODE
 )
 if [ -n "$missing" ]; then
