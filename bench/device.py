@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend import LLM, SamplingParams  # noqa: E402
+from bench.device_kernels import moe_kernels, quant_gemv, sync  # noqa: E402
 
 SHAPES = {
     "qwen3-0.6b-like": dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=1024,
@@ -57,11 +58,6 @@ SMOKE = {  # the same families, tiny, for the CPU
 
 def emit(**row) -> None:
     print(json.dumps({"bench": "device", **row}), flush=True)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # Q4_K rows hold whole blocks of 256 weights: the smoke shape of the quantized figure is a little larger.
@@ -121,16 +117,21 @@ def decode_figure(llm: LLM, name: str, bandwidth: float, smoke: bool, **extra) -
 
 
 def decode_speed(llm: LLM, new_tokens: int) -> float:
+    """Decode tokens/s at batch 1: a prompt and its first token, then the same with new_tokens more; the better of
+    two each. Both runs are warmed first (the one-token run meets a cached prefix, a shape of its own)."""
     prompt = [[random.randrange(500) for _ in range(32)]]
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     full = SamplingParams(temperature=0, max_tokens=new_tokens + 1, ignore_eos=True)
-    llm.generate(prompt, full, use_tqdm=False)  # warm-up: kernels compiled, graphs captured
-    start = time.perf_counter()
-    llm.generate(prompt, first, use_tqdm=False)
-    t_first = time.perf_counter() - start
-    start = time.perf_counter()
-    llm.generate(prompt, full, use_tqdm=False)
-    t_full = time.perf_counter() - start
+
+    def timed(params: SamplingParams) -> float:
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)  # returns once the tokens are on the host
+        return time.perf_counter() - start
+
+    timed(full)
+    timed(first)
+    t_first = min(timed(first) for _ in range(2))
+    t_full = min(timed(full) for _ in range(2))
     return new_tokens / max(t_full - t_first, 1e-9)
 
 
@@ -170,81 +171,6 @@ def throughput(llm: LLM, sequences: int, low: int, high: int, vocab: int) -> dic
             "tok_s": round(generated / elapsed, 1)}
 
 
-def moe_kernels(device: str, dtype: torch.dtype, smoke: bool) -> list[dict]:
-    from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
-
-    from backend.kernels import moe as ref
-    from backend.kernels import triton_kernels
-
-    shape = SMOKE["mixtral-8x7b-like"] if smoke else SHAPES["mixtral-8x7b-like"]
-    h, i, e, k = shape["hidden_size"], shape["intermediate_size"], shape["num_local_experts"], 2
-    config = MixtralConfig(hidden_size=h, intermediate_size=i, num_local_experts=e, num_experts_per_tok=k)
-    block = MixtralSparseMoeBlock(config).to(device=device, dtype=dtype).eval()
-    w_gate_up = torch.randn(e, 2 * i, h, device=device, dtype=dtype) * 0.02
-    w_down = torch.randn(e, h, i, device=device, dtype=dtype) * 0.02
-    with torch.no_grad():  # the same weights in transformers' layout (fused gate_up and down per expert)
-        for param in block.parameters():  # a standalone block is left uninitialised (its router too)
-            param.normal_(0.0, 0.02)
-        block.experts.gate_up_proj.copy_(w_gate_up)
-        block.experts.down_proj.copy_(w_down)
-    rows = []
-    fused = triton_kernels.fused_moe if device == "cuda" or smoke else ref.fused_moe
-
-    def routed(experts):  # the router included, as transformers' block includes it
-        def layer(x):
-            weights, ids = ref.route(torch.nn.functional.linear(x, block.gate.weight), k, True)
-            return experts(x, w_gate_up, w_down, weights.to(dtype), ids)
-        return layer
-
-    for tokens in ((1, 16) if smoke else (1, 64, 4096)):
-        x = torch.randn(tokens, h, device=device, dtype=dtype)
-        ours = _timed(device, smoke, routed(fused), x)
-        reference = _timed(device, smoke, routed(_torch_moe), x)
-        hf = _timed(device, smoke, block, x.unsqueeze(0))
-        with torch.no_grad():  # the same numbers as transformers' block, or the speed means nothing
-            expected = block(x.unsqueeze(0))
-            expected = (expected[0] if isinstance(expected, tuple) else expected).squeeze(0).float()
-            error = (routed(fused)(x).float() - expected).abs().max().item() / expected.abs().max().item()
-        rows.append({"figure": "fused_moe", "tokens": tokens, "ms": round(ours * 1e3, 3),
-                     "torch_reference_ms": round(reference * 1e3, 3), "transformers_ms": round(hf * 1e3, 3),
-                     "vs_transformers": round(hf / ours, 2), "vs_reference": round(reference / ours, 2),
-                     "relative_error_vs_transformers": float(f"{error:.3g}")})
-    return rows
-
-
-def _timed(device: str, smoke: bool, fn, *args) -> float:
-    repeats = 5 if smoke else 20
-    with torch.no_grad():
-        fn(*args)
-        sync(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn(*args)
-        sync(device)
-    return (time.perf_counter() - start) / repeats
-
-
-def _torch_moe(x, w_gate_up, w_down, weights, ids):
-    """The torch reference's loop, forced (on CUDA the public function dispatches to Triton)."""
-    import torch.nn.functional as F
-
-    out = torch.zeros_like(x)
-    flat = ids.flatten()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()
-    w = weights.flatten()
-    start = 0
-    for expert, count in enumerate(counts):
-        if count:
-            pairs = order[start:start + count]
-            start += count
-            tokens = pairs // ids.shape[1]
-            gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)
-            out.index_add_(0, tokens, F.linear(F.silu(gate) * up, w_down[expert]) * w[pairs, None])
-    return out
-
-
 def speculative(path: str, device: str, dtype: str, batch: int, new_tokens: int, smoke: bool) -> dict:
     common = dict(device=device, dtype=dtype, max_num_seqs=max(batch, 8), max_model_len=2048)
     prompts = [[random.randrange(500) for _ in range(64)] for _ in range(batch)]
@@ -266,7 +192,8 @@ def speculative(path: str, device: str, dtype: str, batch: int, new_tokens: int,
     same = [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     del spec
     gc.collect()
-    return {"figure": "speculative_self_draft", "batch": batch, "speedup": round(t_plain / t_spec, 3),
+    return {"figure": "speculative_self_draft", "batch": batch, "dtype": dtype, "plain_s": round(t_plain, 2),
+            "speculative_s": round(t_spec, 2), "speedup": round(t_plain / t_spec, 3),
             "identical": same, "acceptance_rate": round(stats["spec_accepted_tokens"] /
                                                         max(stats["spec_draft_tokens"], 1), 3)}
 
@@ -322,12 +249,17 @@ def main() -> None:
         emit(**offload_figure(llm, "mixtral-8x7b-like", smoke))
         del llm
         free(device)
-        for row in moe_kernels(device, torch_dtype, smoke):
+        mixtral = SMOKE_Q4_K if smoke else SHAPES["mixtral-8x7b-like"]
+        for row in (quant_gemv(device, torch_dtype, smoke, mixtral)
+                    + moe_kernels(device, torch_dtype, smoke, shapes["mixtral-8x7b-like"])):
             emit(**row)
         free(device)
         dense = model_dir(root, "qwen3-0.6b-like", shapes["qwen3-0.6b-like"])
         for batch in ((1, 2) if smoke else (1, 64)):
             emit(**speculative(dense, device, dtype, batch, 8 if smoke else 128, smoke))
+            free(device)
+        if not smoke:  # whether a batch's difference from plain decoding is bf16's rounding (then fp32 agrees)
+            emit(**speculative(dense, device, "float32", 64, 64, smoke))
             free(device)
     emit(figure="total", seconds=round(time.perf_counter() - started, 1))
 

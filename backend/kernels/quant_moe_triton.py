@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
 from backend.kernels.triton_kernels import align_by_expert, moe_tiles
 
@@ -73,10 +74,18 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
              mask=valid[:, None] & nmask[None, :])
 
 
+# Up to this many tokens (a decode batch) every (token, expert) pair reads its rows block by block
+# (quant_gemv_triton.moe_gemv) rather than the grouped GEMM's per-weight decoding. Not tuned on a device yet.
+GEMV_TOKENS = 4
+
+
 def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
-    """x [T, H] -> [T, H]. gate, up, down: (tensor, format, row_bytes), tensors [E, I, ..] / [E, H, ..]."""
+    """x [T, H] -> [T, H]. gate, up, down: (tensor, format, row_bytes), tensors [E, I, ..] / [E, H, ..].
+    tiles: the grouped GEMM's, which then runs whatever the token count."""
     (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
     tokens, hidden = x.shape
+    if tiles is None and tokens <= GEMV_TOKENS and {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS):
+        return moe_gemv(x, gate, up, down, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     num_experts, inter_size = wg.shape[0], wg.shape[1]
     if tokens == 0:

@@ -11,35 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _byte(ptr):
-    return tl.load(ptr).to(tl.int32)
-
-
-@triton.jit
-def _f16(ptr):
-    lo = tl.load(ptr).to(tl.uint16)
-    hi = tl.load(ptr + 1).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _nibble(byte, high):
-    return tl.where(high, byte >> 4, byte & 15)
-
-
-@triton.jit
-def _k_scale_min(sc_ptr, s):
-    """Q4_K/Q5_K: the 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes at sc_ptr."""
-    i = s % 4
-    a = _byte(sc_ptr + i)
-    b = _byte(sc_ptr + 4 + i)
-    c = _byte(sc_ptr + 8 + i)
-    first = s < 4
-    scale = tl.where(first, a & 63, (c & 15) | ((a >> 6) << 4))
-    mn = tl.where(first, b & 63, (c >> 4) | ((b >> 6) << 4))
-    return scale.to(tl.float32), mn.to(tl.float32)
+from backend.kernels.gguf_bytes_triton import byte_at, f16_at, k_scale_min, nibble
+from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, gemv
 
 
 @triton.jit
@@ -49,63 +22,63 @@ def dequant_tile(w_ptr, rows, cols, row_bytes, K, FMT: tl.constexpr):
         w = tl.load(w_ptr + rows * K + cols).to(tl.float32)
     elif FMT == 8:  # Q8_0: d, 32 x int8
         blk = w_ptr + rows * row_bytes + (cols // 32) * 34
-        w = _f16(blk) * tl.load(blk + 2 + cols % 32).to(tl.int8, bitcast=True).to(tl.float32)
+        w = f16_at(blk) * tl.load(blk + 2 + cols % 32).to(tl.int8, bitcast=True).to(tl.float32)
     elif FMT == 2 or FMT == 3:  # Q4_0: d, 16 bytes; Q4_1: d, m, 16 bytes (low nibbles: weights 0-15)
         j = cols % 32
         blk = w_ptr + rows * row_bytes + (cols // 32) * (18 if FMT == 2 else 20)
-        q = _nibble(_byte(blk + (2 if FMT == 2 else 4) + j % 16), j >= 16)
+        q = nibble(byte_at(blk + (2 if FMT == 2 else 4) + j % 16), j >= 16)
         if FMT == 2:
-            w = _f16(blk) * (q - 8).to(tl.float32)
+            w = f16_at(blk) * (q - 8).to(tl.float32)
         else:
-            w = _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
+            w = f16_at(blk) * q.to(tl.float32) + f16_at(blk + 2)
     elif FMT == 6 or FMT == 7:  # Q5_0: d, qh[4], qs[16]; Q5_1: d, m, qh[4], qs[16]
         j = cols % 32
         start = 2 if FMT == 6 else 4
         blk = w_ptr + rows * row_bytes + (cols // 32) * (22 if FMT == 6 else 24)
-        high = (_byte(blk + start + j // 8) >> (j % 8)) & 1
-        q = _nibble(_byte(blk + start + 4 + j % 16), j >= 16) | (high << 4)
+        high = (byte_at(blk + start + j // 8) >> (j % 8)) & 1
+        q = nibble(byte_at(blk + start + 4 + j % 16), j >= 16) | (high << 4)
         if FMT == 6:
-            w = _f16(blk) * (q - 16).to(tl.float32)
+            w = f16_at(blk) * (q - 16).to(tl.float32)
         else:
-            w = _f16(blk) * q.to(tl.float32) + _f16(blk + 2)
+            w = f16_at(blk) * q.to(tl.float32) + f16_at(blk + 2)
     elif FMT == 12 or FMT == 13:  # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: ... qh[32] before qs
         j = cols % 256
         s = j // 32
         blk = w_ptr + rows * row_bytes + (cols // 256) * (144 if FMT == 12 else 176)
         qs = 16 if FMT == 12 else 48
-        q = _nibble(_byte(blk + qs + (s // 2) * 32 + j % 32), s % 2 == 1)
+        q = nibble(byte_at(blk + qs + (s // 2) * 32 + j % 32), s % 2 == 1)
         if FMT == 13:
-            q = q | (((_byte(blk + 16 + j % 32) >> s) & 1) << 4)
-        sc, mn = _k_scale_min(blk + 4, s)
-        w = (_f16(blk) * sc) * q.to(tl.float32) - _f16(blk + 2) * mn
+            q = q | (((byte_at(blk + 16 + j % 32) >> s) & 1) << 4)
+        sc, mn = k_scale_min(blk + 4, s)
+        w = (f16_at(blk) * sc) * q.to(tl.float32) - f16_at(blk + 2) * mn
     elif FMT == 14:  # Q6_K: ql[128], qh[64], int8 scales[16], d
         j = cols % 256
         h = j // 128
         r = j % 128
         blk = w_ptr + rows * row_bytes + (cols // 256) * 210
-        low = _nibble(_byte(blk + h * 64 + r % 64), r >= 64)
-        high = (_byte(blk + 128 + h * 32 + r % 32) >> (2 * (r // 32))) & 3
+        low = nibble(byte_at(blk + h * 64 + r % 64), r >= 64)
+        high = (byte_at(blk + 128 + h * 32 + r % 32) >> (2 * (r // 32))) & 3
         sc = tl.load(blk + 192 + j // 16).to(tl.int8, bitcast=True).to(tl.float32)
-        w = (_f16(blk + 208) * sc) * ((low | (high << 4)) - 32).to(tl.float32)
+        w = (f16_at(blk + 208) * sc) * ((low | (high << 4)) - 32).to(tl.float32)
     elif FMT == 10:  # Q2_K: scales[16] (4-bit scale, 4-bit min), qs[64], d, dmin
         j = cols % 256
         r = j % 128
         blk = w_ptr + rows * row_bytes + (cols // 256) * 84
-        sc = _byte(blk + j // 16)
-        q = (_byte(blk + 16 + (j // 128) * 32 + r % 32) >> (2 * (r // 32))) & 3
-        w = (_f16(blk + 80) * (sc & 15).to(tl.float32)) * q.to(tl.float32) - _f16(blk + 82) * (sc >> 4).to(tl.float32)
+        sc = byte_at(blk + j // 16)
+        q = (byte_at(blk + 16 + (j // 128) * 32 + r % 32) >> (2 * (r // 32))) & 3
+        w = (f16_at(blk + 80) * (sc & 15).to(tl.float32)) * q.to(tl.float32) - f16_at(blk + 82) * (sc >> 4).to(tl.float32)
     else:  # FMT == 11, Q3_K: hmask[32], qs[64], scales[12] (6-bit, packed), d
         tl.static_assert(FMT == 11)
         j = cols % 256
         r = j % 128
         s = j // 16
         blk = w_ptr + rows * row_bytes + (cols // 256) * 110
-        low = _nibble(_byte(blk + 96 + s % 8), s >= 8)
-        high = (_byte(blk + 104 + s % 4) >> (2 * (s // 4))) & 3
+        low = nibble(byte_at(blk + 96 + s % 8), s >= 8)
+        high = (byte_at(blk + 104 + s % 4) >> (2 * (s // 4))) & 3
         sc = ((low | (high << 4)) - 32).to(tl.float32)
-        q = (_byte(blk + 32 + (j // 128) * 32 + r % 32) >> (2 * (r // 32))) & 3
-        hbit = (_byte(blk + j % 32) >> (j // 32)) & 1
-        w = (_f16(blk + 108) * sc) * (q - 4 * (1 - hbit)).to(tl.float32)
+        q = (byte_at(blk + 32 + (j // 128) * 32 + r % 32) >> (2 * (r // 32))) & 3
+        hbit = (byte_at(blk + j % 32) >> (j // 32)) & 1
+        w = (f16_at(blk + 108) * sc) * (q - 4 * (1 - hbit)).to(tl.float32)
     return w
 
 
@@ -164,6 +137,8 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, ro
     out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    if m <= GEMV_MAX_ROWS and fmt in BLOCK_FORMATS:
+        return gemv(x, w, fmt, rows, cols, row_bytes)
     if m <= GEMV_MAX_ROWS:
         block_n, block_k = 64, 128
         _qgemv_kernel[(triton.cdiv(rows, block_n), m)](x, w, out, rows, cols, row_bytes, FMT=fmt, BLOCK_N=block_n,

@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from backend.engine.kv_budget import CUDA_BLOCK_SIZES
+from backend.kernels import quant_gemv_triton as qgt
 from backend.kernels import quant_moe_triton as qmt
 from backend.kernels import quant_triton as qt
 from backend.kernels import triton_kernels as tk
@@ -116,13 +117,15 @@ QUANT = [(("Q4_K", "Q5_K", "Q6_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")),
          (("Q3_K", "Q8_0", "Q4_0"), ("Q8_0", "Q8_0", "Q4_0")),
          (("Q4_1", "Q5_0", "Q5_1"), ("Q5_1", "Q4_0", "Q8_0")),
          (("Q4_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"))]
-QUANT_KERNELS = ("_qgemv_kernel", "_qgemm_kernel", "_qmoe_up_kernel", "_qmoe_down_kernel")
+QUANT_KERNELS = ("_qgemv_kernel", "_qgemm_kernel", "_qmoe_up_kernel", "_qmoe_down_kernel", "_block_gemv_kernel",
+                 "_block_moe_up_kernel", "_block_moe_down_kernel")
 
 
 def quant_launches(dtype, model, formats, moe_formats):
     """The quantized linear layer (decode- and prefill-shaped) and MoE wrappers, recorded."""
     _, _, _, hidden, inter, experts, top_k = MODELS[model]
-    modules = {"_qgemv_kernel": qt, "_qgemm_kernel": qt, "_qmoe_up_kernel": qmt, "_qmoe_down_kernel": qmt}
+    modules = {"_qgemv_kernel": qt, "_qgemm_kernel": qt, "_qmoe_up_kernel": qmt, "_qmoe_down_kernel": qmt,
+               "_block_gemv_kernel": qgt, "_block_moe_up_kernel": qgt, "_block_moe_down_kernel": qgt}
     recorders = {name: Recorder(getattr(mod, name)) for name, mod in modules.items()}
     for name, mod in modules.items():
         setattr(mod, name, recorders[name])
@@ -139,9 +142,18 @@ def quant_launches(dtype, model, formats, moe_formats):
     stacks = [(blocks(g.name, inter, hidden, (experts,)), g.ggml_type, row_bytes(g, hidden)),
               (blocks(u.name, inter, hidden, (experts,)), u.ggml_type, row_bytes(u, hidden)),
               (blocks(d.name, hidden, inter, (experts,)), d.ggml_type, row_bytes(d, inter))]
-    for tokens in (1, 512):  # both tile configurations
+    for tokens in (1, 512):  # both tile configurations of the grouped kernels
         ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
-        qmt.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), *stacks, torch.ones(tokens, top_k), ids)
+        qmt.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), *stacks, torch.ones(tokens, top_k), ids,
+                      tiles=tk.moe_tiles(tokens * top_k, experts))
+    # The block-wise decode kernels, on these formats where they read them all, else on 32-blocks (any model's rows).
+    if not {g.ggml_type, u.ggml_type, d.ggml_type} <= set(qgt.BLOCK_FORMATS):
+        g, u, d = BY_NAME["Q8_0"], BY_NAME["Q4_1"], BY_NAME["Q4_0"]
+    stacks = [(blocks(g.name, inter, hidden, (experts,)), g.ggml_type, row_bytes(g, hidden)),
+              (blocks(u.name, inter, hidden, (experts,)), u.ggml_type, row_bytes(u, hidden)),
+              (blocks(d.name, hidden, inter, (experts,)), d.ggml_type, row_bytes(d, inter))]
+    ids = torch.arange(top_k).view(1, top_k)
+    qgt.moe_gemv(torch.zeros(1, hidden, dtype=dtype), *stacks, torch.ones(1, top_k), ids)
     for name, mod in modules.items():
         setattr(mod, name, recorders[name].kernel)
     return [(r.kernel, args, kwargs) for r in recorders.values() for args, kwargs in r.launches]

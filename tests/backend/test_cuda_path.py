@@ -9,6 +9,9 @@ from backend.loader import load_model, locate, read_config
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# The device script's smoke mode is the CPU machine's check of it; where there is a GPU the script runs in full
+# (and the device's Triton may be a release whose interpreter differs from the one these smoke runs are kept for).
+cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke mode is for machines without a GPU")
 
 
 def test_the_warm_up_batch_runs_through_a_throwaway_cache(tiny_dir):
@@ -76,6 +79,7 @@ def test_kv_cache_is_sized_from_gpu_memory_utilization(tmp_path):
     assert blocks[1] > 1.9 * blocks[0] > 0
 
 
+@cpu_machine_only
 def test_the_device_benchmark_runs_in_smoke_mode():
     """bench/device.py on tiny shapes on the CPU (its kernels through the interpreter): every figure prints."""
     import json
@@ -98,6 +102,10 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     assert len(q4_k) == 1 and q4_k[0]["tok_s"] > 0 and q4_k[0]["weight_bytes_per_token"] > 0
     # The fused kernel computes what transformers' Mixtral block computes, on the same weights.
     assert all(r["relative_error_vs_transformers"] < 1e-4 for r in rows if r["figure"] == "fused_moe")
+    # The block-wise quantized decode kernels beside the per-weight ones, a dense product and an MoE layer's step.
+    gemv = [r for r in rows if r["figure"] == "quant_gemv"]
+    assert [r["format"] for r in gemv] == ["Q4_K", "Q6_K"] and all(v > 0 for r in gemv for v in r["gb_s"].values())
+    assert [r["tokens"] for r in rows if r["figure"] == "quant_moe_decode"] == [1]
     assert [r["identical"] for r in rows if r["figure"] == "speculative_self_draft"] == [True, True]
 
 
@@ -205,6 +213,7 @@ def test_cpu_tensors_never_reach_compiled_kernels(monkeypatch):
     assert not use_triton(torch.zeros(1))
 
 
+@cpu_machine_only
 def test_the_device_check_script_runs_its_steps(tmp_path):
     """bench/device_check.sh, small, on the CPU: machine line, kernel tests, benchmark figures and a summary in
     $OUT, exit code 0 (on a GPU it runs the same steps in full)."""

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from backend.kernels import native, quant_triton
+from backend.kernels import moe, native, quant_moe_triton, quant_triton
 from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
-from tests.backend.conftest import interpreted_only, on_kernel_device
+from tests.backend.conftest import KERNEL_DEVICE, interpreted_only, on_kernel_device
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
@@ -142,6 +142,33 @@ def test_quant_weight_paths_agree_on_an_expert_stack():
         w.pack_for_cpu()
         assert w.data is None and w.codes.shape[0] == 3
         assert_exact(w.matmul(x, expert=1), ref)
+
+
+@pytest.mark.parametrize("formats", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q5_K", "Q4_0"), ("Q4_1", None, "Q8_0"),
+                                     ("Q3_K", "Q5_0", "Q2_K")])
+@pytest.mark.parametrize("tokens", [3, 9])
+def test_quantized_experts_match_dequantize_and_the_reference_moe(formats, tokens):
+    """quant_moe_triton.fused_moe: up to GEMV_TOKENS tokens each (token, expert) pair reads its rows block by block
+    (where all three formats have block readers; Q3_K, Q5_0 and Q2_K keep the grouped kernel), more take the
+    grouped GEMM; both against the torch MoE over gguf-py's dequantized experts. None: a plain float stack."""
+    experts, hidden, inter, top_k = 4, 256, 256, 2
+    stacks, dense = [], []
+    for i, (name, rows, cols) in enumerate(zip(formats, (inter, inter, hidden), (hidden, hidden, inter))):
+        if name is None:
+            w = torch.randn(experts, rows, cols, generator=torch.Generator().manual_seed(i)) * 0.05
+            stacks.append((w, 0, 0))
+            dense.append(w)
+            continue
+        raw = random_raw(name, rows, cols, seed=10 + i, lead=(experts,))
+        stacks.append((torch.from_numpy(raw), BY_NAME[name].ggml_type, row_bytes(BY_NAME[name], cols)))
+        dense.append(torch.stack([gguf_dequant(raw[e], name) for e in range(experts)]))
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=gen)
+    weights, ids = moe.route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    ref = moe.fused_moe(x, torch.cat(dense[:2], 1), dense[2], weights, ids)
+    moved = [(w.to(KERNEL_DEVICE), fmt, rb) for w, fmt, rb in stacks]
+    out = on_kernel_device(quant_moe_triton.fused_moe, x, *moved, weights, ids)
+    torch.testing.assert_close(out, ref, atol=1e-4 * ref.abs().max().item(), rtol=1e-4)
 
 
 def test_float_parts_and_the_dense_code_path():

@@ -1,0 +1,173 @@
+"""Decode-shaped products over GGUF blocks: a few rows of x against weights read block by block.
+
+quant_triton.dequant_tile decodes any weight at any position, which costs every weight its own scattered byte
+loads (scale, minimum, quant): on an H200 the Q4_K Mixtral decoded at 1% of HBM bandwidth through it. Here a
+program reads 256 columns of BLOCK_N rows at a time in the file's own order, so the quant bytes arrive as
+contiguous vector loads; each sub-block's quants are summed against x first and its scale (and minimum, times
+the sub-block's sum of x) applied once per sub-block, as llama.cpp's CUDA kernels do. Formats outside
+BLOCK_FORMATS keep the per-weight kernels. The torch reference (dequantize, then a matmul) is the oracle in
+tests/backend/test_quant_kernels.py, through the interpreter.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from backend.kernels.gguf_bytes_triton import f16_at, f16_masked, k_scale_min
+
+# GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
+BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14)
+GEMV_BLOCK_N = 16
+
+
+@triton.jit
+def block_dot(w_ptr, row_off, kb, x_ptr, K, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N] dot products of columns kb*256 .. kb*256+255 of the rows at row_off (byte offsets; element
+    offsets for plain floats) with x (one row, K long), in fp32."""
+    k0 = kb * 256
+    if FMT == 0:
+        k = k0 + tl.arange(0, 256)
+        w = tl.load(w_ptr + row_off[:, None] + k[None, :], mask=(k < K)[None, :], other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        return tl.sum(w * x[None, :], axis=1)
+    elif FMT == 2 or FMT == 3 or FMT == 8:  # 8 blocks of 32: Q4_0 (d, 16 bytes), Q4_1 (d, m, 16), Q8_0 (d, 32)
+        u = tl.arange(0, 8)
+        used = k0 + u * 32 < K
+        blk = w_ptr + row_off[:, None] + (kb * 8 + u)[None, :] * (18 if FMT == 2 else (20 if FMT == 3 else 34))
+        d = f16_masked(blk, used[None, :])  # [BLOCK_N, 8]
+        if FMT == 8:
+            v = tl.arange(0, 32)
+            q = tl.load(blk[:, :, None] + 2 + v[None, None, :], mask=used[None, :, None], other=0)
+            x = tl.load(x_ptr + k0 + u[:, None] * 32 + v[None, :], mask=used[:, None], other=0.0).to(tl.float32)
+            sums = tl.sum(q.to(tl.int8, bitcast=True).to(tl.float32) * x[None, :, :], axis=2)
+            return tl.sum(d * sums, axis=1)
+        v = tl.arange(0, 16)
+        q = tl.load(blk[:, :, None] + (2 if FMT == 2 else 4) + v[None, None, :], mask=used[None, :, None], other=0).to(tl.int32)
+        x_lo = tl.load(x_ptr + k0 + u[:, None] * 32 + v[None, :], mask=used[:, None], other=0.0).to(tl.float32)
+        x_hi = tl.load(x_ptr + k0 + u[:, None] * 32 + 16 + v[None, :], mask=used[:, None], other=0.0).to(tl.float32)
+        sums = tl.sum((q & 15).to(tl.float32) * x_lo[None, :, :] + (q >> 4).to(tl.float32) * x_hi[None, :, :], axis=2)
+        x_sum = tl.sum(x_lo + x_hi, axis=1)  # [8]
+        if FMT == 2:
+            return tl.sum(d * (sums - 8.0 * x_sum[None, :]), axis=1)
+        m = f16_masked(blk + 2, used[None, :])
+        return tl.sum(d * sums + m * x_sum[None, :], axis=1)
+    elif FMT == 12 or FMT == 13:  # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: the same with qh[32] before qs
+        # qs byte 32c + l holds weight 64c + l (low nibble, sub-block 2c) and 64c + 32 + l (high, sub-block 2c+1).
+        c = tl.arange(0, 4)
+        v = tl.arange(0, 32)
+        blk = w_ptr + row_off + kb * (144 if FMT == 12 else 176)  # [BLOCK_N]
+        q = tl.load(blk[:, None, None] + (16 if FMT == 12 else 48) + c[None, :, None] * 32 + v[None, None, :]).to(tl.int32)
+        lo = q & 15
+        hi = q >> 4
+        if FMT == 13:
+            qh = tl.load(blk[:, None, None] + 16 + v[None, None, :]).to(tl.int32)  # bit s: sub-block s's fifth bit
+            lo = lo | (((qh >> (2 * c[None, :, None])) & 1) << 4)
+            hi = hi | (((qh >> (2 * c[None, :, None] + 1)) & 1) << 4)
+        x_lo = tl.load(x_ptr + k0 + c[:, None] * 64 + v[None, :]).to(tl.float32)
+        x_hi = tl.load(x_ptr + k0 + c[:, None] * 64 + 32 + v[None, :]).to(tl.float32)
+        s_lo = tl.sum(lo.to(tl.float32) * x_lo[None, :, :], axis=2)  # [BLOCK_N, 4]
+        s_hi = tl.sum(hi.to(tl.float32) * x_hi[None, :, :], axis=2)
+        sc_lo, mn_lo = k_scale_min(blk[:, None] + 4, 2 * c[None, :])
+        sc_hi, mn_hi = k_scale_min(blk[:, None] + 4, 2 * c[None, :] + 1)
+        scaled = tl.sum(sc_lo * s_lo + sc_hi * s_hi, axis=1)
+        mins = tl.sum(mn_lo * tl.sum(x_lo, axis=1)[None, :] + mn_hi * tl.sum(x_hi, axis=1)[None, :], axis=1)
+        return f16_at(blk) * scaled - f16_at(blk + 2) * mins
+    else:  # Q6_K: ql[128], qh[64], int8 scales[16], d
+        tl.static_assert(FMT == 14)
+        # Sixteen weights a scale: ql byte 16u + v (u < 8) holds, low nibble, weight 128h + 32t + 16(u%2) + v with
+        # h = u // 4, t = (u // 2) % 2, and, high nibble, the weight 64 further; qh byte 32h + 16(u%2) + v holds
+        # their top two bits at shifts 2t and 2t + 4. Their scales are numbers u + 4h and u + 4h + 4.
+        u = tl.arange(0, 8)
+        v = tl.arange(0, 16)
+        h = u // 4
+        t = (u // 2) % 2
+        blk = w_ptr + row_off + kb * 210  # [BLOCK_N]
+        ql = tl.load(blk[:, None, None] + u[None, :, None] * 16 + v[None, None, :]).to(tl.int32)
+        qh = tl.load(blk[:, None, None] + 128 + (h * 32 + (u % 2) * 16)[None, :, None] + v[None, None, :]).to(tl.int32)
+        shift = 2 * t[None, :, None]
+        lo = ((ql & 15) | (((qh >> shift) & 3) << 4)) - 32
+        hi = ((ql >> 4) | (((qh >> (shift + 4)) & 3) << 4)) - 32
+        col = k0 + (h * 128 + t * 32 + (u % 2) * 16)[:, None] + v[None, :]  # [8, 16]
+        x_lo = tl.load(x_ptr + col).to(tl.float32)
+        x_hi = tl.load(x_ptr + col + 64).to(tl.float32)
+        s_lo = tl.sum(lo.to(tl.float32) * x_lo[None, :, :], axis=2)  # [BLOCK_N, 8]
+        s_hi = tl.sum(hi.to(tl.float32) * x_hi[None, :, :], axis=2)
+        sc_lo = tl.load(blk[:, None] + 192 + (u + 4 * h)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        sc_hi = tl.load(blk[:, None] + 196 + (u + 4 * h)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        return f16_at(blk + 208) * tl.sum(sc_lo * s_lo + sc_hi * s_hi, axis=1)
+
+
+@triton.jit
+def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+    m = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_off = tl.minimum(n, N - 1).to(tl.int64) * stride
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(K, 256)):
+        acc += block_dot(w_ptr, row_off, kb, x_ptr + m * K, K, FMT, BLOCK_N)
+    tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
+    """x [M, cols] @ W.T -> [M, rows] for a few rows of x; fmt one of BLOCK_FORMATS."""
+    m = x.shape[0]
+    x = x.contiguous()
+    out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
+    if m:
+        _block_gemv_kernel[(triton.cdiv(rows, GEMV_BLOCK_N), m)](x, w, out, rows, cols, cols if fmt == 0 else row_bytes,
+                                                           FMT=fmt, BLOCK_N=GEMV_BLOCK_N)
+    return out
+
+
+@triton.jit
+def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, TOP_K: tl.constexpr,
+                   FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One program per (token, expert) pair and BLOCK_N rows of that expert's gate and up: SiLU(gate) * up.
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K) * H
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
+    gate = tl.zeros([BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(H, 256)):
+        gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, FMT_GATE, BLOCK_N)
+        up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, FMT_UP, BLOCK_N)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + pair * INTER + n, act.to(inter_ptr.dtype.element_ty), mask=n < INTER)
+
+
+@triton.jit
+def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, FMT: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(INTER, 256)):
+        acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, FMT, BLOCK_N)
+    acc = acc * tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + pair * H + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)
+
+
+def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
+    """quant_moe_triton.fused_moe's contract for a few tokens: every (token, expert) pair reads its expert's rows
+    itself (pairs of one expert run side by side and share them through the cache); no sorting by expert."""
+    (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    inter_size = wg.shape[1]
+    pairs = tokens * top_k
+    if tokens == 0:
+        return torch.zeros_like(x)
+    ids = topk_ids.flatten().contiguous()
+    inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
+    out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, GEMV_BLOCK_N))](
+        x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
+        hidden if fmt_u == 0 else rb_u, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=GEMV_BLOCK_N)
+    _block_moe_down_kernel[(pairs, triton.cdiv(hidden, GEMV_BLOCK_N))](
+        inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
+        inter_size if fmt_d == 0 else rb_d, FMT=fmt_d, BLOCK_N=GEMV_BLOCK_N)
+    return out_pairs.view(tokens, top_k, hidden).sum(1)
