@@ -1,17 +1,19 @@
 """The GPU benchmark: real model shapes with random weights, nothing downloaded, under 8 minutes on an H200.
 
-One JSON line per figure:
-- batch-1 decode tokens/s and the fraction of HBM bandwidth reached (weight bytes read per token over
-  the time per token, against a measured device-to-device copy), for a Qwen3-0.6B-like dense model,
-  a Mixtral-8x7B-like MoE (bf16) and a Qwen3-30B-A3B-like MoE;
-- the same for the Mixtral-8x7B-like MoE with Q4_K weights (random blocks; the bytes read per token are the
-  quantized ones), through the quantized Triton kernels;
-- throughput with 256 concurrent sequences, input and output lengths random in 100-1024;
-- the fused MoE kernel vs the torch reference and vs transformers' MoE block;
-- speculative decoding with the target as its own draft, at batch 1 and 64.
+One JSON line per figure, in groups (--figures), the most telling first:
+- q4k: batch-1 decode of a Mixtral-8x7B-like MoE with Q4_K weights (random blocks) through the quantized Triton
+  kernels: tokens/s and the fraction of HBM bandwidth reached (weight bytes read per token over the time per
+  token, against a measured device-to-device copy);
+- kernels: the quantized decode products (GB/s per BLOCK_N, block-wise and per-weight) and an MoE layer's step;
+- offload: the Q4_K model on an RTX 4090's 24 GiB, experts that do not fit in host memory: tokens/s, PCIe bytes;
+- float: the same decode figure for Qwen3-0.6B-like, Mixtral-8x7B-like and Qwen3-30B-A3B-like bf16 models, and
+  throughput with 256 concurrent sequences, input and output lengths random in 100-1024;
+- moe: the fused MoE kernel vs the torch reference and transformers' MoE block (and its tile shapes at 4,096);
+- speculative: the target as its own draft at batch 1 and 64 (and 64 in fp32): speed-up and identical output.
 
 python bench/device.py            (on the GPU machine)
 python bench/device.py --smoke    (tiny shapes on the CPU: checks that the script runs)
+python bench/device.py --figures q4k,kernels   (some groups only, in that order)
 """
 
 import argparse
@@ -204,64 +206,74 @@ def free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+GROUPS = ("q4k", "kernels", "offload", "float", "moe", "speculative")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    parser.add_argument("--figures", default=",".join(GROUPS),
+                        help=f"the groups to run, in this order: a comma-separated part of {','.join(GROUPS)}")
     args = parser.parse_args()
+    groups = args.figures.split(",")
+    if not set(groups) <= set(GROUPS):
+        sys.exit(f"--figures takes groups among {', '.join(GROUPS)}; got {args.figures}")
     smoke = args.smoke
     device = "cpu" if smoke else "cuda"
     if not smoke and not torch.cuda.is_available():
         sys.exit("bench/device.py needs a CUDA GPU (use --smoke on the CPU)")
     random.seed(0)
     torch.manual_seed(0)
-    dtype, torch_dtype = ("float32", torch.float32) if smoke else ("bfloat16", torch.bfloat16)
-    shapes = SMOKE if smoke else SHAPES
     started = time.perf_counter()
     bandwidth = copy_bandwidth(device, smoke)
     emit(figure="copy_bandwidth", gb_s=round(bandwidth / 1e9, 1),
          device=torch.cuda.get_device_name() if device == "cuda" else "cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        for name, shape in shapes.items():
-            path = model_dir(root, name, shape)
-            # Only the dense model runs the 256-sequence figure; the others need no graphs past batch 8.
-            seqs = 256 if name == "qwen3-0.6b-like" and not smoke else 8
-            llm = LLM(path, device=device, dtype=dtype, max_num_seqs=seqs,
-                      max_model_len=4096 if not smoke else 256, max_num_batched_tokens=8192 if not smoke else 256)
-            emit(**decode_figure(llm, name, bandwidth, smoke))
-            if name == "qwen3-0.6b-like":
-                low, high = (4, 16) if smoke else (100, 1024)
-                emit(figure="throughput", model=name,
-                     **throughput(llm, 8 if smoke else 256, low, high, shape["vocab_size"]))
-            del llm
-            free(device)
-        # Mixtral-8x7B at Q4_K: ~25 GB of blocks where bf16 needs 93 GB; the bytes a token reads are the blocks.
-        path = model_dir(root, "mixtral-8x7b-like-q4_k", SMOKE_Q4_K if smoke else SHAPES["mixtral-8x7b-like"], "Q4_K")
-        llm = LLM(path, device=device, dtype=dtype, max_num_seqs=8, max_model_len=4096 if not smoke else 256,
-                  max_num_batched_tokens=8192 if not smoke else 256)
-        emit(**decode_figure(llm, "mixtral-8x7b-like", bandwidth, smoke, weights="Q4_K"))
-        del llm
-        free(device)
-        # The same on an RTX 4090's budget: 24 GiB, experts that do not fit stay in host memory.
-        llm = LLM(path, device=device, dtype=dtype, max_num_seqs=8, max_model_len=4096 if not smoke else 256,
-                  max_num_batched_tokens=8192 if not smoke else 256, moe_gpu_experts=2 if smoke else "auto",
-                  gpu_memory_utilization=0.9 if smoke else 24 * 2**30)
-        emit(**offload_figure(llm, "mixtral-8x7b-like", smoke))
-        del llm
-        free(device)
-        mixtral = SMOKE_Q4_K if smoke else SHAPES["mixtral-8x7b-like"]
-        for row in (quant_gemv(device, torch_dtype, smoke, mixtral)
-                    + moe_kernels(device, torch_dtype, smoke, shapes["mixtral-8x7b-like"])):
-            emit(**row)
-        free(device)
-        dense = model_dir(root, "qwen3-0.6b-like", shapes["qwen3-0.6b-like"])
-        for batch in ((1, 2) if smoke else (1, 64)):
-            emit(**speculative(dense, device, dtype, batch, 8 if smoke else 128, smoke))
-            free(device)
-        if not smoke:  # whether a batch's difference from plain decoding is bf16's rounding (then fp32 agrees)
-            emit(**speculative(dense, device, "float32", 64, 64, smoke))
+        for group in groups:
+            for row in run_group(group, Path(tmp), device, smoke, bandwidth):
+                emit(**row)
             free(device)
     emit(figure="total", seconds=round(time.perf_counter() - started, 1))
+
+
+def run_group(group: str, root: Path, device: str, smoke: bool, bandwidth: float):
+    """One group's figures, as they come (a figure printed before the next one starts)."""
+    dtype, torch_dtype = ("float32", torch.float32) if smoke else ("bfloat16", torch.bfloat16)
+    shapes = SMOKE if smoke else SHAPES
+    sizes = dict(max_model_len=4096 if not smoke else 256, max_num_batched_tokens=8192 if not smoke else 256)
+    mixtral_q4k = SMOKE_Q4_K if smoke else SHAPES["mixtral-8x7b-like"]
+    if group == "q4k":  # Mixtral-8x7B at Q4_K: ~25 GB of blocks where bf16 needs 93 GB; a token reads the blocks
+        llm = LLM(model_dir(root, "mixtral-8x7b-like-q4_k", mixtral_q4k, "Q4_K"), device=device, dtype=dtype,
+                  max_num_seqs=8, **sizes)
+        yield decode_figure(llm, "mixtral-8x7b-like", bandwidth, smoke, weights="Q4_K")
+    elif group == "kernels":
+        yield from quant_gemv(device, torch_dtype, smoke, mixtral_q4k)
+    elif group == "offload":  # the same on an RTX 4090's budget: 24 GiB, experts that do not fit in host memory
+        llm = LLM(model_dir(root, "mixtral-8x7b-like-q4_k", mixtral_q4k, "Q4_K"), device=device, dtype=dtype,
+                  max_num_seqs=8, moe_gpu_experts=2 if smoke else "auto",
+                  gpu_memory_utilization=0.9 if smoke else 24 * 2**30, **sizes)
+        yield offload_figure(llm, "mixtral-8x7b-like", smoke)
+    elif group == "float":
+        for name, shape in shapes.items():
+            # Only the dense model runs the 256-sequence figure; the others need no graphs past batch 8.
+            seqs = 256 if name == "qwen3-0.6b-like" and not smoke else 8
+            llm = LLM(model_dir(root, name, shape), device=device, dtype=dtype, max_num_seqs=seqs, **sizes)
+            yield decode_figure(llm, name, bandwidth, smoke)
+            if name == "qwen3-0.6b-like":
+                low, high = (4, 16) if smoke else (100, 1024)
+                yield {"figure": "throughput", "model": name,
+                       **throughput(llm, 8 if smoke else 256, low, high, shape["vocab_size"])}
+            del llm
+            free(device)
+    elif group == "moe":
+        yield from moe_kernels(device, torch_dtype, smoke, shapes["mixtral-8x7b-like"])
+    else:
+        dense = model_dir(root, "qwen3-0.6b-like", shapes["qwen3-0.6b-like"])
+        for batch in ((1, 2) if smoke else (1, 64)):
+            yield speculative(dense, device, dtype, batch, 8 if smoke else 128, smoke)
+            free(device)
+        if not smoke:  # whether a batch's difference from plain decoding is bf16's rounding (then fp32 agrees)
+            yield speculative(dense, device, "float32", 64, 64, smoke)
 
 
 if __name__ == "__main__":
