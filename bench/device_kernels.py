@@ -22,7 +22,7 @@ def moe_kernels(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> li
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     from backend.kernels import moe as ref
-    from backend.kernels import triton_kernels
+    from backend.kernels import moe_triton
 
     h, i, e, k = shape["hidden_size"], shape["intermediate_size"], shape["num_local_experts"], 2
     config = MixtralConfig(hidden_size=h, intermediate_size=i, num_local_experts=e, num_experts_per_tok=k)
@@ -35,7 +35,7 @@ def moe_kernels(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> li
         block.experts.gate_up_proj.copy_(w_gate_up)
         block.experts.down_proj.copy_(w_down)
     rows = []
-    fused = triton_kernels.fused_moe if device == "cuda" or smoke else ref.fused_moe
+    fused = moe_triton.fused_moe if device == "cuda" or smoke else ref.fused_moe
 
     def routed(experts):  # the router included, as transformers' block includes it
         def layer(x):
@@ -56,9 +56,9 @@ def moe_kernels(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> li
                      "torch_reference_ms": round(reference * 1e3, 3), "transformers_ms": round(hf * 1e3, 3),
                      "vs_transformers": round(hf / ours, 2), "vs_reference": round(reference / ours, 2),
                      "relative_error_vs_transformers": float(f"{error:.3g}")})
-        if tokens >= 4096 and fused is triton_kernels.fused_moe:
+        if tokens >= 4096 and fused is moe_triton.fused_moe:
             tiles = {str(t): round(_timed(device, smoke, routed(
-                lambda *a, t=t: triton_kernels.fused_moe(*a, tiles=t)), x) * 1e3, 3) for t in TILE_CANDIDATES}
+                lambda *a, t=t: moe_triton.fused_moe(*a, tiles=t)), x) * 1e3, 3) for t in TILE_CANDIDATES}
             rows.append({"figure": "fused_moe_tiles", "tokens": tokens, "ms_by_tiles": tiles})
     return rows
 

@@ -56,12 +56,12 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, to
 
     Every (token, expert) pair is sorted by expert so each active expert runs one GEMM over
     all its tokens; results are weighted and scatter-added back to their tokens. On CUDA the same
-    contract runs as two grouped-GEMM Triton kernels (backend/kernels/triton_kernels.py).
+    contract runs as two grouped-GEMM Triton kernels (backend/kernels/moe_triton.py).
     """
     if use_triton(x):
-        from backend.kernels import triton_kernels
+        from backend.kernels import moe_triton
 
-        return triton_kernels.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
+        return moe_triton.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.flatten()
     order = torch.argsort(flat_ids, stable=True)

@@ -1,4 +1,4 @@
-"""The fused MoE of triton_kernels.py over experts kept in GGUF blocks.
+"""The fused MoE of moe_triton.py over experts kept in GGUF blocks.
 
 Same plan as the float kernels (pairs sorted by expert into blocks of BLOCK_M rows, one grouped GEMM
 for gate and up with SiLU, one for down with the routing weight), with each expert's weight tile
@@ -10,9 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.kernels.moe_triton import align_by_expert, moe_tiles
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
-from backend.kernels.triton_kernels import align_by_expert, moe_tiles
 
 
 @triton.jit

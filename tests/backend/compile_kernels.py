@@ -15,6 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from backend.engine.kv_budget import CUDA_BLOCK_SIZES
+from backend.kernels import moe_triton as mt
 from backend.kernels import quant_gemv_triton as qgt
 from backend.kernels import quant_moe_triton as qmt
 from backend.kernels import quant_triton as qt
@@ -66,10 +67,11 @@ def launches(dtype, model, block_sizes=(16,)):
     each block size: the first one in every shape, the others in the largest); return the recorded launches."""
     hq, hkv, d, hidden, inter, experts, top_k = MODELS[model]
     recorders = {}
-    for name in ("_store_kv_kernel", "_decode_kernel", "_prefill_kernel", "_rms_norm_kernel", "_rotary_kernel",
-                 "_moe_up_kernel", "_moe_down_kernel"):
-        recorders[name] = Recorder(getattr(tk, name))
-        setattr(tk, name, recorders[name])
+    modules = {"_store_kv_kernel": tk, "_decode_kernel": tk, "_prefill_kernel": tk, "_rms_norm_kernel": tk,
+               "_rotary_kernel": tk, "_moe_up_kernel": mt, "_moe_down_kernel": mt}
+    for name, mod in modules.items():
+        recorders[name] = Recorder(getattr(mod, name))
+        setattr(mod, name, recorders[name])
     bs, blocks = 16, 64
     k_cache = torch.zeros(blocks, bs, hkv, d, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
@@ -97,10 +99,10 @@ def launches(dtype, model, block_sizes=(16,)):
     w_down = torch.zeros(experts, hidden, inter, dtype=dtype)
     for tokens in (1, 512):  # both tile configurations
         ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
-        tk.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), w_gate_up, w_down,
+        mt.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), w_gate_up, w_down,
                      torch.ones(tokens, top_k, dtype=torch.float32), ids)
     for name, recorder in recorders.items():
-        setattr(tk, name, recorder.kernel)
+        setattr(modules[name], name, recorder.kernel)
     return [(r.kernel, args, kwargs) for r in recorders.values() for args, kwargs in r.launches]
 
 
@@ -145,7 +147,7 @@ def quant_launches(dtype, model, formats, moe_formats):
     for tokens in (1, 512):  # both tile configurations of the grouped kernels
         ids = torch.arange(tokens * top_k).remainder(experts).view(tokens, top_k)
         qmt.fused_moe(torch.zeros(tokens, hidden, dtype=dtype), *stacks, torch.ones(tokens, top_k), ids,
-                      tiles=tk.moe_tiles(tokens * top_k, experts))
+                      tiles=mt.moe_tiles(tokens * top_k, experts))
     # The block-wise decode kernels, on these formats where they read them all, else on 32-blocks (any model's rows).
     if not {g.ggml_type, u.ggml_type, d.ggml_type} <= set(qgt.BLOCK_FORMATS):
         g, u, d = BY_NAME["Q8_0"], BY_NAME["Q4_1"], BY_NAME["Q4_0"]

@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from backend.kernels import attention, moe, norm, rotary  # noqa: E402
+from backend.kernels import moe_triton as mt  # noqa: E402
 from backend.kernels import triton_kernels as tk  # noqa: E402
 from tests.backend.conftest import KERNEL_DEVICE, interpreted_only, on_kernel_device  # noqa: E402
 
@@ -129,13 +130,13 @@ def test_fused_moe(tokens, experts, top_k, hidden, inter):
     logits[:, 0] = -1e9  # expert 0 receives no tokens
     weights, ids = moe.route(logits, top_k, renormalize=True)
     expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
-    torch.testing.assert_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids), expected,
+    torch.testing.assert_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids), expected,
                                atol=1e-4, rtol=1e-4)
 
 
 def test_align_by_expert_pads_each_expert_to_whole_blocks():
     ids = torch.tensor([[2, 0], [2, 3], [0, 2]])
-    pairs, experts, used = on_kernel_device(tk.align_by_expert, ids, 5, 4)
+    pairs, experts, used = on_kernel_device(mt.align_by_expert, ids, 5, 4)
     assert used.tolist() == [3] and experts[:3].tolist() == [0, 2, 3]  # experts 1 and 4 get no block
     assert pairs[:12].view(-1, 4).tolist() == [[1, 4, -1, -1], [0, 2, 5, -1], [3, -1, -1, -1]]
     # Sized from the shape alone (6 pairs + 5 experts * 3 rows of padding, in whole blocks): no device sync.
@@ -148,7 +149,7 @@ def test_fused_moe_tile_shapes(tiles):
     x, w_gate_up, w_down = rand(21, 72), rand(6, 2 * 40, 72) / 4, rand(6, 72, 40) / 4
     weights, ids = moe.route(rand(21, 6), 2, renormalize=False)
     expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
-    torch.testing.assert_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids, tiles=tiles),
+    torch.testing.assert_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids, tiles=tiles),
                                expected,
                                atol=1e-4, rtol=1e-4)
 
@@ -221,4 +222,4 @@ def test_half_precision_norm_rotary_and_moe_against_fp32(dtype):
     w_gate_up, w_down = (rand(8, 2 * 128, 256) / 16).to(dtype), (rand(8, 256, 128) / 16).to(dtype)
     weights, ids = moe.route(rand(33, 8), 2, renormalize=True)
     expected = moe.fused_moe(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
-    assert_half_close(on_kernel_device(tk.fused_moe, x, w_gate_up, w_down, weights, ids), expected, dtype)
+    assert_half_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids), expected, dtype)
