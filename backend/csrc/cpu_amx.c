@@ -43,7 +43,7 @@ static void vnni_rows(const Weight *w, i64 p, i64 k0, i64 k1, uint16_t *out) {
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
     for (i64 g = k0 / w->group; g < k1 / w->group; g++) {
         i64 at = (p * w->panel_groups + g) * PANEL;
-        V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
+        V s = vparams(w->scales, at, w->scale_kind), o = vparams(w->offsets, at, w->scale_kind);
         V s0 = _mm512_permutexvar_ps(low_cols, s), s1 = _mm512_permutexvar_ps(high_cols, s);
         V o0 = _mm512_permutexvar_ps(low_cols, o), o1 = _mm512_permutexvar_ps(high_cols, o);
         const uint8_t *next = codes + 2 * w->panel_code_bytes + g * w->group * code_bytes;
@@ -111,9 +111,9 @@ static void store_tiles(float *tile, float *y, i64 ldy, i64 M, i64 N, i64 m0, i6
 int amx_usable(void) { return amx_ready(); }
 
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
     if (K % 32 || !amx_ready()) return 0;
-    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, padded = (M + 15) / 16 * 16;
     /* x in bf16, [padded][K], rows past M zero. A prompt's chunk is converted once, a share of the rows by each
      * thread, into the calling thread's scratch (a copy per thread was all of x again per thread); a decode batch's

@@ -43,7 +43,7 @@ INLINE void expand(const Weight *w, i64 p, i64 g, int bits, uint16_t *out, uint1
 INLINE void scale_into(const Weight *w, i64 p, i64 g, float bias, const float *C, const float *xsum, i64 G, i64 M,
                        float *acc) {
     i64 at = (p * w->panel_groups + g) * PANEL;
-    V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
+    V s = vparams(w->scales, at, w->scale_kind), o = vparams(w->offsets, at, w->scale_kind);
     V o_bias = _mm512_fnmadd_ps(_mm512_set1_ps(bias), s, o);
     for (i64 m = 0; m < M; m++) {
         V a = vfma(s, vload(C + m * 16), vload(acc + m * 32));
@@ -77,12 +77,12 @@ static void round_rows(const float *x, i64 M, i64 K, i64 group, int split, uint1
 /* bits: 4 (4-bit codes u = q), 7 (bytes u = q + 64, 0..127) or 8 (bytes u = q + 128, split in two nibbles: one
  * product of x by 128 + the low, one of 16 x by 128 + the high, into the same accumulator) */
 int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
+              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
     if (K % 32 || M > 16 || M < 1 || !amx_ready()) return 0;
     /* sum x (128 + u) = sum x q + bias sum x (split: 128 + low + 16 (128 + high) = 2176 + u = 2304 + q) */
     const float bias = bits == 4 ? 128.0f : bits == 7 ? 192.0f : 2304.0f;
     const int split = bits == 8;
-    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     const i64 panels = (N + PANEL - 1) / PANEL, pairs = (panels + 1) / 2, G = K / group;
     const i64 group_bytes = w.panel_code_bytes / G;
     int done = 1;

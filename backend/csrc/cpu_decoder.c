@@ -34,7 +34,7 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
     double start = omp_get_wtime();
     for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
         const QuantMatrix *p = w->parts + i;
-        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->f16,
+        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->scale_kind,
             (int)p->order, y + col, w->rows, threads);
     }
     if (w->bias)  /* added after the matmul, as the module adds it */

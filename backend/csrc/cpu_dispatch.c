@@ -9,13 +9,13 @@
 /* y [M, N] = x [M, K] @ w.T, y's rows ldy apart (a part of a fused layer's output writes its own columns). Should a
  * kernel not run (no memory for its buffers), y is NaN: said in y rather than computed from garbage. */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads) {
+         int bits, i64 group, int scale_kind, int order, float *y, i64 ldy, int threads) {
     int ran = 0;
-    if (order == 0) ran = qmm_fp32(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
-    else if (order == 2) ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+    if (order == 0) ran = qmm_fp32(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
+    else if (order == 2) ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
 #if HAVE_AMX
-    else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
-    else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, f16, y, ldy, threads);
+    else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
+    else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
 #endif
     if (M > 0 && !ran)
         for (i64 r = 0; r < M; r++)

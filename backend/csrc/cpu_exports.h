@@ -13,7 +13,7 @@ struct Weight; /* a packed weight as the quantized kernels read it (cpu_kernel.h
 typedef struct {
     const uint8_t *codes;
     const uint8_t *scales, *offsets; /* offsets may be NULL */
-    i64 codes_stride, params_stride, rows, cols, group, bits, f16;
+    i64 codes_stride, params_stride, rows, cols, group, bits, scale_kind;
     i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
 } ExpertStack;
 
@@ -29,7 +29,7 @@ typedef struct {
 typedef struct {
     const uint8_t *codes;
     const void *scales, *offsets;
-    i64 rows, cols, group, bits, f16, order; /* as qmm's */
+    i64 rows, cols, group, bits, scale_kind, order; /* as qmm's */
 } QuantMatrix;
 
 /* A fused layer's weight: its row blocks (q|k|v, gate|up) in their own formats, stacked. */
@@ -69,15 +69,15 @@ typedef struct {
  * cpu_amx*.c bf16 on AMX tiles). y [M, N] = x [M, K] @ w.T from w's codes, scales and offsets in the order
  * `order` names (cpu_layout.ORDERS); the kernels return 0 where they did not run (no memory, no tiles). */
 void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-         int bits, i64 group, int f16, int order, float *y, i64 ldy, int threads);
+         int bits, i64 group, int scale_kind, int order, float *y, i64 ldy, int threads);
 int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-              int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads);
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int amx_usable(void);
 /* the fp32 kernel's pieces for callers that run many matmuls in one parallel region (cpu_moe.c) */
 extern const i64 ROWS_PER_TILE;
@@ -90,7 +90,7 @@ int int8_panels(i64 M);
 void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N);
 /* token rows of an embedding table in the fp32 kernel's panels, as gguf-py dequantizes them; 0: an id past it */
 int rows_of_panels(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
-                   int bits, int f16, const int64_t *ids, i64 count, float *out);
+                   int bits, int scale_kind, const int64_t *ids, i64 count, float *out);
 
 /* --- MoE (cpu_moe.c) */
 int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,

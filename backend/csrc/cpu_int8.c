@@ -80,20 +80,8 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #endif
 }
 
-INLINE VF params(const void *base, i64 index, int f16) {
-    VF v = {0};
-    if (!base) return v;
-#if defined(__AVX512F__)
-    if (f16) return (VF)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
-#elif defined(__AVX2__) && defined(__F16C__)
-    if (f16) return (VF)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
-#endif
-    if (f16)
-        for (int i = 0; i < IL; i++) v[i] = (float)((const _Float16 *)base)[index + i];
-    else
-        memcpy(&v, (const float *)base + index, sizeof v);
-    return v;
-}
+/* a group's 16 (AVX-512) or 8 scales or offsets, as the fp32 kernel reads them (cpu_kernel.h) */
+INLINE VF params(const void *base, i64 index, int scale_kind) { return (VF)vparams(base, index, scale_kind); }
 
 
 /* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
@@ -210,7 +198,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
         }
 #define VECTOR_SCALE(c) if (NC > c) {                                                         \
             const i64 at = ((p + c / HV) * w->panel_groups + g) * PANEL + (c % HV) * IL;      \
-            VF s = params(w->scales, at, w->f16), o = params(w->offsets, at, w->f16);          \
+            VF s = params(w->scales, at, w->scale_kind), o = params(w->offsets, at, w->scale_kind);          \
             R8(SCALE, c)                                                                      \
         }
         C4(VECTOR_SCALE)
@@ -279,10 +267,10 @@ static int room(Rows *r, i64 M, i64 K, i64 groups) {
 
 /* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4 or 8); 0 where memory ran out */
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
     Rows shared;
     if (M > OWN_ROWS && !room(&shared, M, K, K / group)) return 0;
-    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     const int PP = int8_panels(M);
     const i64 tiles = ((N + PANEL - 1) / PANEL + PP - 1) / PP;
     int ran = 1;

@@ -4,7 +4,8 @@
  *   weight rows in panels of 16 (padded with zero rows to a multiple of 4 panels); for each panel and each k, the
  *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16
  *   signed bytes
- *   scales, offsets: per panel and group of `group` k's (16 or 32), the 16 rows' values, fp16 (f16) or fp32;
+ *   scales, offsets: per panel and group of `group` k's (16 or 32), the 16 rows' values, fp32, fp16 or a K-quant's
+ *   parts (scale_kind, cpu_kernel.h);
  *   offsets may be NULL (zero)
  *
  * w = fma(q, scale, offset) is gguf-py's dequantized weight bit for bit (every format's q * scale is exact in
@@ -59,8 +60,8 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 #undef CODES
         for (i64 g = 0; g < w->K / w->group; g++) {
 #define PARAMS(c) i64 at##c = ((p + c / H) * w->panel_groups + g) * PANEL + (c % H) * LANES;        \
-                  V s##c = NC > c ? vparams(w->scales, at##c, w->f16) : vzero();                  \
-                  V o##c = NC > c ? vparams(w->offsets, at##c, w->f16) : vzero();
+                  V s##c = NC > c ? vparams(w->scales, at##c, w->scale_kind) : vzero();                  \
+                  V o##c = NC > c ? vparams(w->offsets, at##c, w->scale_kind) : vzero();
             C4(PARAMS)
 #undef PARAMS
             /* the next panels' codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
@@ -121,7 +122,7 @@ INLINE void decode_panels(const Weight *w, i64 p, i64 count, float *out, int bit
                 PREFETCH(next + g * w->group * step + b);
             for (int h = 0; h < PANEL / LANES; h++) {
                 i64 at = ((p + j) * w->panel_groups + g) * PANEL + h * LANES;
-                V s = vparams(w->scales, at, w->f16), o = vparams(w->offsets, at, w->f16);
+                V s = vparams(w->scales, at, w->scale_kind), o = vparams(w->offsets, at, w->scale_kind);
                 for (i64 k = g * w->group; k < (g + 1) * w->group; k++)
                     vstore(out + k * width + j * PANEL + h * LANES, vfma(vcodes(codes + k * step, bits, h), s, o));
             }
@@ -181,8 +182,8 @@ static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, 
 /* y [M, N] = x [M, K] @ w.T from codes in this kernel's panels, y's rows ldy apart (a part of a fused layer's
  * output writes its own columns); 0 where there was no memory for x's transposed tiles. */
 int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int f16, float *y, i64 ldy, int threads) {
-    Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
+    Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
     /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed
      * offsets (a pointer per row would not fit the general registers); one row is its own transpose. Several
@@ -236,19 +237,17 @@ void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64
  * dequantized values bit for bit (q * scale is exact), for an embedding table's lookup. Returns 1; 0 for an id
  * outside [0, rows). */
 int rows_of_panels(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
-                   int bits, int f16, const int64_t *ids, i64 n, float *out) {
+                   int bits, int scale_kind, const int64_t *ids, i64 n, float *out) {
     for (i64 i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= rows) return 0;
-    const Weight w = weight_of(codes, scales, offsets, K, group, bits, f16);
+    const Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     const i64 step = PANEL * bits / 8; /* a panel's code bytes per k */
     for (i64 i = 0; i < n; i++) {
         const i64 p = ids[i] / PANEL, j = ids[i] % PANEL;
         const uint8_t *c = codes + p * w.panel_code_bytes;
         for (i64 g = 0; g < w.panel_groups; g++) {
             const i64 at = (p * w.panel_groups + g) * PANEL + j;
-            const float s = f16 ? (float)((const _Float16 *)scales)[at] : ((const float *)scales)[at];
-            const float o = !offsets ? 0.0f
-                            : f16 ? (float)((const _Float16 *)offsets)[at] : ((const float *)offsets)[at];
+            const float s = param_at(scales, at, scale_kind), o = param_at(offsets, at, scale_kind);
             for (i64 k = g * group; k < (g + 1) * group; k++) {
                 const float q = bits == 4 ? (float)((c[k * step + j % 8] >> (4 * (j / 8))) & 15)
                                           : (float)((const int8_t *)c)[k * step + j];

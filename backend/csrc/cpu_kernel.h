@@ -16,6 +16,23 @@
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
 
+/* Scales and offsets, per panel and group, 16 rows' values, in one of three kinds (scale_kind): 0 fp32, 1 fp16, or
+ * S > 1 (8 or 16, a power of two) a K-quant's parts: per panel and superblock of S groups, 32 bytes of the 16 rows'
+ * fp16 d, then each group's 16 int8 multipliers n; the value is d * n in fp32, exact (an fp16 times a byte), so the
+ * file's own scale (formats.decode) at 4.6 bits a weight for Q4_K where fp32 took 6. index: (panel * groups +
+ * group) * 16 + the first row's lane; groups a multiple of S. */
+INLINE const uint8_t *param_chunk(const void *base, i64 index, int kind) {
+    return (const uint8_t *)base + (index >> (4 + __builtin_ctz((unsigned)kind))) * (32 + 16 * (i64)kind);
+}
+INLINE i64 param_byte(i64 index, int kind) { return 32 + 16 * ((index >> 4) & (kind - 1)) + (index & 15); }
+INLINE float param_at(const void *base, i64 index, int kind) {
+    if (!base) return 0.0f;
+    if (kind == 0) return ((const float *)base)[index];
+    if (kind == 1) return (float)((const _Float16 *)base)[index];
+    const uint8_t *c = param_chunk(base, index, kind);
+    return (float)((const _Float16 *)c)[index & 15] * (float)(int8_t)c[param_byte(index, kind)];
+}
+
 #if INTRINSICS && defined(__AVX512F__)
 #define LANES 16
 #define ROWS_X 16
@@ -52,9 +69,15 @@ INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
     }
 }
 #define PAIRED_CODES 1
-INLINE V vparams(const void *base, i64 index, int f16) {
+INLINE V vparams(const void *base, i64 index, int scale_kind) {
     if (!base) return _mm512_setzero_ps();
-    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
+    if (scale_kind > 1) {
+        const uint8_t *c = param_chunk(base, index, scale_kind);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2 * (index & 15))));
+        const __m128i n = _mm_loadu_si128((const __m128i *)(c + param_byte(index, scale_kind)));
+        return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(n)));
+    }
+    if (scale_kind) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index)));
     return _mm512_loadu_ps((const float *)base + index);
 }
 #elif INTRINSICS
@@ -77,9 +100,15 @@ INLINE V vcodes(const uint8_t *c, int bits, int h) {
     }
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * h))));
 }
-INLINE V vparams(const void *base, i64 index, int f16) {
+INLINE V vparams(const void *base, i64 index, int scale_kind) {
     if (!base) return _mm256_setzero_ps();
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
+    if (scale_kind > 1) {
+        const uint8_t *c = param_chunk(base, index, scale_kind);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + 2 * (index & 15))));
+        const __m128i n = _mm_loadl_epi64((const __m128i *)(c + param_byte(index, scale_kind)));
+        return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n)));
+    }
+    if (scale_kind) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + index)));
     return _mm256_loadu_ps((const float *)base + index);
 }
 #else
@@ -102,11 +131,9 @@ INLINE V vcodes(const uint8_t *c, int bits, int h) {
         v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
     return v;
 }
-INLINE V vparams(const void *base, i64 index, int f16) {
+INLINE V vparams(const void *base, i64 index, int scale_kind) {
     V v = {0};
-    if (!base) return v;
-    for (int i = 0; i < 8; i++)
-        v[i] = f16 ? (float)((const _Float16 *)base)[index + i] : ((const float *)base)[index + i];
+    for (int i = 0; i < 8; i++) v[i] = param_at(base, index + i, scale_kind);
     return v;
 }
 #endif
@@ -140,14 +167,14 @@ typedef struct Weight {
     const uint8_t *codes;
     const void *scales, *offsets;
     i64 K, group, panel_code_bytes, panel_groups;
-    int bits, f16;
+    int bits, scale_kind;
 } Weight;
 
 /* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale.
  * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c). */
 INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
-                        int f16) {
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 ? 4 : 8) / 8, K / group, bits, f16};
+                        int scale_kind) {
+    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 ? 4 : 8) / 8, K / group, bits, scale_kind};
     return w;
 }
 

@@ -16,7 +16,7 @@
 static Weight expert(const ExpertStack *s, i64 e) {
     return weight_of(s->codes + e * s->codes_stride, s->scales + e * s->params_stride,
                      s->offsets ? s->offsets + e * s->params_stride : NULL, s->cols, s->group, (int)s->bits,
-                     (int)s->f16);
+                     (int)s->scale_kind);
 }
 
 /* Rows [first, first + rows) of the pairs sorted by expert, all routed to `expert`; their x (then their

@@ -27,7 +27,7 @@ i64, ptr = ctypes.c_int64, ctypes.c_void_p
 
 class _QuantMatrix(ctypes.Structure):
     _fields_ = [("codes", ptr), ("scales", ptr), ("offsets", ptr), ("rows", i64), ("cols", i64), ("group", i64),
-                ("bits", i64), ("f16", i64), ("order", i64)]
+                ("bits", i64), ("scale_kind", i64), ("order", i64)]
 
 
 class _Linear(ctypes.Structure):
@@ -66,7 +66,7 @@ def _linear(linear) -> _Linear | None:
         lay = w.layout
         offsets = w.offsets.data_ptr() if lay.offsets else None
         parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), offsets, w.rows, w.cols, lay.group,
-                                  lay.bits, int(lay.f16), lay.order_code))
+                                  lay.bits, lay.scale_kind, lay.order_code))
     return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features,
                    bias.data_ptr() if bias is not None else None)
 

@@ -31,7 +31,7 @@ def one_call_tokens() -> int:
 class ExpertStack(ctypes.Structure):  # cpu_exports.h's
     _fields_ = [("codes", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("offsets", ctypes.c_void_p),
                 ("codes_stride", ctypes.c_int64), ("params_stride", ctypes.c_int64), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("f16", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("group", ctypes.c_int64), ("bits", ctypes.c_int64), ("scale_kind", ctypes.c_int64),
                 ("order", ctypes.c_int64)]
 
 
@@ -39,7 +39,7 @@ def expert_stack(w: QuantWeight) -> ExpertStack:
     lay = w.layout
     return ExpertStack(w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None,
                         w.codes.stride(0) * w.codes.element_size(), w.scales.stride(0) * w.scales.element_size(),
-                        w.rows, w.cols, lay.group, lay.bits, int(lay.f16), lay.order_code)
+                        w.rows, w.cols, lay.group, lay.bits, lay.scale_kind, lay.order_code)
 
 
 class QuantExperts(nn.Module):

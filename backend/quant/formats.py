@@ -84,32 +84,43 @@ def decode(raw: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor, 
         high = (qh >> torch.arange(32, dtype=torch.int32, device=b.device)) & 1
         q = (_nibbles(b[:, start + 4:], 16) | (high.to(torch.uint8) << 4)).to(torch.int8)
         return (q - 16, _f16(b[:, 0:2]), None) if name == "Q5_0" else (q, _f16(b[:, 0:2]), _f16(b[:, 2:4]))
+    parts = decode_parts(b, fmt)
+    if parts is None:
+        raise ValueError(f"no decoder for {name}")
+    q, d, sc, dmin, mn = parts
+    return q, d * sc.float(), None if dmin is None else -(dmin * mn.float())
+
+
+def decode_parts(raw: torch.Tensor, fmt: Format):
+    """The K-quants' blocks [n, block_bytes] -> q [n, 256] int8 and their scales' parts: fp32 d [n, 1] (an fp16 value)
+    times small integers sc [n, groups] (the scale, d * sc), and dmin [n, 1] and mn [n, groups] where there is an
+    offset (-(dmin * mn)), or None and None; None for the other formats (their scales are fp16 values already)."""
+    b = raw.reshape(-1, fmt.block_bytes)
+    name = fmt.name
     if name in ("Q4_K", "Q5_K"):
-        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
         sc, mn = _k_scale_min(b[:, 4:16])
         if name == "Q4_K":
             q = _nibbles(b[:, 16:], 32)
         else:
             q = _nibbles(b[:, 48:], 32) | (_bits(b[:, 16:48], 8, 1, 32) << 4)
-        return q.to(torch.int8), d * sc.float(), -(dmin * mn.float())
+        return q.to(torch.int8), _f16(b[:, 0:2]), sc, _f16(b[:, 2:4]), mn
     if name == "Q6_K":
         low = _nibbles(b[:, 0:128], 64)
         high = _bits(b[:, 128:192], 4, 2, 32)
         q = (low | (high << 4)).to(torch.int8) - 32
-        return q, _f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float(), None
+        return q, _f16(b[:, 208:210]), b[:, 192:208].contiguous().view(torch.int8), None, None
     if name == "Q2_K":
-        sc, d, dmin = b[:, 0:16], _f16(b[:, 80:82]), _f16(b[:, 82:84])
+        sc = b[:, 0:16]
         q = _bits(b[:, 16:80], 4, 2, 32).to(torch.int8)
-        return q, d * (sc & 0xF).float(), -(dmin * (sc >> 4).float())
+        return q, _f16(b[:, 80:82]), sc & 0xF, _f16(b[:, 82:84]), sc >> 4
     if name == "Q3_K":
         sc = b[:, 96:108]
         low = torch.cat([sc[:, 0:8] & 0xF, sc[:, 0:8] >> 4], dim=1)
         high = _bits(sc[:, 8:12], 4, 2, 4)
-        scales = ((low | (high << 4)).to(torch.int8) - 32).float()
         hbit = _bits(b[:, 0:32], 8, 1, 32)
         q = _bits(b[:, 32:96], 4, 2, 32).to(torch.int8) - ((hbit ^ 1) << 2).to(torch.int8)
-        return q, _f16(b[:, 108:110]) * scales, None
-    raise ValueError(f"no decoder for {name}")
+        return q, _f16(b[:, 108:110]), (low | (high << 4)).to(torch.int8) - 32, None, None
+    return None
 
 
 def dequantize(raw: torch.Tensor, fmt: Format, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -52,6 +52,8 @@ class QuantWeight(nn.Module):
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
         packs = [cpu_layout.pack(m, self.fmt, self.cols) for m in flat]
+        if len({p[3] for p in packs}) > 1:  # a stack's experts read one way: fp32 where their scales differ in kind
+            packs = [cpu_layout.pack(m, self.fmt, self.cols, cpu_layout.SCALES_FP32) for m in flat]
         layout = packs[0][3]
         # An expert stack is fp32's or int8's (cpu_moe.c reads both): not AMX tiles' pairs.
         if self.cols % 32 == 0 and native.enabled():
@@ -147,7 +149,7 @@ class QuantEmbedding(nn.Module):
             out = torch.empty(flat.numel(), w.cols)
             if not native.library().rows_of_panels(
                     w.codes.data_ptr(), w.scales.data_ptr(), w.offsets.data_ptr() if lay.offsets else None, w.rows,
-                    w.cols, lay.group, lay.bits, int(lay.f16), flat.data_ptr(), flat.numel(), out.data_ptr()):
+                    w.cols, lay.group, lay.bits, lay.scale_kind, flat.data_ptr(), flat.numel(), out.data_ptr()):
                 raise IndexError(f"a token id outside the embedding table's {w.rows} rows")
             return out.reshape(*ids.shape, w.cols)
         return dequantize(w.data[ids.reshape(-1)], w.fmt, w.cols, self.dtype).reshape(*ids.shape, w.cols)

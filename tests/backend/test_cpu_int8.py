@@ -29,7 +29,7 @@ def quad_ordered(name: str, rows: int, cols: int, seed: int, raw=None):
     raw = random_raw(name, rows, cols, seed=seed) if raw is None else raw
     codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     quads = (cpu_layout.quad_order(codes, layout.bits), scales, offsets, cpu_layout.Layout(
-        cpu_layout.quad_bits([codes], layout.bits), layout.group, layout.f16, layout.offsets, order="quads"))
+        cpu_layout.quad_bits([codes], layout.bits), layout.group, layout.scale_kind, layout.offsets, order="quads"))
     return raw, quads
 
 
@@ -96,7 +96,7 @@ def test_int8_products_at_the_extremes_of_8_bit_codes():
     raw = quantize(w.numpy(), T.Q8_0)
     codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME["Q8_0"], cols)
     quads = (cpu_layout.quad_order(codes, 8), scales, offsets,
-             cpu_layout.Layout(8, layout.group, layout.f16, layout.offsets, order="quads"))
+             cpu_layout.Layout(8, layout.group, layout.scale_kind, layout.offsets, order="quads"))
     x = torch.ones(3, cols)
     x[1] = -1.0
     x[2, ::2] = -1.0

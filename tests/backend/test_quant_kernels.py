@@ -99,9 +99,16 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
     raw = random_raw(name, ROWS, cols, seed=6)
     codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     assert torch.equal(kernel_weights(codes, scales, offsets, layout, ROWS, cols), gguf_dequant(raw, name))
-    # what is stored: 4-bit codes for the 4-bit (and 2/3-bit) formats, fp16 scales where the file's are fp16
+    # what is stored: 4-bit codes for the 4-bit (and 2/3-bit) formats, fp16 scales where the file's are fp16, the
+    # K-quants' parts (an fp16 d a superblock, an int8 a group: kind = groups a superblock) for theirs
+    fmt = BY_NAME[name]
     assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8)
-    assert layout.f16 == (not name.endswith("_K"))
+    assert layout.scale_kind == (fmt.block // fmt.group if name.endswith("_K") else cpu_layout.SCALES_FP16)
+    # Q4_K: 4 bits of code and 2 x (8 bits a group of 32 + 16 bits a superblock of 256) a weight
+    stored = codes.numel() + scales.numel() * scales.element_size() + (
+        offsets.numel() * offsets.element_size() if offsets is not None else 0)
+    if name == "Q4_K":
+        assert stored * 8 / (codes.shape[0] * 16 * cols) == 4.625
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the swapped bytes may read as inf or nan
