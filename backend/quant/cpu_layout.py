@@ -122,7 +122,8 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
     return codes.contiguous(), stored(scale), stored(offset), layout
 
 
-def parts_of(raw: torch.Tensor, fmt: Format, scale: torch.Tensor, offset: torch.Tensor | None, lo: int):
+def parts_of(raw: torch.Tensor, fmt: Format, scale: torch.Tensor, offset: torch.Tensor | None,
+             lo: int) -> tuple[int, tuple, tuple | None] | None:
     """(kind, (d, n) of the scales, (d, n) of the offsets or None) where every scale (and offset) of these rows is
     exactly its superblock's fp16 d times an int8 n (a K-quant's own parts, formats.decode_parts), else None (fp16
     d of inf or NaN, a multiplier past int8, rows not of whole superblocks)."""

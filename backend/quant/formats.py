@@ -91,7 +91,7 @@ def decode(raw: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor, 
     return q, d * sc.float(), None if dmin is None else -(dmin * mn.float())
 
 
-def decode_parts(raw: torch.Tensor, fmt: Format):
+def decode_parts(raw: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, ...] | None:
     """The K-quants' blocks [n, block_bytes] -> q [n, 256] int8 and their scales' parts: fp32 d [n, 1] (an fp16 value)
     times small integers sc [n, groups] (the scale, d * sc), and dmin [n, 1] and mn [n, groups] where there is an
     offset (-(dmin * mn)), or None and None; None for the other formats (their scales are fp16 values already)."""
