@@ -123,6 +123,12 @@ def quant_gemv(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> lis
         qgt.GEMV_BLOCK_N = 16
         figures["per_weight"] = _3g(gb / _timed(device, smoke, _per_weight_gemv, xk, raw, fmt, n, k, rb))
         rows.append({"figure": "quant_gemv", "format": name, "rows": n, "cols": k, "gb_s": figures})
+        for m in ((8,) if smoke else (8, 32)):  # a decode batch: block-wise tiles vs the per-weight tiled GEMM
+            xm = torch.randn(m, k, device=device, dtype=dtype)
+            block_wise = _timed(device, smoke, qgt.gemm, xm, raw, fmt, n, k, rb)
+            per_weight = _timed(device, smoke, _per_weight_gemm, xm, raw, fmt, n, k, rb)
+            rows.append({"figure": "quant_gemm", "format": name, "rows_of_x": m, "block_wise_ms": _3g(block_wise * 1e3),
+                         "per_weight_ms": _3g(per_weight * 1e3)})
     stacks = [blocks("Q4_K", inter, h, (e,)), blocks("Q4_K", inter, h, (e,)), blocks("Q6_K", h, inter, (e,))]
     for tokens in ((1,) if smoke else (1, 4, 8)):
         xt = torch.randn(tokens, h, device=device, dtype=dtype)
@@ -131,13 +137,28 @@ def quant_gemv(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> lis
         block_wise = _timed(device, smoke, qgt.moe_gemv, xt, *stacks, weights, ids)
         grouped = _timed(device, smoke, lambda *a: quant_moe_triton.fused_moe(*a, tiles=(16, 32, 128)), xt, *stacks,
                          weights, ids)
+        grouped_blocks = _timed(device, smoke, lambda *a: quant_moe_triton.fused_moe(*a, tiles=(16, 32, 256)), xt,
+                                *stacks, weights, ids)
         rows.append({"figure": "quant_moe_decode", "tokens": tokens, "block_wise_ms": round(block_wise * 1e3, 3),
-                     "grouped_ms": round(grouped * 1e3, 3)})
+                     "grouped_ms": round(grouped * 1e3, 3), "grouped_block_tiles_ms": round(grouped_blocks * 1e3, 3)})
     return rows
 
 
 def _3g(value: float) -> float:
     return float(f"{value:.3g}")
+
+
+def _per_weight_gemm(x, raw, fmt, n, k, rb):
+    """quant_triton's per-weight tiled GEMM, what a batch took before the block-wise product."""
+    import triton
+
+    from backend.kernels import quant_triton
+
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    bm, bn, bk = quant_triton.linear_tiles(x.shape[0])
+    quant_triton._qgemm_kernel[(triton.cdiv(x.shape[0], bm), triton.cdiv(n, bn))](
+        x, raw, out, x.shape[0], n, k, rb, FMT=fmt, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return out
 
 
 def _per_weight_gemv(x, raw, fmt, n, k, rb):

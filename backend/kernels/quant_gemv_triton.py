@@ -18,6 +18,7 @@ from backend.kernels.gguf_bytes_triton import f16_at, f16_masked, k_scale_min
 # GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
 BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14)
 GEMV_BLOCK_N = 16
+GEMM_MAX_ROWS = 64  # past it (a prompt's chunk) the per-weight tiled GEMM, whose tiles reuse weights over 64 rows
 
 
 @triton.jit
@@ -95,6 +96,100 @@ def block_dot(w_ptr, row_off, kb, x_ptr, K, FMT: tl.constexpr, BLOCK_N: tl.const
         sc_lo = tl.load(blk[:, None] + 192 + (u + 4 * h)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
         sc_hi = tl.load(blk[:, None] + 196 + (u + 4 * h)[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
         return f16_at(blk + 208) * tl.sum(sc_lo * s_lo + sc_hi * s_hi, axis=1)
+
+
+@triton.jit
+def block_weights(w_ptr, row_off, kb, K, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 256] fp32 weights of columns kb*256 .. kb*256+255 of the rows at row_off, in column order, read
+    block by block as block_dot reads them, each the reference's q * scale + offset (exact products, one rounding):
+    the decoded tile a matrix product of many rows of x multiplies."""
+    k0 = kb * 256
+    if FMT == 0:
+        k = k0 + tl.arange(0, 256)
+        return tl.load(w_ptr + row_off[:, None] + k[None, :], mask=(k < K)[None, :], other=0.0).to(tl.float32)
+    elif FMT == 2 or FMT == 3 or FMT == 8:  # 8 blocks of 32 columns
+        u = tl.arange(0, 8)
+        v = tl.arange(0, 32)
+        used = k0 + u * 32 < K
+        blk = w_ptr + row_off[:, None] + (kb * 8 + u)[None, :] * (18 if FMT == 2 else (20 if FMT == 3 else 34))
+        d = f16_masked(blk, used[None, :])[:, :, None]  # [BLOCK_N, 8, 1]
+        if FMT == 8:
+            q = tl.load(blk[:, :, None] + 2 + v[None, None, :], mask=used[None, :, None], other=0)
+            w = d * q.to(tl.int8, bitcast=True).to(tl.float32)
+        else:  # byte v % 16 holds column v (low nibble, v < 16) and v + 16 (high)
+            byte = tl.load(blk[:, :, None] + (2 if FMT == 2 else 4) + (v % 16)[None, None, :],
+                           mask=used[None, :, None], other=0).to(tl.int32)
+            q = (byte >> (4 * (v // 16))[None, None, :]) & 15
+            if FMT == 2:
+                w = d * (q - 8).to(tl.float32)
+            else:
+                w = d * q.to(tl.float32) + f16_masked(blk + 2, used[None, :])[:, :, None]
+        return tl.reshape(w, (BLOCK_N, 256))
+    elif FMT == 12 or FMT == 13:  # sub-block s (32 columns): qs byte 32 (s // 2) + l, nibble s % 2
+        s = tl.arange(0, 8)
+        v = tl.arange(0, 32)
+        blk = w_ptr + row_off + kb * (144 if FMT == 12 else 176)  # [BLOCK_N]
+        byte = tl.load(blk[:, None, None] + (16 if FMT == 12 else 48) + (s // 2 * 32)[None, :, None]
+                       + v[None, None, :]).to(tl.int32)
+        q = (byte >> (4 * (s % 2))[None, :, None]) & 15
+        if FMT == 13:
+            qh = tl.load(blk[:, None, None] + 16 + v[None, None, :]).to(tl.int32)
+            q = q | (((qh >> s[None, :, None]) & 1) << 4)
+        sc, mn = k_scale_min(blk[:, None] + 4, s[None, :])  # [BLOCK_N, 8]
+        scale = f16_at(blk)[:, None] * sc
+        offset = f16_at(blk + 2)[:, None] * mn
+        w = scale[:, :, None] * q.to(tl.float32) - offset[:, :, None]
+        return tl.reshape(w, (BLOCK_N, 256))
+    else:  # Q6_K, sixteen columns a scale: column 16 sub + v
+        tl.static_assert(FMT == 14)
+        sub = tl.arange(0, 16)
+        v = tl.arange(0, 16)
+        h = sub // 8
+        r = (sub % 8)[None, :, None] * 16 + v[None, None, :]  # column within its half, [1, 16, 16]
+        blk = w_ptr + row_off + kb * 210  # [BLOCK_N]
+        ql = tl.load(blk[:, None, None] + h[None, :, None] * 64 + r % 64).to(tl.int32)
+        qh = tl.load(blk[:, None, None] + 128 + h[None, :, None] * 32 + r % 32).to(tl.int32)
+        q = ((ql >> (4 * (r // 64))) & 15) | (((qh >> (2 * (r // 32))) & 3) << 4)
+        sc = tl.load(blk[:, None] + 192 + sub[None, :]).to(tl.int8, bitcast=True).to(tl.float32)
+        scale = f16_at(blk + 208)[:, None] * sc
+        w = scale[:, :, None] * (q - 32).to(tl.float32)
+        return tl.reshape(w, (BLOCK_N, 256))
+
+
+@triton.jit
+def _block_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride, FMT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    # Several rows of x (a decode batch, a short chunk): each 256-column tile of weights decoded once per program
+    # and multiplied into BLOCK_M rows on the tensor cores.
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_off = tl.minimum(n, N - 1).to(tl.int64) * stride
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(K, 256)):
+        k = kb * 256 + tl.arange(0, 256)
+        x = tl.load(x_ptr + m.to(tl.int64)[:, None] * K + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :],
+                    other=0.0)
+        w = block_weights(w_ptr, row_off, kb, K, FMT, BLOCK_N).to(x.dtype)  # rounded as the reference rounds it
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+    tl.store(out_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(m < M)[:, None] & (n < N)[None, :])
+
+
+def gemm_tiles(m: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the block-wise matrix product for m rows of x. Not tuned on a device yet."""
+    return (16, 32) if m <= 16 else (32, 32)
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
+    """x [M, cols] @ W.T -> [M, rows] for up to GEMM_MAX_ROWS rows of x; fmt one of BLOCK_FORMATS."""
+    m = x.shape[0]
+    x = x.contiguous()
+    out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
+    if m:
+        bm, bn = gemm_tiles(m)
+        _block_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(rows, bn))](
+            x, w, out, m, rows, cols, cols if fmt == 0 else row_bytes, FMT=fmt, BLOCK_M=bm, BLOCK_N=bn)
+    return out
 
 
 @triton.jit

@@ -11,14 +11,14 @@ import triton
 import triton.language as tl
 
 from backend.kernels.moe_triton import align_by_expert, moe_tiles
-from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, moe_gemv
+from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_weights, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
 
 
 @triton.jit
 def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, rb_gate, rb_up,
                     TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKWISE: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
         return
@@ -31,15 +31,22 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < INTER
     w_rows = (expert * INTER + tl.minimum(n, INTER - 1))[None, :]
+    n_rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
         k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = k < H
         x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
-        cols = tl.minimum(k, H - 1)[:, None]
-        wg = dequant_tile(wg_ptr, w_rows, cols, rb_gate, H, FMT_GATE).to(x.dtype)
-        wu = dequant_tile(wu_ptr, w_rows, cols, rb_up, H, FMT_UP).to(x.dtype)
+        if BLOCKWISE:  # BLOCK_K is 256: the rows' next blocks, read block by block
+            wg = tl.trans(block_weights(wg_ptr, n_rows * (H if FMT_GATE == 0 else rb_gate), k0, H, FMT_GATE,
+                                        BLOCK_N)).to(x.dtype)
+            wu = tl.trans(block_weights(wu_ptr, n_rows * (H if FMT_UP == 0 else rb_up), k0, H, FMT_UP,
+                                        BLOCK_N)).to(x.dtype)
+        else:
+            cols = tl.minimum(k, H - 1)[:, None]
+            wg = dequant_tile(wg_ptr, w_rows, cols, rb_gate, H, FMT_GATE).to(x.dtype)
+            wu = dequant_tile(wu_ptr, w_rows, cols, rb_up, H, FMT_UP).to(x.dtype)
         gate += tl.dot(x, wg, input_precision="ieee")
         up += tl.dot(x, wu, input_precision="ieee")
     act = gate / (1.0 + tl.exp(-gate)) * up
@@ -49,7 +56,8 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
 
 @triton.jit
 def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER, rb_down,
-                      FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCKWISE: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
         return
@@ -66,7 +74,12 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
         k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = k < INTER
         a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
-        w = dequant_tile(w_ptr, w_rows, tl.minimum(k, INTER - 1)[:, None], rb_down, INTER, FMT).to(a.dtype)
+        if BLOCKWISE:
+            n_rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
+            w = tl.trans(block_weights(w_ptr, n_rows * (INTER if FMT == 0 else rb_down), k0, INTER, FMT,
+                                       BLOCK_N)).to(a.dtype)
+        else:
+            w = dequant_tile(w_ptr, w_rows, tl.minimum(k, INTER - 1)[:, None], rb_down, INTER, FMT).to(a.dtype)
         acc += tl.dot(a, w, input_precision="ieee")
     weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
@@ -90,7 +103,11 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     num_experts, inter_size = wg.shape[0], wg.shape[1]
     if tokens == 0:
         return torch.zeros_like(x)
-    block_m, block_n, block_k = tiles or moe_tiles(tokens * top_k, num_experts)
+    # Formats read block by block: tiles of 256 columns (16 rows, so that x, gate's and up's tiles fit sm_89's
+    # shared memory in fp32); the others decode each weight of the per-weight tiles.
+    blockwise = {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS)
+    block_m, block_n, block_k = tiles or ((16, 32, 256) if blockwise else moe_tiles(tokens * top_k, num_experts))
+    blockwise = blockwise and block_k == 256
     sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
     blocks = block_expert.numel()
     out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
@@ -98,8 +115,8 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     x = x.contiguous()
     _qmoe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
         x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, TOP_K=top_k,
-        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=blockwise)
     _qmoe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
         inter, wd, sorted_pairs, block_expert, used, topk_weights.flatten().contiguous(), out_pairs, hidden,
-        inter_size, rb_d, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+        inter_size, rb_d, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=blockwise)
     return out_pairs.view(tokens, top_k, hidden).sum(1)

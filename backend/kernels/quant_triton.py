@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from backend.kernels.gguf_bytes_triton import byte_at, f16_at, k_scale_min, nibble
-from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, gemv
+from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, GEMM_MAX_ROWS, gemm, gemv
 
 
 @triton.jit
@@ -139,6 +139,8 @@ def qlinear(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, ro
         return out
     if m <= GEMV_MAX_ROWS and fmt in BLOCK_FORMATS:
         return gemv(x, w, fmt, rows, cols, row_bytes)
+    if m <= GEMM_MAX_ROWS and fmt in BLOCK_FORMATS:
+        return gemm(x, w, fmt, rows, cols, row_bytes)
     if m <= GEMV_MAX_ROWS:
         block_n, block_k = 64, 128
         _qgemv_kernel[(triton.cdiv(rows, block_n), m)](x, w, out, rows, cols, row_bytes, FMT=fmt, BLOCK_N=block_n,

@@ -120,14 +120,15 @@ QUANT = [(("Q4_K", "Q5_K", "Q6_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")),
          (("Q4_1", "Q5_0", "Q5_1"), ("Q5_1", "Q4_0", "Q8_0")),
          (("Q4_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"))]
 QUANT_KERNELS = ("_qgemv_kernel", "_qgemm_kernel", "_qmoe_up_kernel", "_qmoe_down_kernel", "_block_gemv_kernel",
-                 "_block_moe_up_kernel", "_block_moe_down_kernel")
+                 "_block_gemm_kernel", "_block_moe_up_kernel", "_block_moe_down_kernel")
 
 
 def quant_launches(dtype, model, formats, moe_formats):
     """The quantized linear layer (decode- and prefill-shaped) and MoE wrappers, recorded."""
     _, _, _, hidden, inter, experts, top_k = MODELS[model]
     modules = {"_qgemv_kernel": qt, "_qgemm_kernel": qt, "_qmoe_up_kernel": qmt, "_qmoe_down_kernel": qmt,
-               "_block_gemv_kernel": qgt, "_block_moe_up_kernel": qgt, "_block_moe_down_kernel": qgt}
+               "_block_gemv_kernel": qgt, "_block_gemm_kernel": qgt, "_block_moe_up_kernel": qgt,
+               "_block_moe_down_kernel": qgt}
     recorders = {name: Recorder(getattr(mod, name)) for name, mod in modules.items()}
     for name, mod in modules.items():
         setattr(mod, name, recorders[name])
@@ -137,7 +138,7 @@ def quant_launches(dtype, model, formats, moe_formats):
 
     for name in formats:
         fmt = BY_NAME[name]
-        for m in (1, 40):
+        for m in (1, 9, 40, 100):  # decode-shaped, batches (both tiles of the block-wise product), a chunk
             qt.qlinear(torch.zeros(m, hidden, dtype=dtype), blocks(name, 1024, hidden), fmt.ggml_type, 1024, hidden,
                        row_bytes(fmt, hidden))
     g, u, d = (BY_NAME[n] for n in moe_formats)
@@ -156,6 +157,8 @@ def quant_launches(dtype, model, formats, moe_formats):
               (blocks(d.name, hidden, inter, (experts,)), d.ggml_type, row_bytes(d, inter))]
     ids = torch.arange(top_k).view(1, top_k)
     qgt.moe_gemv(torch.zeros(1, hidden, dtype=dtype), *stacks, torch.ones(1, top_k), ids)
+    ids = torch.arange(512 * top_k).remainder(experts).view(512, top_k)  # the grouped kernels' block-wise tiles
+    qmt.fused_moe(torch.zeros(512, hidden, dtype=dtype), *stacks, torch.ones(512, top_k), ids)
     for name, mod in modules.items():
         setattr(mod, name, recorders[name].kernel)
     return [(r.kernel, args, kwargs) for r in recorders.values() for args, kwargs in r.launches]

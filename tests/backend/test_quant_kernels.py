@@ -44,9 +44,10 @@ def test_torch_decoder_is_bit_exact_to_gguf(name):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("m", [1, 3, 9])
+@pytest.mark.parametrize("m", [1, 3, 9, 67])
 def test_triton_kernels_match_dequantize_and_matmul(name, m):
-    """m <= 4 runs the GEMV-shaped kernel, 9 the tiled GEMM."""
+    """m <= 4 runs the GEMV-shaped kernel, 9 the block-wise product (the per-weight tiled GEMM for formats it does
+    not read), 67 the per-weight tiled GEMM."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=2)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))

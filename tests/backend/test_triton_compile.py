@@ -62,7 +62,7 @@ def test_every_gguf_format_compiles_for_the_card(capability, compiled):
     rows = [r for case in compiled.values() for r in case if r["capability"] == capability]
     # A few rows of x: the block-wise kernel where it reads the format, the per-weight one elsewhere.
     expected = {"_qgemm_kernel": set(FORMATS), "_block_gemv_kernel": set(FORMATS) & set(BLOCK_FORMATS),
-                "_qgemv_kernel": set(FORMATS) - set(BLOCK_FORMATS)}
+                "_block_gemm_kernel": set(FORMATS) & set(BLOCK_FORMATS), "_qgemv_kernel": set(FORMATS) - set(BLOCK_FORMATS)}
     for kernel, formats in expected.items():
         done = {int(r["constants"]["FMT"]) for r in rows if r["kernel"] == kernel}
         assert done == formats, f"{kernel} on sm_{capability} lacks {formats - done}"
