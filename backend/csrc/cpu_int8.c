@@ -80,8 +80,6 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #endif
 }
 
-/* a group's 16 (AVX-512) or 8 scales or offsets, as the fp32 kernel reads them (cpu_kernel.h) */
-INLINE VF params(const void *base, i64 index, int scale_kind) { return (VF)vparams(base, index, scale_kind); }
 
 
 /* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
@@ -198,7 +196,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
         }
 #define VECTOR_SCALE(c) if (NC > c) {                                                         \
             const i64 at = ((p + c / HV) * w->panel_groups + g) * PANEL + (c % HV) * IL;      \
-            VF s = params(w->scales, at, w->scale_kind), o = params(w->offsets, at, w->scale_kind);          \
+            VF s = (VF)vparams(w->scales, at, w->scale_kind), o = (VF)vparams(w->offsets, at, w->scale_kind); \
             R8(SCALE, c)                                                                      \
         }
         C4(VECTOR_SCALE)

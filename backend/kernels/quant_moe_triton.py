@@ -30,8 +30,8 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
     tokens = tl.where(valid, pairs // TOP_K, 0)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < INTER
-    w_rows = (expert * INTER + tl.minimum(n, INTER - 1))[None, :]
     n_rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
+    w_rows = n_rows[None, :]
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
@@ -68,14 +68,14 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
     valid = pairs >= 0
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
-    w_rows = (expert * H + tl.minimum(n, H - 1))[None, :]
+    n_rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
+    w_rows = n_rows[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(INTER, BLOCK_K)):
         k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = k < INTER
         a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
         if BLOCKWISE:
-            n_rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
             w = tl.trans(block_weights(w_ptr, n_rows * (INTER if FMT == 0 else rb_down), k0, INTER, FMT,
                                        BLOCK_N)).to(a.dtype)
         else:
@@ -97,7 +97,8 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     tiles: the grouped GEMM's, which then runs whatever the token count."""
     (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
     tokens, hidden = x.shape
-    if tiles is None and tokens <= GEMV_TOKENS and {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS):
+    block_formats = {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS)
+    if tiles is None and tokens <= GEMV_TOKENS and block_formats:
         return moe_gemv(x, gate, up, down, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     num_experts, inter_size = wg.shape[0], wg.shape[1]
@@ -105,9 +106,8 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
         return torch.zeros_like(x)
     # Formats read block by block: tiles of 256 columns (16 rows, so that x, gate's and up's tiles fit sm_89's
     # shared memory in fp32); the others decode each weight of the per-weight tiles.
-    blockwise = {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS)
-    block_m, block_n, block_k = tiles or ((16, 32, 256) if blockwise else moe_tiles(tokens * top_k, num_experts))
-    blockwise = blockwise and block_k == 256
+    block_m, block_n, block_k = tiles or ((16, 32, 256) if block_formats else moe_tiles(tokens * top_k, num_experts))
+    blockwise = block_formats and block_k == 256
     sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
     blocks = block_expert.numel()
     out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)

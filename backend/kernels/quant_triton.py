@@ -133,14 +133,12 @@ def linear_tiles(m: int) -> tuple[int, int, int]:
 def qlinear(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
     """x [M, cols] @ W.T -> [M, rows]; w holds W's blocks ([rows, row_bytes] uint8) or W itself (fmt 0)."""
     m = x.shape[0]
+    if fmt in BLOCK_FORMATS and m <= GEMM_MAX_ROWS:
+        return (gemv if m <= GEMV_MAX_ROWS else gemm)(x, w, fmt, rows, cols, row_bytes)
     x = x.contiguous()
     out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    if m <= GEMV_MAX_ROWS and fmt in BLOCK_FORMATS:
-        return gemv(x, w, fmt, rows, cols, row_bytes)
-    if m <= GEMM_MAX_ROWS and fmt in BLOCK_FORMATS:
-        return gemm(x, w, fmt, rows, cols, row_bytes)
     if m <= GEMV_MAX_ROWS:
         block_n, block_k = 64, 128
         _qgemv_kernel[(triton.cdiv(rows, block_n), m)](x, w, out, rows, cols, row_bytes, FMT=fmt, BLOCK_N=block_n,

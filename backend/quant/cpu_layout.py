@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.kernels import native
-from backend.quant.formats import Format, decode, decode_parts
+from backend.quant.formats import Format, composed, decode, decode_parts
 
 # Formats whose q fits 4 bits once shifted by `lo` (so q4 = q - lo, offset + lo * scale folded in).
 _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
@@ -46,7 +46,8 @@ TILE_PANELS = 4  # the most panels a tile of the kernel reads at once: rows are 
 class Layout:
     bits: int  # 4 or 8 (in the pairs' order 4, 7 or 8, paired_bits's)
     group: int  # weights per scale: 16 or 32
-    scale_kind: int  # how scales (and offsets) are stored: SCALES_FP32, SCALES_FP16, or a K-quant's parts (parts_kind)
+    scale_kind: int  # how scales (and offsets) are stored: SCALES_FP32, SCALES_FP16, or the groups a superblock of
+    # a K-quant's parts (parts_of)
     offsets: bool
     # where the codes lie: "panels" (pack's, the fp32 kernel's), "pairs" (AMX tiles' order, pair_order: every product
     # bf16's, on the tiles) or "quads" (quad_order: every product int8 codes times x quantized to int8)
@@ -75,7 +76,8 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
     Rows are padded with zero weights to whole groups of 4 panels (64 rows), which a tile of the kernel may read at
     once."""
     rows = raw.shape[0]
-    q, scale, offset = decode(raw, fmt)
+    parts = decode_parts(raw, fmt)  # the K-quants' (their scales' parts kept, below), decoded once
+    q, scale, offset = decode(raw, fmt) if parts is None else composed(parts)
     q = q.view(rows, cols).to(torch.int16)
     scale = scale.reshape(rows, -1)
     offset = offset.reshape(rows, -1) if offset is not None else None
@@ -91,15 +93,14 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
         return t.view(panels, PANEL, -1).transpose(1, 2).contiguous()
 
     group = cols // scale.shape[1]
-    split = parts_of(raw, fmt, scale, offset, lo or 0) if kind is None else None
+    split = parts_of(parts, fmt, scale, offset, lo or 0) if kind is None and parts is not None else None
     if split is not None:
         def stored(t):
             if t is None:
                 return None
-            d, n = t  # [rows, superblocks], [rows, groups]
-            per = n.shape[1] // d.shape[1]
+            d, n = t  # [rows, superblocks], [rows, groups]; kind: groups a superblock
             d = interleaved(d.half().view(torch.int16)).view(torch.uint8)  # [panels, superblocks, 32]
-            n = interleaved(n.to(torch.int8).view(torch.uint8)).view(panels, d.shape[1], per * PANEL)
+            n = interleaved(n.to(torch.int8).view(torch.uint8)).view(panels, d.shape[1], kind * PANEL)
             return torch.cat([d, n], dim=2).contiguous()
         kind, scale, offset = split[0], split[1], split[2]
     else:
@@ -122,16 +123,13 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
     return codes.contiguous(), stored(scale), stored(offset), layout
 
 
-def parts_of(raw: torch.Tensor, fmt: Format, scale: torch.Tensor, offset: torch.Tensor | None,
+def parts_of(parts: tuple[torch.Tensor, ...], fmt: Format, scale: torch.Tensor, offset: torch.Tensor | None,
              lo: int) -> tuple[int, tuple, tuple | None] | None:
     """(kind, (d, n) of the scales, (d, n) of the offsets or None) where every scale (and offset) of these rows is
-    exactly its superblock's fp16 d times an int8 n (a K-quant's own parts, formats.decode_parts), else None (fp16
-    d of inf or NaN, a multiplier past int8, rows not of whole superblocks)."""
-    found = decode_parts(raw, fmt)
-    rows, groups = scale.shape
-    if found is None or groups % (fmt.block // fmt.group):
-        return None
-    _, d, sc, dmin, mn = found
+    exactly its superblock's fp16 d times an int8 n (parts: a K-quant's own, formats.decode_parts), else None (an
+    fp16 d of inf or NaN, a multiplier past int8)."""
+    rows = scale.shape[0]
+    _, d, sc, dmin, mn = parts
     per = fmt.block // fmt.group  # groups a superblock
     pairs = [(d.view(rows, -1), sc.view(rows, -1).to(torch.int32))]
     if dmin is not None:

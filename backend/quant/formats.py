@@ -87,6 +87,11 @@ def decode(raw: torch.Tensor, fmt: Format) -> tuple[torch.Tensor, torch.Tensor, 
     parts = decode_parts(b, fmt)
     if parts is None:
         raise ValueError(f"no decoder for {name}")
+    return composed(parts)
+
+
+def composed(parts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """decode_parts's result as decode gives it: q, scale d * sc, offset -(dmin * mn) (or None)."""
     q, d, sc, dmin, mn = parts
     return q, d * sc.float(), None if dmin is None else -(dmin * mn.float())
 
