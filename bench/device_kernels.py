@@ -5,8 +5,13 @@ import time
 
 import torch
 
+from backend.kernels.quant_gemv_triton import GemvConfig
+
 # (BLOCK_M, BLOCK_N, BLOCK_K) of the float grouped GEMM tried at 4,096 tokens.
 TILE_CANDIDATES = ((64, 64, 64), (64, 128, 64), (128, 64, 64), (128, 128, 64), (64, 128, 32), (128, 128, 32))
+
+# Launch shapes of the block-wise GEMV tried on Mixtral's gate (Q4_K, 14,336 rows) and down (Q6_K, 4,096 rows).
+GEMV_CANDIDATES = [GemvConfig(n, w, s) for n in (8, 16, 32, 64) for s in (1, 4) for w in (2, 4, 8)]
 
 
 def sync(device: str) -> None:
@@ -117,10 +122,13 @@ def quant_gemv(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> lis
         xk = torch.randn(1, k, device=device, dtype=dtype)
         gb = raw.numel() / 1e9
         figures = {}
-        for block_n in ((16,) if smoke else (8, 16, 32, 64)):
-            qgt.GEMV_BLOCK_N = block_n
-            figures[f"block_n{block_n}"] = _3g(gb / _timed(device, smoke, qgt.gemv, xk, raw, fmt, n, k, rb))
-        qgt.GEMV_BLOCK_N = 16
+        for cfg in GEMV_CANDIDATES[:1] if smoke else GEMV_CANDIDATES:
+            try:  # a shape that fails to compile is a figure too
+                figure = _3g(gb / _timed(device, smoke, qgt.gemv, xk, raw, fmt, n, k, rb, cfg))
+            except Exception as e:
+                figure = f"{type(e).__name__}: {e}"[:200]
+            figures[f"n{cfg.block_n}_w{cfg.warps}_s{cfg.splits}"] = figure
+        figures["default"] = _3g(gb / _timed(device, smoke, qgt.gemv, xk, raw, fmt, n, k, rb))
         figures["per_weight"] = _3g(gb / _timed(device, smoke, _per_weight_gemv, xk, raw, fmt, n, k, rb))
         rows.append({"figure": "quant_gemv", "format": name, "rows": n, "cols": k, "gb_s": figures})
         for m in ((8,) if smoke else (8, 32)):  # a decode batch: block-wise tiles vs the per-weight tiled GEMM
@@ -129,6 +137,13 @@ def quant_gemv(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> lis
             per_weight = _timed(device, smoke, _per_weight_gemm, xm, raw, fmt, n, k, rb)
             rows.append({"figure": "quant_gemm", "format": name, "rows_of_x": m, "block_wise_ms": _3g(block_wise * 1e3),
                          "per_weight_ms": _3g(per_weight * 1e3)})
+    # The same product on bf16 weights: the block-wise kernel's reading alone (no decoding) against torch's GEMV.
+    wf = torch.randn(inter, h, device=device, dtype=dtype, generator=gen)
+    xk = torch.randn(1, h, device=device, dtype=dtype)
+    gb = wf.numel() * wf.element_size() / 1e9
+    rows.append({"figure": "float_gemv", "dtype": str(dtype).removeprefix("torch."), "rows": inter, "cols": h,
+                 "gb_s": {"block_wise": _3g(gb / _timed(device, smoke, qgt.gemv, xk, wf, 0, inter, h, h)),
+                          "torch": _3g(gb / _timed(device, smoke, torch.matmul, xk, wf.T))}})
     stacks = [blocks("Q4_K", inter, h, (e,)), blocks("Q4_K", inter, h, (e,)), blocks("Q6_K", h, inter, (e,))]
     for tokens in ((1,) if smoke else (1, 4, 8)):
         xt = torch.randn(tokens, h, device=device, dtype=dtype)

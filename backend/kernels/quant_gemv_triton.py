@@ -9,6 +9,8 @@ BLOCK_FORMATS keep the per-weight kernels. The torch reference (dequantize, then
 tests/backend/test_quant_kernels.py, through the interpreter.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -17,7 +19,7 @@ from backend.kernels.gguf_bytes_triton import f16_at, f16_masked, k_scale_min
 
 # GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
 BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14)
-GEMV_BLOCK_N = 16
+MOE_BLOCK_N = 16  # rows of an expert a (token, expert) program reads
 GEMM_MAX_ROWS = 64  # past it (a prompt's chunk) the per-weight tiled GEMM, whose tiles reuse weights over 64 rows
 
 
@@ -193,25 +195,55 @@ def gemm(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_b
 
 
 @triton.jit
-def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, blocks_per_split, FMT: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    # Program (i, m, s): BLOCK_N rows of row m of x over the s-th run of blocks_per_split 256-column blocks; out
+    # is [splits, M, N] (summed by the caller in a fixed order, so the result is the same every run).
     m = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_off = tl.minimum(n, N - 1).to(tl.int64) * stride
     acc = tl.zeros([BLOCK_N], tl.float32)
-    for kb in range(0, tl.cdiv(K, 256)):
+    first = split * blocks_per_split
+    for kb in range(first, tl.minimum(first + blocks_per_split, tl.cdiv(K, 256))):
         acc += block_dot(w_ptr, row_off, kb, x_ptr + m * K, K, FMT, BLOCK_N)
-    tl.store(out_ptr + m * N + n, acc.to(out_ptr.dtype.element_ty), mask=n < N)
+    out = out_ptr + (split * tl.num_programs(1) + m) * N + n
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n < N)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 16  # rows a program reads
+    warps: int = 4
+    splits: int = 1  # programs along the columns: more loads in flight when rows are few
+
+
+def gemv_config(fmt: int, rows: int, cols: int) -> GemvConfig:
+    """The launch shape for a weight, from bench/device.py's sweep on the H200 (GB/s of blocks read, two runs):
+    Mixtral's gate (Q4_K, 14,336 rows) read best with 16 rows a program and 2 warps (700, 537; the old 16 rows
+    and 4 warps: 511, 496); its down (Q6_K, 4,096 rows, 56 blocks a row) with 64 rows, 8 warps and the columns
+    split in 4 (813, 708; before: 541, 532), since 64 programs of whole rows leave most of the GPU idle."""
+    if rows >= 8192:
+        return GemvConfig(block_n=16, warps=2)
+    return GemvConfig(block_n=64, warps=8, splits=4)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int,
+         config: GemvConfig | None = None) -> torch.Tensor:
     """x [M, cols] @ W.T -> [M, rows] for a few rows of x; fmt one of BLOCK_FORMATS."""
     m = x.shape[0]
-    x = x.contiguous()
-    out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
-    if m:
-        _block_gemv_kernel[(triton.cdiv(rows, GEMV_BLOCK_N), m)](x, w, out, rows, cols, cols if fmt == 0 else row_bytes,
-                                                           FMT=fmt, BLOCK_N=GEMV_BLOCK_N)
-    return out
+    if not m:
+        return torch.empty(0, rows, dtype=x.dtype, device=x.device)
+    cfg = config or gemv_config(fmt, rows, cols)
+    blocks = triton.cdiv(cols, 256)
+    splits = min(cfg.splits, blocks)
+    per_split = triton.cdiv(blocks, splits)
+    splits = triton.cdiv(blocks, per_split)
+    out = torch.empty(splits, m, rows, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    grid = (triton.cdiv(rows, cfg.block_n), m, splits)
+    args = (x.contiguous(), w, out, rows, cols, cols if fmt == 0 else row_bytes, per_split)
+    _block_gemv_kernel[grid](*args, FMT=fmt, BLOCK_N=cfg.block_n, num_warps=cfg.warps)
+    return out[0] if splits == 1 else out.sum(0).to(x.dtype)
 
 
 @triton.jit
@@ -259,10 +291,10 @@ def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
     ids = topk_ids.flatten().contiguous()
     inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
     out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, GEMV_BLOCK_N))](
+    _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, MOE_BLOCK_N))](
         x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
-        hidden if fmt_u == 0 else rb_u, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=GEMV_BLOCK_N)
-    _block_moe_down_kernel[(pairs, triton.cdiv(hidden, GEMV_BLOCK_N))](
+        hidden if fmt_u == 0 else rb_u, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
+    _block_moe_down_kernel[(pairs, triton.cdiv(hidden, MOE_BLOCK_N))](
         inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
-        inter_size if fmt_d == 0 else rb_d, FMT=fmt_d, BLOCK_N=GEMV_BLOCK_N)
+        inter_size if fmt_d == 0 else rb_d, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
     return out_pairs.view(tokens, top_k, hidden).sum(1)
