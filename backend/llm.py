@@ -41,13 +41,14 @@ class LLM:
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts; "
                                  "give one, or one per prompt")
+        requests = [self.engine.validate_request(prompt, params) for prompt, params in zip(prompt_list, params_list)]
         ids = []
         try:
-            for prompt, params in zip(prompt_list, params_list):
+            for request in requests:
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, request)
                 ids.append(request_id)
-            return self._run(ids, [p.n for p in params_list], use_tqdm)
+            return self._run(ids, [r.params.n for r in requests], use_tqdm)
         except BaseException:
             for request_id in ids:  # leave the engine clean if a prompt was refused or the user interrupted
                 self.engine.abort_request(request_id)

@@ -14,9 +14,9 @@ MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 1024  # every step searches each new tex
 class InvalidParameter(ValueError):
     """A sampling setting out of its range; `param` names the field (the server reports it)."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code  # code: the OpenAI error code the server reports, where one fits
 
 
 @dataclass

@@ -10,6 +10,21 @@ from backend.sampling_params import InvalidParameter, SamplingParams
 MAX_EMBEDDING_TOKENS = 65536
 
 
+@dataclass(frozen=True)
+class AdmittedRequest:
+    """A request LLMEngine.validate_request passed: its prompt's token ids (and its text, when it came as text)
+    and its settings. add_request queues it as it is, without checking it again."""
+    token_ids: list[int]
+    params: SamplingParams
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class AdmittedEmbedding:
+    """An embeddings request's inputs Limits.check_embedding passed, queued as they are."""
+    inputs: list[list[int]]
+
+
 @dataclass
 class Limits:
     vocab_size: int
@@ -47,17 +62,23 @@ class Limits:
             raise InvalidParameter("top_k", f"top_k must be at most the vocabulary size ({self.vocab_size}), or 0 / "
                                    f"-1 for no limit; got {params.top_k}")
 
-    def check_embedding(self, inputs: list[list[int]]) -> None:
+    def token_ids(self, ids: list[int], param: str) -> list[int]:
+        """The one check of a prompt's (or an input's) token ids: some, and each in the vocabulary."""
+        if not ids:
+            raise InvalidParameter(param, f"{param} is empty; give at least one token")
+        vocab = self.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+            raise InvalidParameter(param, f"{param}: token ids must be integers in [0, {vocab})")
+        return ids
+
+    def check_embedding(self, inputs: list[list[int]]) -> AdmittedEmbedding:
         """An embeddings request's inputs (token ids): each one non-empty, in the vocabulary and within the
         context, and all of them together within max_embedding_tokens."""
         if not inputs:
             raise InvalidParameter("input", "input is empty; give at least one text or list of token ids")
         for i, ids in enumerate(inputs):
             where = f"input[{i}]" if len(inputs) > 1 else "input"
-            if not ids:
-                raise InvalidParameter(where, f"{where} is empty")
-            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in ids):
-                raise InvalidParameter(where, f"{where}: token ids must be integers in [0, {self.vocab_size})")
+            self.token_ids(ids, where)
             if len(ids) > self.max_model_len:
                 raise InvalidParameter(where, f"{where} has {len(ids)} tokens; this model embeds at most "
                                        f"{self.max_model_len} (max_model_len)")
@@ -65,27 +86,25 @@ class Limits:
         if total > self.max_embedding_tokens:
             raise InvalidParameter("input", f"input holds {total} tokens in {len(inputs)} inputs; this server embeds at "
                                    f"most {self.max_embedding_tokens} tokens per request (max_embedding_tokens): "
-                                   "send the inputs in several requests")
+                                   "send the inputs in several requests", code="embedding_tokens_exceeded")
+        return AdmittedEmbedding(inputs)
 
-    def prompt_ids(self, prompt: str | list[int], tokenizer, model_name: str) -> tuple[list[int], str | None]:
+    def prompt_ids(self, prompt: str | list[int], tokenizer, model_name: str,
+                   param: str = "prompt") -> tuple[list[int], str | None]:
         """The prompt's token ids (and its text when given as text), refused when they cannot run."""
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise ValueError(f"model {model_name!r} has no tokenizer: give prompts as token ids")
             if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
-                raise ValueError(f"the prompt has {len(prompt)} characters, more than max_model_len="
-                                 f"{self.max_model_len} tokens can hold; shorten it")
+                raise InvalidParameter(param, f"the prompt has {len(prompt)} characters, more than max_model_len="
+                                       f"{self.max_model_len} tokens can hold; shorten it")
             token_ids, text = tokenizer(prompt).input_ids, prompt
         else:
             token_ids, text = list(prompt), None
-        if not token_ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        vocab = self.vocab_size
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        self.token_ids(token_ids, param)
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is {self.max_model_len}: "
-                             "shorten the prompt or raise max_model_len")
+            raise InvalidParameter(param, f"the prompt has {len(token_ids)} tokens, but max_model_len is "
+                                   f"{self.max_model_len}: shorten the prompt or raise max_model_len")
         return token_ids, text
 
 

@@ -15,7 +15,7 @@ from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
 from backend.engine import residency
-from backend.engine.admission import Limits, chat_prompt_ids
+from backend.engine.admission import AdmittedEmbedding, AdmittedRequest, Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
 from backend.engine.embedding import embedding_delta, embedding_sequences
@@ -124,36 +124,49 @@ class LLMEngine:
 
     # Requests ------------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
-                    params: SamplingParams | dict | None = None, group: str | None = None) -> None:
-        """Queue a request, all or nothing: everything that can refuse it runs before any part is queued.
-        prompt: text, token ids, or chat messages (through the model's chat template); params: SamplingParams
-        or a dict of its fields (None: the defaults); group: the client's request it is part of (one completion
-        of several prompts), which takes its turns at admission as one (None: a request of its own)."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+    def validate_request(self, prompt: str | list[int] | list[dict], params: SamplingParams | dict | None = None,
+                         param: str = "prompt") -> AdmittedRequest:
+        """Everything that can refuse a request, once: its prompt (text, token ids, or chat messages through the
+        model's chat template) and its settings against this engine's limits. Raises ValueError (InvalidParameter
+        naming param or the setting); add_request takes the result as it is. Thread-safe (no engine state)."""
         params = as_sampling_params(params)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             if self.tokenizer is None:
                 raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
             ids = chat_prompt_ids(self.tokenizer, prompt, self.model_name)
-            token_ids, _ = self.limits.prompt_ids(ids, self.tokenizer, self.model_name)
+            token_ids, _ = self.limits.prompt_ids(ids, self.tokenizer, self.model_name, param)
             text = self.tokenizer.decode(token_ids)
         else:
-            token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name)
+            token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name, param)
         self.limits.check(params)
+        return AdmittedRequest(token_ids, params, text)
+
+    def add_request(self, request_id: str, prompt: AdmittedRequest | str | list[int] | list[dict],
+                    params: SamplingParams | dict | None = None, group: str | None = None) -> None:
+        """Queue a request, all or nothing: validate_request's result, or a prompt and its params validated here
+        (params: SamplingParams or a dict of its fields; None: the defaults). group: the client's request it is
+        part of (one completion of several prompts), which takes its turns at admission as one (None: a request
+        of its own)."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, AdmittedRequest):
+            if params is not None:
+                raise ValueError("an admitted request carries its own params: give them to validate_request")
+            request = prompt
+        else:
+            request = self.validate_request(prompt, params)
+        token_ids, params, text = request.token_ids, request.params, request.text
         matchers = [self.guided_matcher(params) for _ in range(params.n)]
         seqs = []
         for i in range(params.n):
             seq = Sequence(
                 seq_id=next(self._seq_ids), request_id=request_id, index=i, token_ids=list(token_ids),
-                num_prompt_tokens=len(token_ids), params=params, matcher=matchers[i],
+                num_prompt_tokens=len(token_ids), params=params, matcher=matchers[i], group=group,
                 detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
                 if self.tokenizer is not None else None,
+                generator=torch.Generator(device=self.device).manual_seed(params.sequence_seed(i))
+                if params.seed is not None else None,
             )
-            seq.group = group
-            if params.seed is not None:
-                seq.generator = torch.Generator(device=self.device).manual_seed(params.sequence_seed(i))
             seqs.append(seq)
         # The prompt is prefilled once, for the first sequence; the others fork from it (Scheduler.start_forks).
         seqs[0].forks = seqs[1:]
@@ -163,13 +176,15 @@ class LLMEngine:
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
 
-    def add_embedding_request(self, request_id: str, inputs: list[list[int]]) -> None:
+    def add_embedding_request(self, request_id: str, inputs: AdmittedEmbedding | list[list[int]]) -> None:
         """Queue inputs of token ids to embed (engine/embedding.py): the step that finishes the last one hands
-        out their vectors in RequestDelta.embeddings. Refused whole (InvalidParameter) past the limits."""
+        out their vectors in RequestDelta.embeddings. Raw inputs are refused whole (InvalidParameter) past the
+        limits; Limits.check_embedding's result is taken as it is."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.limits.check_embedding(inputs)
-        seqs = embedding_sequences(request_id, inputs, self._seq_ids)
+        if not isinstance(inputs, AdmittedEmbedding):
+            inputs = self.limits.check_embedding(inputs)
+        seqs = embedding_sequences(request_id, inputs.inputs, self._seq_ids)
         for seq in seqs:
             self.scheduler.add(seq)
         self.requests[request_id] = seqs

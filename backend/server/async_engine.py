@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.engine.admission import AdmittedEmbedding, AdmittedRequest
 from backend.engine.deltas import RequestDelta
 from backend.engine.llm_engine import LLMEngine
-from backend.sampling_params import SamplingParams
 from backend.server.metrics import ModelMetrics
 from backend.server.protocol import APIError
 
@@ -85,16 +85,18 @@ class AsyncEngine:
 
     # Called from the event loop ------------------------------------------------------------------------
 
-    def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
-                 group: str | None = None) -> AsyncIterator[RequestDelta]:
-        """Yields what each step that advanced the request changed, the last delta finished. group: the client's
-        request it is part of (one of a completion's prompts), admitted in turns as one."""
-        return self._follow(request_id, len(prompt), lambda e: e.add_request(request_id, prompt, params, group=group))
+    def generate(self, request_id: str, request: AdmittedRequest, group: str | None = None
+                 ) -> AsyncIterator[RequestDelta]:
+        """Yields what each step that advanced the request (LLMEngine.validate_request's result) changed, the last
+        delta finished. group: the client's request it is part of (one of a completion's prompts), admitted in
+        turns as one."""
+        return self._follow(request_id, len(request.token_ids),
+                            lambda e: e.add_request(request_id, request, group=group))
 
-    async def embed(self, request_id: str, inputs: list[list[int]]) -> list[torch.Tensor]:
+    async def embed(self, request_id: str, inputs: AdmittedEmbedding) -> list[torch.Tensor]:
         """Each input's embedding, computed step by step beside the other requests (aborted when the caller
         is cancelled: its client went away)."""
-        deltas = [d async for d in self._follow(request_id, sum(len(i) for i in inputs),
+        deltas = [d async for d in self._follow(request_id, sum(len(i) for i in inputs.inputs),
                                                 lambda e: e.add_embedding_request(request_id, inputs))]
         return deltas[-1].embeddings
 

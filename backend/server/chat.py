@@ -8,7 +8,7 @@ from fastapi import Request
 from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
-from backend.server.prompts import budget, chat_prompt, check_guided, check_limits
+from backend.server.prompts import admit, budget, chat_prompt, check_guided
 from backend.server.protocol import (
     ChatRequest,
     chat_logprobs,
@@ -70,7 +70,8 @@ async def templated(engine: AsyncEngine, req: ChatRequest) -> tuple[ToolSpec | N
 
 
 async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = False):
-    """The engine, the prompt's token ids, the sampling settings and the tool reading of a chat request.
+    """The engine, the request as the engine admitted it (the prompt's token ids and the sampling settings) and
+    the tool reading of a chat request.
     cap_to_context: a token limit past the context is cut to what the context leaves (Anthropic's max_tokens
     is a ceiling that clients set for the largest models), where chat's is a 400."""
     engine = state.ready_engine()
@@ -91,15 +92,16 @@ async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = F
     guided = spec.guided_json() if spec is not None else None
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
                              skip_special_tokens=not tools.keep_special)
-    check_limits(engine.engine, params)
+    admitted = await admit(engine.engine, prompt, params, "messages")
     await check_guided(engine.engine, params, "tools" if guided is not None else "response_format")
-    return engine, prompt, params, tools
+    return engine, admitted, tools
 
 
 async def create_chat_completion(state: ServerState, req: ChatRequest, request: Request):
-    engine, prompt, params, tools = await prepare(state, req)
+    engine, admitted, tools = await prepare(state, req)
+    prompt = admitted.token_ids
     rid = new_id("chatcmpl")
-    gen = engine.generate(rid, prompt, params)
+    gen = engine.generate(rid, admitted)
     if req.stream:
         return sse(_stream(state, rid, req, gen, prompt, tools))
     (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))

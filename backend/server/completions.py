@@ -8,7 +8,7 @@ from fastapi import Request
 
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import completion_logprobs, joined, prompt_logprobs_json
-from backend.server.prompts import budget, check_guided, check_limits, completion_prompts, off_loop
+from backend.server.prompts import admit, budget, check_guided, completion_prompts, off_loop
 from backend.server.protocol import CompletionRequest, completion_choice, new_id, now, sampling_params, usage
 from backend.server.state import ServerState
 from backend.server.streams import collect, event, merge, sse, until_disconnect
@@ -44,20 +44,21 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise APIError(400, f"this request asks for {count * req.n} sequences ({count} prompts, n={req.n}); this "
                        f"server takes at most {limit} a request (serve --max-prompts): send them in several "
                        "requests", param="prompt")
-    prompts = await completion_prompts(req.prompt, engine.engine)
-    echo = Echo(await _prompt_texts(req.prompt, prompts, engine.engine.tokenizer), req.max_tokens != 0) \
-        if req.echo else None
+    named = await completion_prompts(req.prompt, engine.engine)
     # the legacy API's default is 16; max_tokens 0 (echo) computes the prompt and drops the one token generated
     requested = 16 if req.max_tokens is None else 1 if req.max_tokens == 0 else req.max_tokens
     # echo with logprobs: the prompt tokens' logprobs too, with as many top ones (vLLM's rule)
     asked = [v for v in (req.prompt_logprobs, req.logprobs if req.echo else None) if v is not None]
-    params = [sampling_params(req, budget(engine.engine, len(p), requested, "max_tokens", "prompt"),
-                              req.logprobs, prompt_logprobs=max(asked) if asked else None) for p in prompts]
-    check_limits(engine.engine, params[0])
-    await check_guided(engine.engine, params[0])
+    admitted = [await admit(engine.engine, p, sampling_params(
+        req, budget(engine.engine, len(p), requested, "max_tokens", where), req.logprobs,
+        prompt_logprobs=max(asked) if asked else None), where) for p, where in named]
+    prompts = [a.token_ids for a in admitted]
+    echo = Echo(await _prompt_texts(req.prompt, prompts, engine.engine.tokenizer), req.max_tokens != 0) \
+        if req.echo else None
+    await check_guided(engine.engine, admitted[0].params)
     rid = new_id("cmpl")
     # one request's prompts take their turns at admission together, so they cannot crowd out later requests
-    gens = [engine.generate(f"{rid}-{i}", p, sp, group=rid) for i, (p, sp) in enumerate(zip(prompts, params))]
+    gens = [engine.generate(f"{rid}-{i}", a, group=rid) for i, a in enumerate(admitted)]
     tokenizer = engine.engine.tokenizer
     if req.stream:
         return sse(_stream(state, rid, req, gens, prompts, echo, tokenizer))

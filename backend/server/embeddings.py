@@ -6,6 +6,7 @@ import torch
 from fastapi import Request
 from pydantic import BaseModel
 
+from backend.engine.admission import AdmittedEmbedding
 from backend.sampling_params import InvalidParameter
 from backend.server.errors import APIError
 from backend.server.prompts import chat_ids, check_length, off_loop, token_lists
@@ -36,18 +37,16 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def _token_ids(engine, value) -> list[list[int]]:
-    out = token_lists(engine, value, "input", MAX_INPUTS)
-    for i, item in enumerate(out):
-        if len(item) > engine.max_model_len:
-            where = f"input[{i}]" if len(out) > 1 else "input"
-            raise APIError(400, f"{where} has {len(item)} tokens; this model embeds at most {engine.max_model_len}",
+def _token_ids(engine, value) -> AdmittedEmbedding:
+    named = token_lists(engine, value, "input", MAX_INPUTS)
+    for ids, where in named:
+        if len(ids) > engine.max_model_len:
+            raise APIError(400, f"{where} has {len(ids)} tokens; this model embeds at most {engine.max_model_len}",
                            param=where, code="context_length_exceeded")
-    try:
-        engine.limits.check_embedding(out)  # all the inputs together within max_embedding_tokens
+    try:  # each input's ids, and all the inputs together within max_embedding_tokens
+        return engine.limits.check_embedding([ids for ids, _ in named])
     except InvalidParameter as e:
-        raise APIError(400, str(e), param=e.param, code="embedding_tokens_exceeded") from None
-    return out
+        raise APIError(400, str(e), param=e.param, code=e.code) from None
 
 
 def _encode(vector: torch.Tensor, encoding: str) -> list[float] | str:
@@ -68,7 +67,7 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest, request: 
     inputs = await off_loop(_token_ids, engine.engine, req.input)
     # scheduled beside the other requests, step by step; aborted (its KV blocks freed) if the client goes away
     vectors = await until_disconnect(request, engine.embed(new_id("embd"), inputs))
-    tokens = sum(len(i) for i in inputs)
+    tokens = sum(len(i) for i in inputs.inputs)
     return {"object": "list", "model": state.served_model_name,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.encoding_format)}
                      for i, v in enumerate(vectors)],

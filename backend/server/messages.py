@@ -87,11 +87,12 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
     fields, origin = chat_request(req)
     chat = _chat(fields, origin)
     try:
-        engine, prompt, params, tools = await prepare(state, chat, cap_to_context=True)
+        engine, admitted, tools = await prepare(state, chat, cap_to_context=True)
     except APIError as e:
         raise _renamed(e, origin) from None
+    prompt = admitted.token_ids
     mid = new_message_id()
-    gen = engine.generate(mid, prompt, params)
+    gen = engine.generate(mid, admitted)
     if req.stream:
         return stream_message(state.served_model_name, mid, gen, len(prompt), tools)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))

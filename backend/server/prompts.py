@@ -8,7 +8,7 @@ longer than the context is refused from its length in characters alone (Limits.m
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from backend.engine.admission import chat_prompt_ids
+from backend.engine.admission import AdmittedRequest, chat_prompt_ids
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import InvalidParameter, SamplingParams
 from backend.server.protocol import APIError
@@ -30,17 +30,10 @@ def check_length(engine: LLMEngine, chars: int, param: str) -> None:
                        code="context_length_exceeded")
 
 
-def validate_ids(ids: list[int], vocab: int, param: str) -> list[int]:
-    if not ids:
-        raise APIError(400, f"{param} is empty", param=param)
-    if any(t < 0 or t >= vocab for t in ids):
-        raise APIError(400, f"{param}: token ids must be in [0, {vocab})", param=param)
-    return ids
-
-
-def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = None) -> list[list[int]]:
-    """A prompt (or embeddings' input) of one or several texts or lists of token ids, as lists of token ids. With
-    max_items, a list of several names its items in errors (input[1])."""
+def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = None) -> list[tuple[list[int], str]]:
+    """A prompt (or embeddings' input) of one or several texts or lists of token ids, as lists of token ids, each
+    with its name in errors (with max_items, a list of several names its items: input[1]). The ids are checked by
+    the engine's validation (LLMEngine.validate_request, Limits.check_embedding)."""
     value = [value] if isinstance(value, str) else value
     if not value:
         raise APIError(400, f"{param} is empty", param=param)
@@ -53,7 +46,7 @@ def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = No
         if isinstance(item, str):
             check_length(engine, len(item), where)
             item = engine.tokenizer(item).input_ids
-        out.append(validate_ids(list(item), engine.model_config.vocab_size, where))
+        out.append((list(item), where))
     return out
 
 
@@ -68,16 +61,12 @@ def chat_ids(engine: LLMEngine, messages: list[dict], tools: list[dict] | None =
         raise APIError(400, str(e), param="messages") from None
 
 
-def _chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    return validate_ids(chat_ids(engine, messages, tools), engine.model_config.vocab_size, "messages")
-
-
-async def completion_prompts(prompt, engine: LLMEngine) -> list[list[int]]:
+async def completion_prompts(prompt, engine: LLMEngine) -> list[tuple[list[int], str]]:
     return await off_loop(token_lists, engine, prompt, "prompt")
 
 
 async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    return await off_loop(_chat_prompt, engine, messages, tools)
+    return await off_loop(chat_ids, engine, messages, tools)
 
 
 async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "response_format") -> None:
@@ -98,12 +87,15 @@ async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "
                        "--grammar-compile-timeout); simplify the schema, or send it again later", param=param) from None
 
 
-def check_limits(engine: LLMEngine, params: SamplingParams) -> None:
-    """The engine's limits on n and top_k, as a 400 before anything is queued."""
+async def admit(engine: LLMEngine, prompt: list[int], params: SamplingParams, param: str) -> AdmittedRequest:
+    """The engine's one validation of a request (its token ids scanned off the event loop), as a 400 naming the
+    field at fault; the engine then queues the result without checking it again."""
     try:
-        engine.limits.check(params)
+        return await off_loop(engine.validate_request, prompt, params, param)
     except InvalidParameter as e:
-        raise APIError(400, str(e), param=e.param) from None
+        raise APIError(400, str(e), param=e.param, code=e.code) from None
+    except ValueError as e:
+        raise APIError(400, str(e), param=param) from None
 
 
 def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:

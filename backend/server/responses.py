@@ -165,9 +165,10 @@ def output_items(tools: ChatTools, names: ToolNames, text: str, reason: str | No
 
 
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request):
-    engine, prompt, params, tools, names = await prepare_response(state, req)
+    engine, admitted, tools, names = await prepare_response(state, req)
+    prompt = admitted.token_ids
     rid, created = new_item_id("resp"), time.time()
-    gen = engine.generate(rid, prompt, params)
+    gen = engine.generate(rid, admitted)
     if req.stream:
         return stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import httpx
 
-from common import upstreams as board
 from orchestrator.clients.llm import (
     LLMClient,
     LLMError,
@@ -35,7 +34,7 @@ from orchestrator.clients.llm import (
     stream_deltas,
 )
 from orchestrator.clients.retries import retry_after
-from orchestrator.clients.upstream import Busy, Failed, Run, Upstream
+from orchestrator.clients.upstream import Busy, Failed, Health, Run, Upstream
 
 
 class LLMRouter:
@@ -47,20 +46,16 @@ class LLMRouter:
         retries = 8 if len(urls) == 1 else 0
         self.pool = [Upstream(LLMClient(u, None, api_key, timeout, max_wait, retries, connect_wait)) for u in urls]
         self.clients = [u.client for u in self.pool]
-        self.model, self.max_wait, self.connect_wait, self.backoff = model, max_wait, connect_wait, backoff
-        self.home = home  # where ops status reads this router's table (common/upstreams.py); None: nowhere
+        self.model = model
+        self.health = Health(self.pool, max_wait, connect_wait, backoff, home)
         self.windows: dict[str, int | None] = {}  # model -> its context as /models lists it (clients/context.py)
-        self._flush: asyncio.TimerHandle | None = None
 
     @property
     def base_url(self) -> str:
         return ", ".join(u.url for u in self.pool)
 
     async def aclose(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-        if self.home is not None:
-            board.remove(self.home)
+        self.health.close()
         for client in self.clients:
             await client.aclose()
 
@@ -69,47 +64,6 @@ class LLMRouter:
 
     async def __aexit__(self, *_) -> None:
         await self.aclose()
-
-    # --- what ops status and stack_status show -----------------------------------------------------------
-    def _publish(self, now: bool = False) -> None:
-        if self.home is None:
-            return
-        if now or self._flush is None:
-            if self._flush is not None:
-                self._flush.cancel()
-            delay = 0 if now else 0.5
-            self._flush = asyncio.get_running_loop().call_later(delay, self._write)
-
-    def _write(self) -> None:
-        self._flush = None
-        with contextlib.suppress(OSError):  # a status table that cannot be written must not fail a request
-            board.write(self.home, [u.row() for u in self.pool])
-
-    async def _probe(self, up: Upstream, timeout: float = 5) -> bool:
-        try:
-            response = await up.client.http.get("/models", timeout=timeout)
-            if response.status_code in (429, 503) and "retry-after" in response.headers:
-                # alive but loading or busy: no failure, and no traffic until it said to come back
-                up.busy_until = time.monotonic() + retry_after(response)
-                up.failures, up.ejected_until = 0, 0.0
-                self._publish(now=True)
-                return True
-            response.raise_for_status()
-            up.models = [m["id"] for m in response.json().get("data", [])]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-            self._fail(up, f"probe: {type(e).__name__}: {e}")
-            return False
-        if up.failures:
-            up.failures, up.ejected_until = 0, 0.0
-            self._publish(now=True)
-        return True
-
-    async def _ask_models(self, up: Upstream) -> None:
-        """Learn what an upstream serves, once however many requests ask at the same time."""
-        async with up.lock:
-            now = time.monotonic()
-            if up.models is None and up.ejected_until <= now and up.busy_until <= now:
-                await self._probe(up)
 
     async def upstreams(self) -> list[dict]:
         """Every upstream, asked now: health, models, requests in flight, when it last failed and why."""
@@ -121,7 +75,7 @@ class LLMRouter:
                 except (TimeoutError, LLMError) as e:
                     healthy, error = False, str(e) or "timeout"
             else:
-                healthy = up.ejected_until <= time.monotonic() and await self._probe(up)
+                healthy = up.ejected_until <= time.monotonic() and await self.health.probe(up)
                 error = None if healthy else up.error
             return {**up.row(), "healthy": healthy, "error": error}
 
@@ -133,72 +87,17 @@ class LLMRouter:
             seen += [m for m in row["models"] if m not in seen]
         return seen
 
-    # --- choosing -----------------------------------------------------------------------------------------
-    def _fail(self, up: Upstream, error: str) -> None:
-        """Take it out for a back-off; requests failing on it together count as one failure."""
-        if up.ejected_until <= time.monotonic():
-            up.failures += 1
-            up.ejected_until = time.monotonic() + min(self.backoff * 2 ** (up.failures - 1), self.backoff * 16)
-        up.last_failure, up.error = time.time(), error
-        self._publish(now=True)
-
+    # --- choosing ---------------------------------------------------------------------------------------------
     async def _resolve(self, model: str | None) -> str:
         if model or self.model:
             return model or self.model
         for up in self.pool:
-            await self._ask_models(up)
+            await self.health.ask_models(up)
             if up.models:
                 self.model = up.models[0]
                 return self.model
-        raise LLMError(f"no LLM upstream answers /models ({self._errors()}); start the backend with `ops up` or "
+        raise LLMError(f"no LLM upstream answers /models ({self.health.errors()}); start the backend with `ops up` or "
                        "check SCRIPTORIUM_LLM_URL")
-
-    def _errors(self) -> str:
-        return " | ".join(f"{u.url}: {u.error}" for u in self.pool if u.error) or "no answer"
-
-    async def _pick(self, model: str, tried: set[str]) -> Upstream | None:
-        """The upstream serving `model` with the fewest requests in flight; ejected ones whose back-off is over
-        are probed first. None: every candidate is tried, ejected or busy for now."""
-        unknown = [u for u in self.pool if u.models is None and u.ejected_until <= time.monotonic()]
-        await asyncio.gather(*(self._ask_models(u) for u in unknown))
-        if not any(model in (u.models or []) for u in self.pool):
-            known = sorted({m for u in self.pool for m in u.models or []})
-            if known or not any(u.models is None for u in self.pool):
-                raise LLMError(f"no upstream serves model {model!r}; available: {', '.join(known) or 'none reachable'}")
-            return None
-        now = time.monotonic()
-        ready = []
-        for up in self.pool:
-            if up.url in tried or model not in (up.models or []) or up.busy_until > now:
-                continue
-            if up.failures and up.ejected_until > now:
-                continue
-            if up.failures:  # its back-off is over: probed before it gets traffic again
-                async with up.lock:
-                    if up.failures and not await self._probe(up):
-                        continue
-                if up.busy_until > time.monotonic():  # the probe found it loading
-                    continue
-            ready.append(up)
-        if not ready:
-            return None
-        chosen = min(ready, key=lambda u: (u.in_flight, u.picks))
-        chosen.picks += 1
-        return chosen
-
-    async def _wait(self, model: str, started: float, tried: set[str], problems: list[str]) -> None:
-        """Nothing to send to right now: wait for the soonest back-off or Retry-After, within the time allowed."""
-        candidates = [u for u in self.pool if model in (u.models or []) or u.models is None]
-        soonest = min([u.busy_until for u in candidates if u.busy_until] +
-                      [u.ejected_until for u in candidates if u.failures] or [time.monotonic() + 0.5])
-        delay = max(0.05, min(soonest - time.monotonic(), 5.0))
-        busy = any(u.busy_until > time.monotonic() for u in candidates)
-        limit = self.max_wait if busy else self.connect_wait
-        if time.monotonic() - started + delay > limit:
-            raise LLMError("every LLM upstream failed: " + (" | ".join(problems) or self._errors()) +
-                           "; start the backend with `ops up` or check SCRIPTORIUM_LLM_URL")
-        tried.clear()
-        await asyncio.sleep(delay)
 
     # --- requests -----------------------------------------------------------------------------------------
     def _classify(self, up: Upstream, response: httpx.Response) -> None:
@@ -214,20 +113,20 @@ class LLMRouter:
     async def _next(self, model: str, run: "Run") -> Upstream:
         """The upstream for the next attempt (waiting while none can take it), counted as in flight."""
         while True:
-            up = await self._pick(model, run.tried)
+            up = await self.health.pick(model, run.tried)
             if up is not None:
                 up.in_flight += 1
-                self._publish()
+                self.health.publish()
                 return up
-            await self._wait(model, run.started, run.tried, run.problems)
+            await self.health.wait(model, run.started, run.tried, run.problems)
 
     def _done(self, up: Upstream) -> None:
         up.in_flight -= 1
-        self._publish()
+        self.health.publish()
 
     def _failed(self, up: Upstream, failure: "Failed", run: "Run") -> None:
         """Take the upstream out; raise when the request may not be tried again (once, when it reached one)."""
-        self._fail(up, str(failure))
+        self.health.fail(up, str(failure))
         run.problems.append(str(failure))
         run.tried.add(up.url)
         if failure.reached:
@@ -240,7 +139,7 @@ class LLMRouter:
         """One upstream: its client retries as it does; the router only keeps the counts."""
         up = self.pool[0]
         up.in_flight += 1
-        self._publish()
+        self.health.publish()
         try:
             yield up.client
             up.served += 1
@@ -250,7 +149,7 @@ class LLMRouter:
             raise
         finally:
             up.in_flight -= 1
-            self._publish()
+            self.health.publish()
 
     async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
         if len(self.pool) == 1:
@@ -304,7 +203,7 @@ class LLMRouter:
                                 if not e.server_side:
                                     raise
                                 if yielded:
-                                    self._fail(up, str(e))
+                                    self.health.fail(up, str(e))
                                     raise
                                 raise Failed(f"{up.url}: {e}") from None
                             if deltas is None:
@@ -318,7 +217,7 @@ class LLMRouter:
                 except httpx.TransportError as e:
                     error = e
                 if yielded:  # part of the answer is out: asking elsewhere would repeat it
-                    self._fail(up, f"stream broke off: {error or 'no data: [DONE]'}")
+                    self.health.fail(up, f"stream broke off: {error or 'no data: [DONE]'}")
                     raise broken_stream(up.url, error)
                 raise Failed(f"{up.url}: the stream ended before any text ({error or 'no data: [DONE]'})")
             except Busy:

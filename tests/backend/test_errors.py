@@ -42,6 +42,30 @@ def test_prompt_longer_than_max_model_len(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_a_validated_request_is_queued_as_it_is(llm, monkeypatch):
+    """validate_request is the one check: add_request takes its result without looking at the prompt again, and
+    the request runs as the same prompt given raw."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = llm.generate([[3, 9, 4, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
+    request = engine.validate_request([3, 9, 4, 7], params)
+    with pytest.raises(ValueError, match="carries its own params"):
+        engine.add_request("twice", request, params)
+    with pytest.raises(ValueError, match=r"prompt\[2\]: token ids must be integers"):
+        engine.validate_request([1, 99999], params, param="prompt[2]")
+
+    def looked_again(*args, **kwargs):
+        raise AssertionError("add_request checked an admitted request again")
+
+    monkeypatch.setattr(engine.limits, "prompt_ids", looked_again)
+    monkeypatch.setattr(engine.limits, "check", looked_again)
+    engine.add_request("admitted", request)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [o for o in engine.step() if o.finished]
+    assert [o.outputs[0].token_ids for o in outputs] == [expected]
+
+
 def test_bad_prompts(llm):
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]], SamplingParams(), use_tqdm=False)

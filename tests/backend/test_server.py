@@ -169,7 +169,7 @@ def test_other_errors(server):
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": [7] * 300})
     assert r.status_code == 400 and error_of(r)["param"] == "prompt"
     r = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": [100000]})
-    assert r.status_code == 400 and "token ids must be in" in error_of(r)["message"]
+    assert r.status_code == 400 and "token ids must be integers in" in error_of(r)["message"]
     r = httpx.post(f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in error_of(r)["message"]
     r = httpx.get(f"{server.url}/v1/nothing-here")
