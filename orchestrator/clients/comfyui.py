@@ -11,30 +11,20 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 
-
-class ComfyUIError(Exception):
-    pass
-
-
-@dataclass
-class NodeError(ComfyUIError):
-    """A node that failed validation or execution: its id, its class and ComfyUI's message."""
-
-    node_id: str
-    class_type: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"ComfyUI node {self.node_id} ({self.class_type}): {self.message}"
-
-
-class Interrupted(ComfyUIError):
-    pass
-
+from orchestrator.clients.comfyui_replies import (
+    ComfyUIError,
+    Interrupted,
+    NodeError,
+    choices,
+    finished,
+    first_id,
+    node_order,
+    outcome,
+    validation_error,
+)
 
 OURS = {"scriptorium": True}  # extra_data every prompt we submit carries; ComfyUI keeps it in its queue entry
 Progress = Callable[[dict], None]  # called with {"node": id, "value": n, "max": m} or {"node": id}
@@ -81,7 +71,7 @@ class ComfyUIClient:
         found = {}
         for kind, (node, name) in kinds.items():
             spec = (info.get(node) or {}).get("input", {})
-            found[kind] = [str(c) for c in _choices({**spec.get("required", {}), **spec.get("optional", {})}
+            found[kind] = [str(c) for c in choices({**spec.get("required", {}), **spec.get("optional", {})}
                                                     .get(name)) or []]
         return found
 
@@ -124,15 +114,15 @@ class ComfyUIClient:
         for cls in classes:
             data = await self.object_info(cls)
             if cls not in data:
-                raise NodeError(_first_id(workflow, cls), cls, "this node type is not installed in ComfyUI")
+                raise NodeError(first_id(workflow, cls), cls, "this node type is not installed in ComfyUI")
             info[cls] = data[cls]
         for node_id, node in workflow.items():
             spec = info[node["class_type"]].get("input", {})
             declared = {**spec.get("required", {}), **spec.get("optional", {})}
             for name, value in node.get("inputs", {}).items():
-                choices = _choices(declared.get(name))
-                if choices is not None and isinstance(value, str) and value not in choices:
-                    shown = ", ".join(map(str, choices[:20])) or "none"
+                allowed = choices(declared.get(name))
+                if allowed is not None and isinstance(value, str) and value not in allowed:
+                    shown = ", ".join(map(str, allowed[:20])) or "none"
                     raise NodeError(node_id, node["class_type"],
                                     f"{name} {value!r} is not available in ComfyUI; available: {shown}")
 
@@ -140,7 +130,7 @@ class ComfyUIClient:
         body = {"prompt": workflow, "client_id": self.client_id, "extra_data": {**OURS, **(extra_data or {})}}
         response = await self._request("POST", "/prompt", json=body)
         if response.status_code == 400:
-            raise _validation_error(response)
+            raise validation_error(response)
         if response.status_code >= 400:
             raise ComfyUIError(f"ComfyUI at {self.base_url} refused the workflow ({response.status_code}): "
                                f"{response.text[:300]}")
@@ -180,8 +170,8 @@ class ComfyUIClient:
             return await self._wait_poll(prompt_id, should_stop, deadline)
         # The prompt may have finished before the socket opened: history settles that.
         entry = await self.history(prompt_id)
-        if entry and _finished(entry):
-            return _outcome(entry, prompt_id)
+        if entry and finished(entry):
+            return outcome(entry, prompt_id)
         while True:
             if should_stop and should_stop():
                 await self.cancel(prompt_id)
@@ -224,8 +214,8 @@ class ComfyUIClient:
                 await self.cancel(prompt_id)
                 raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted (cancelled)")
             entry = await self.history(prompt_id)
-            if entry and _finished(entry):
-                return _outcome(entry, prompt_id)
+            if entry and finished(entry):
+                return outcome(entry, prompt_id)
             await asyncio.sleep(interval)
         raise ComfyUIError(f"ComfyUI at {self.base_url} did not finish prompt {prompt_id} within {self.timeout:.0f} s")
 
@@ -254,68 +244,10 @@ class ComfyUIClient:
             if connection is not None:
                 await connection.close()
         images = []
-        for node_id in sorted(entry.get("outputs", {}), key=_node_order):
+        for node_id in sorted(entry.get("outputs", {}), key=node_order):
             for image in entry["outputs"][node_id].get("images", []):
                 if image.get("type", "output") == "output":
                     images.append(await self.download(image))
         if not images:
             raise ComfyUIError(f"ComfyUI prompt {prompt_id} finished without saving an image (no SaveImage node?)")
         return images
-
-
-def _node_order(node_id: str):
-    return (0, int(node_id)) if node_id.isdigit() else (1, node_id)
-
-
-def _choices(spec) -> list | None:
-    """The allowed values of an input, as /object_info describes it: [[choices], {...}] (classic), or
-    ["COMBO", {"options": [choices], ...}] (newer nodes, model pickers among them); None for other inputs."""
-    if not isinstance(spec, (list, tuple)) or not spec:
-        return None
-    if isinstance(spec[0], list):
-        return spec[0]
-    if spec[0] == "COMBO" and len(spec) > 1 and isinstance(spec[1], dict):
-        return list(spec[1].get("options", []))
-    return None
-
-
-def _first_id(workflow: dict, cls: str) -> str:
-    return next(node_id for node_id, node in workflow.items() if node["class_type"] == cls)
-
-
-def _finished(entry: dict) -> bool:
-    status = entry.get("status") or {}
-    return bool(status.get("completed")) or status.get("status_str") in ("success", "error")
-
-
-def _outcome(entry: dict, prompt_id: str) -> dict:
-    status = entry.get("status") or {}
-    if status.get("status_str") == "error":
-        for event, data in status.get("messages", []):
-            if event == "execution_error":
-                raise NodeError(str(data.get("node_id")), data.get("node_type", "?"),
-                                data.get("exception_message", "execution failed").strip())
-            if event == "execution_interrupted":
-                raise Interrupted(f"ComfyUI prompt {prompt_id} was interrupted")
-        raise ComfyUIError(f"ComfyUI prompt {prompt_id} failed")
-    return entry
-
-
-def _validation_error(response: httpx.Response) -> ComfyUIError:
-    try:
-        data = response.json()
-    except ValueError:
-        return ComfyUIError(f"ComfyUI refused the workflow: {response.text[:300]}")
-    problems = list((data.get("node_errors") or {}).items())
-    if problems:
-        def describe(problem: dict) -> str:
-            errors = problem.get("errors") or [{}]
-            return "; ".join(f"{e.get('message', '')}: {e.get('details', '')}".strip(": ") for e in errors) or "invalid"
-
-        node_id, first = problems[0]
-        message = describe(first)
-        for other_id, other in problems[1:]:  # every invalid node, not only the first
-            message += f"; also node {other_id} ({other.get('class_type', '?')}): {describe(other)}"
-        return NodeError(str(node_id), first.get("class_type", "?"), message)
-    error = data.get("error") or {}
-    return ComfyUIError(f"ComfyUI refused the workflow: {error.get('message', '')} {error.get('details', '')}".strip())

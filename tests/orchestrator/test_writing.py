@@ -27,10 +27,11 @@ def end_at_once(backend: InProcessBackend, times: int) -> None:
     engine = backend.state.engine
     generate, left = engine.generate, [times]
 
-    async def patched(request_id, prompt, params):
+    async def patched(request_id, request, group=None):
         empty = left[0] > 0
         left[0] -= empty
-        async for delta in generate(request_id, prompt, dataclasses.replace(params, max_tokens=1) if empty else params):
+        once = dataclasses.replace(request, params=dataclasses.replace(request.params, max_tokens=1))
+        async for delta in generate(request_id, once if empty else request, group):
             for output in delta.outputs if empty else ():
                 output.text = ""
             yield delta
