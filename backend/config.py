@@ -24,9 +24,9 @@ class EngineConfig:
     max_prompts: int = 128
     # tokens one embeddings request may hold, all its inputs together; None: 65,536, or max_model_len if longer
     max_embedding_tokens: int | None = None
-    max_model_len: int | None = None  # None: the model's context length, capped at 8192 (backend.context)
+    max_model_len: int | None = None  # None: the model's context length, capped at 8192 (backend.context_length)
     # None: the model file's own; "none": no scaling; "yarn", "yarn:4" or a dict: RoPE scaled to serve past the
-    # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context).
+    # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context_length).
     rope_scaling: dict | str | None = None
     max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
     # While any sequence decodes, the prompt tokens (prompts and embedding inputs together) one step may compute,
@@ -38,7 +38,7 @@ class EngineConfig:
     kv_cache_memory: float | int | None = None  # a fraction (0, 1] of free memory, or bytes
     enable_prefix_caching: bool = True
     seed: int = 0
-    speculative: dict | str | None = None  # see backend.spec.config.SpeculativeConfig
+    speculative: dict | str | None = None  # see backend.spec.speculative_config.SpeculativeConfig
     # CUDA: what this engine may use (weights, activations, KV cache): a fraction (0, 1] of the card, or bytes.
     gpu_memory_utilization: float | int = 0.9
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
@@ -52,7 +52,7 @@ class EngineConfig:
     grammar_compile_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        from backend.context import check_rope_scaling
+        from backend.context_length import check_rope_scaling
 
         self.rope_scaling = check_rope_scaling(self.rope_scaling)
         for name in ("max_num_seqs", "max_n", "max_prompts", "max_model_len", "max_num_batched_tokens", "block_size",

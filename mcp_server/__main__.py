@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+from common.settings import Settings, SettingsError
 from mcp_server import toolsets
 from mcp_server.client_entries import CLIENTS, SCOPES
-from orchestrator.settings import Settings, SettingsError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 from mcp.server.transport_security import TransportSecuritySettings
 
+from common.settings import Settings
 from mcp_server.bearer import BearerToken
-from orchestrator.settings import Settings
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")

@@ -14,16 +14,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, ImageContent, ResourceLink, TextContent
 from pydantic import Field
 
-from mcp_server.context import (
-    CREATES,
-    DESTRUCTIVE,
-    READ_ONLY,
-    Roots,
-    checked_file,
-    client_name,
-    comfyui_url,
-    state_of,
-)
 from mcp_server.job_tools import FINAL, cancel_and_settle, job_info
 from mcp_server.lazy import lazy
 from mcp_server.logs import log
@@ -38,6 +28,16 @@ from mcp_server.models import (
     Uploaded,
 )
 from mcp_server.thumbnails import thumbnail
+from mcp_server.tool_context import (
+    CREATES,
+    DESTRUCTIVE,
+    READ_ONLY,
+    Roots,
+    checked_file,
+    client_name,
+    comfyui_url,
+    state_of,
+)
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
 

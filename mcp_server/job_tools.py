@@ -8,16 +8,6 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import (
-    CREATES,
-    DESTRUCTIVE,
-    READ_ONLY,
-    Roots,
-    Sampling,
-    checked_file,
-    client_name,
-    state_of,
-)
 from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
@@ -30,6 +20,16 @@ from mcp_server.models import (
     StackStatus,
     StageJobResult,
     Upstream,
+)
+from mcp_server.tool_context import (
+    CREATES,
+    DESTRUCTIVE,
+    READ_ONLY,
+    Roots,
+    Sampling,
+    checked_file,
+    client_name,
+    state_of,
 )
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError
 

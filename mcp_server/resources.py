@@ -19,9 +19,9 @@ from mcp.types import (
     UnsubscribeRequestParams,
 )
 
+from common.settings import Settings
 from mcp_server.job_tools import job_info, job_uri
 from mcp_server.lazy import lazy
-from orchestrator.settings import Settings
 
 api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 

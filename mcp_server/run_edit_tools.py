@@ -8,9 +8,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, Roots, checked_file, state_of
 from mcp_server.run_models import PartSet
 from mcp_server.run_tools import Index, RunId, actor, api, call_api
+from mcp_server.tool_context import CREATES, Roots, checked_file, state_of
 
 Version = Annotated[
     int, Field(ge=0, description="the part's version in get_run when you read it (0: not made)")

@@ -10,11 +10,11 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, READ_ONLY, Roots, Sampling, checked_file, client_name, state_of
 from mcp_server.image_tools import follow
 from mcp_server.job_tools import stage_result
 from mcp_server.lazy import lazy
 from mcp_server.run_models import RunCreated, RunState, StageOutcome
+from mcp_server.tool_context import CREATES, READ_ONLY, Roots, Sampling, checked_file, client_name, state_of
 
 api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 

@@ -11,11 +11,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.types import Tool as MCPTool
 
+from common.settings import Settings
 from mcp_server import (
     image_tools,
     job_tools,
     logs,
-    prompts,
+    mcp_prompts,
     resources,
     role_prompts,
     run_edit_tools,
@@ -23,10 +24,9 @@ from mcp_server import (
     text_tools,
     toolsets,
 )
-from mcp_server.context import State
-from mcp_server.paths import FileAccess, Transport
+from mcp_server.allowed_paths import FileAccess, Transport
+from mcp_server.tool_context import State
 from orchestrator.clients.router import LLMRouter
-from orchestrator.settings import Settings
 
 INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_text/chat, images with generate_image,
 and whole illustrated articles with start_pipeline (then poll get_job). Long calls return a job_id within about 45
@@ -134,7 +134,7 @@ def build_server(settings: Settings | None = None, budget: float | None = None,
     run_tools.register(server)
     run_edit_tools.register(server)
     resources.register(server, settings, lambda ctx: ctx.lifespan_context.watch)
-    prompts.register(server)
+    mcp_prompts.register(server)
     if team:  # the role prompts walk an agent through the team tools
         role_prompts.register(server)
     logs.register(server)

@@ -7,9 +7,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from mcp_server.context import CREATES, READ_ONLY, state_of
 from mcp_server.models import Message, ModelEntry, ModelList, TextResult, Upstream
-from orchestrator.clients.llm import LLMError, StreamInfo
+from mcp_server.tool_context import CREATES, READ_ONLY, state_of
+from orchestrator.clients.llm_client import LLMError, StreamInfo
 
 
 async def complete(ctx: Context, messages: list[dict], max_tokens: int, temperature: float,

@@ -15,8 +15,8 @@ from ops.health import check
 from ops.plan import Plan, make_plan, order
 from ops.runners.process import ProcessRunner
 from ops.service_needs import with_needs
+from ops.service_records import Record, State
 from ops.stack import Service, Stack, StackError
-from ops.state import Record, State
 
 
 def home() -> Path:

@@ -5,8 +5,8 @@ import time
 from common import gpu
 from common.gpu import fmt
 from ops import lifecycle
+from ops.service_records import State
 from ops.stack import Stack
-from ops.state import State
 
 
 def snapshot(stack: Stack) -> dict:

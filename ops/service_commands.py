@@ -13,8 +13,8 @@ from common.gpu import fmt
 from ops import alerts, engines, lifecycle
 from ops.plan import make_plan
 from ops.service_needs import with_needs
+from ops.service_records import State
 from ops.stack import StackError, load
-from ops.state import State
 
 
 class ConsoleReporter(lifecycle.Reporter):
@@ -120,9 +120,9 @@ def status_command(args) -> int:
 
     lease = describe(lifecycle.home())
     from common.settings import Settings
-    from ops import upstreams
+    from ops import upstream_status
 
-    llms = upstreams.report(lifecycle.home(), list(Settings.from_env().llm_urls))
+    llms = upstream_status.report(lifecycle.home(), list(Settings.from_env().llm_urls))
     if args.json:
         print(json.dumps({"services": [r.__dict__ for r in rows], "lease": lease, "upstreams": llms,
                           "gpu": {"source": source, "devices": [d.to_dict() for d in devices]}}, indent=2))
@@ -140,7 +140,7 @@ def status_command(args) -> int:
     else:
         print("the card is held by the services as planned (no lease)")
     print()
-    for line in upstreams.lines(llms):
+    for line in upstream_status.lines(llms):
         print(line)
     return 0
 

@@ -9,9 +9,10 @@ import os
 import sys
 import time
 
+from common.settings import Settings, SettingsError
 from orchestrator import api, pool, run_cli
 from orchestrator.clients.comfyui import ComfyUIError, Interrupted
-from orchestrator.clients.llm import LLMError
+from orchestrator.clients.llm_client import LLMError
 from orchestrator.jobs import JobError, JobStore
 from orchestrator.pipeline.article import ArticleRun, Cancelled, Reporter
 from orchestrator.pipeline.image import run_image
@@ -20,7 +21,6 @@ from orchestrator.pipeline.research import ResearchError
 from orchestrator.pipeline.stage_job import run_stage
 from orchestrator.pipeline.stages import StageError
 from orchestrator.run_edits import EditError
-from orchestrator.settings import Settings, SettingsError
 from orchestrator.workflows import TemplateError
 
 USER_ERRORS = (SettingsError, JobError, ParamsError, LLMError, ComfyUIError, ResearchError, TemplateError, Cancelled,

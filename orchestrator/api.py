@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from common.settings import Settings
 from orchestrator import pool, run_edits, run_view
 from orchestrator.history import Actor, VersionConflict
 from orchestrator.jobs import JobError, JobStore, Run, StoreError, UnknownRun
@@ -20,7 +21,6 @@ from orchestrator.pipeline.params import LENGTHS, ArticleParams, ParamsError
 from orchestrator.pipeline.stage_job import StageParams
 from orchestrator.pool import QueueFull, spawn_worker
 from orchestrator.run_edits import EditError
-from orchestrator.settings import Settings
 from orchestrator.workflows import TemplateError
 
 __all__ = ["Actor", "EditError", "JobError", "ParamsError", "QueueFull", "Run", "StoreError", "TemplateError",

@@ -19,7 +19,7 @@ import httpx
 from common import backend_client
 from common.gpu import fmt
 from common.lease_file import EXPIRY, LeaseError, LeaseFile, free_memory, give_back_async, join
-from orchestrator.settings import Settings
+from common.settings import Settings
 
 __all__ = ["Coordinator", "LeaseError"]
 

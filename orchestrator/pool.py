@@ -16,8 +16,8 @@ import subprocess
 import sys
 import time
 
+from common.settings import Settings
 from orchestrator.jobs import JobError, JobStore, Run, StoreError
-from orchestrator.settings import Settings
 
 # Image jobs too: each waits on ComfyUI's own queue, but in a worker process of its own (~40 MB) that must be bounded
 POOLED = ("article", "stage", "image")

@@ -5,11 +5,11 @@ import argparse
 import asyncio
 import json
 
+from common.settings import Settings
 from orchestrator import api
 from orchestrator.history import Actor
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.stage_job import run_stage
-from orchestrator.settings import Settings
 
 STAGE_COMMANDS = ("research", "write", "illustrate", "assemble")
 COMMANDS = ("create", *STAGE_COMMANDS)

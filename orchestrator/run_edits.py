@@ -11,13 +11,13 @@ import jsonschema
 
 from common.files import atomic_write_bytes
 from common.hashing import fingerprint
+from common.settings import Settings
 from orchestrator import history
 from orchestrator.history import Actor
 from orchestrator.jobs import JobError, JobStore, Run, Step
-from orchestrator.pipeline.outputs import keep_previous
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.research import outline_schema
-from orchestrator.settings import Settings
+from orchestrator.pipeline.step_reuse import keep_previous
 
 MAX_SECTIONS = 12
 

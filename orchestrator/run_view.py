@@ -4,11 +4,11 @@ changed since (a section written from outline version 2 after the outline became
 
 from pathlib import Path
 
+from common.settings import Settings
 from orchestrator import history
 from orchestrator.jobs import JobError, JobStore, Step
-from orchestrator.pipeline import outputs
+from orchestrator.pipeline import step_reuse
 from orchestrator.pipeline.params import ArticleParams
-from orchestrator.settings import Settings
 
 DONE = ("done", "skipped")
 
@@ -42,7 +42,7 @@ def view(store: JobStore, settings: Settings, run_id: str) -> dict:
         if step.status in DONE:
             if entry is None:
                 state["version"] = 1  # finished before versions were recorded
-            why = outputs.stale_reason(run_dir, step, {n: steps.get(n) for n in inputs})
+            why = step_reuse.stale_reason(run_dir, step, {n: steps.get(n) for n in inputs})
             if why:
                 state["status"], state["stale_reason"] = "stale", why
         if step.inputs and "research" in step.inputs:

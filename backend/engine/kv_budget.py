@@ -10,14 +10,14 @@ import torch
 
 from backend.arithmetic import pick_kv_dtype
 from backend.config import EngineConfig
-from backend.context import fit_context
+from backend.context_length import fit_context
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
-from backend.spec.config import SpeculativeConfig
+from backend.spec.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class CacheShape:
     @classmethod
     def of(cls, config: EngineConfig, cfg: ModelConfig, spec: SpeculativeConfig | None, device: torch.device,
            dtype: torch.dtype) -> "CacheShape":
-        """The settings' lengths, else the model's context (at most 8192; backend.context) and 2048 tokens a step."""
+        """The settings' lengths, else the model's context (at most 8192; backend.context_length) and 2048 tokens a step."""
         _, max_model_len = fit_context(cfg, config.rope_scaling, config.max_model_len)
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)
         drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens

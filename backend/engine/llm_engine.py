@@ -37,9 +37,9 @@ from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.weight_sizes import host_expert_bytes, module_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
-from backend.spec.config import SpeculativeConfig
 from backend.spec.draft import DraftProposer
 from backend.spec.ngram import NgramProposer
+from backend.spec.speculative_config import SpeculativeConfig
 from backend.spec.speculator import Speculator
 
 log = logging.getLogger(__name__)

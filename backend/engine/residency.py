@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backend.context import fit_context
+from backend.context_length import fit_context
 from backend.engine.block_manager import BlockManager
 from backend.engine.kv_budget import pick_gpu_experts
 from backend.loader import load_model, read_config
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def read_model_config(engine: "LLMEngine"):
-    """The model's config under the RoPE scaling its max_model_len needs (backend.context)."""
+    """The model's config under the RoPE scaling its max_model_len needs (backend.context_length)."""
     model_config, reader = read_config(engine.source)
     model_config, _ = fit_context(model_config, engine.config.rope_scaling, engine.config.max_model_len)
     return model_config, reader

@@ -1,6 +1,6 @@
 """The fused mixture of experts for CUDA: (token, expert) pairs sorted by expert into blocks of BLOCK_M rows
 (align_by_expert), one grouped GEMM for gate and up with SiLU, one for down with the routing weight; the counterpart
-of backend/kernels/moe.py's torch reference, tested against it under TRITON_INTERPRET=1
+of backend/kernels/moe_torch.py's torch reference, tested against it under TRITON_INTERPRET=1
 (tests/backend/test_triton_kernels.py). quant_moe_triton.py runs the same plan over GGUF blocks."""
 
 import torch
@@ -99,7 +99,7 @@ def moe_tiles(pairs: int, num_experts: int) -> tuple[int, int, int]:
 
 
 def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
-    """Same contract as backend.kernels.moe.fused_moe: x [T, H] -> [T, H]. Never waits for the device."""
+    """Same contract as backend.kernels.moe_torch.fused_moe: x [T, H] -> [T, H]. Never waits for the device."""
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_experts, two_i, _ = w_gate_up.shape

@@ -15,7 +15,7 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
-from backend.kernels.moe import c_reads
+from backend.kernels.moe_torch import c_reads
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
 from backend.models.transformer import CausalLM

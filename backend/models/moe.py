@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from backend.kernels.moe import add_shared, fused_moe, route_rows
+from backend.kernels.moe_torch import add_shared, fused_moe, route_rows
 from backend.model_config import ModelConfig
 from backend.models.mlp import MLP
 

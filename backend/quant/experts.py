@@ -1,6 +1,6 @@
 """A MoE layer's experts kept in GGUF blocks: gate [E, I, H], up [E, I, H], down [E, H, I].
 
-Computed as backend/kernels/moe.py computes float experts: on CUDA one fused pair of grouped GEMMs
+Computed as backend/kernels/moe_torch.py computes float experts: on CUDA one fused pair of grouped GEMMs
 (quant_moe_triton.py), elsewhere grouped by expert, one matmul per active expert; on the CPU with our kernels the
 experts of a few tokens (a decode step of up to FEW_TOKENS sequences) in one C call (cpu_moe.c), with the same
 arithmetic.

@@ -20,7 +20,7 @@ from backend.server.protocol import (
 )
 from backend.server.state import ServerState
 from backend.server.streams import collect, event, sse, until_disconnect
-from backend.server.tools.history import check_history, template_input
+from backend.server.tools.conversation import check_history, template_input
 from backend.server.tools.output import ToolCallStream, parse_message
 from backend.server.tools.select import keeps_special_tokens, make_parser, parser_name
 from backend.server.tools.tool_defs import ToolSpec, check_tools

@@ -8,11 +8,11 @@ import torch
 
 from backend.arithmetic import pick_dtype
 from backend.config import EngineConfig
-from backend.context import serving_config
+from backend.context_length import serving_config
 from backend.engine.kv_budget import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.loader import locate, read_config
 from backend.quant.weight_sizes import loaded_recipe, weight_bytes
-from backend.spec.config import SpeculativeConfig
+from backend.spec.speculative_config import SpeculativeConfig
 
 
 @dataclass

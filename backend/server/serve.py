@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 
 from backend.config import ACTIVATIONS, KV_CACHE_DTYPES, EngineConfig
-from backend.context import serving_config
+from backend.context_length import serving_config
 from common.sizes import parse_memory
 
 
@@ -24,7 +24,7 @@ def _budget(text: str) -> float | int | str:
 
 
 def rope_scaling_arg(text: str) -> dict | str:
-    from backend.context import parse_rope_scaling
+    from backend.context_length import parse_rope_scaling
 
     try:
         return parse_rope_scaling(text)
@@ -212,7 +212,7 @@ def serve(args: argparse.Namespace) -> int:
     from backend.server.app import build_app
     from backend.server.registry import Budget
     from backend.server.shutdown import EndingServer
-    from backend.spec.config import SpeculativeConfig
+    from backend.spec.speculative_config import SpeculativeConfig
 
     spec = SpeculativeConfig.parse(config.speculative)
     for _, model in models:

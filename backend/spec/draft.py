@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backend.context import fit_context
+from backend.context_length import fit_context
 from backend.engine.block_manager import BlockManager
 from backend.engine.model_runner import ModelRunner
 from backend.engine.sampler import needs_only_argmax, sampling_probs

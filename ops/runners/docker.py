@@ -4,8 +4,8 @@ import re
 import time
 from pathlib import Path
 
+from ops.service_records import Record, State, now
 from ops.stack import Service, StackError
-from ops.state import Record, State, now
 
 LABEL = "org.scriptorium.ops"
 SERVICE_LABEL = "org.scriptorium.service"

@@ -6,8 +6,8 @@ import subprocess
 import time
 from collections import deque
 
+from ops.service_records import Record, State, identify, now, same_process
 from ops.stack import Service, StackError
-from ops.state import Record, State, identify, now, same_process
 
 
 class ProcessRunner:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from orchestrator.clients.llm import (
+from orchestrator.clients.llm_client import (
     LLMClient,
     LLMError,
     StreamError,
@@ -48,7 +48,7 @@ class LLMRouter:
         self.clients = [u.client for u in self.pool]
         self.model = model
         self.health = Health(self.pool, max_wait, connect_wait, backoff, home)
-        self.windows: dict[str, int | None] = {}  # model -> its context as /models lists it (clients/context.py)
+        self.windows: dict[str, int | None] = {}  # model -> its context as /models lists it (clients/completion_budget.py)
 
     @property
     def base_url(self) -> str:

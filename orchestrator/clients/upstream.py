@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from common import upstreams as board
-from orchestrator.clients.llm import LLMClient, LLMError
+from orchestrator.clients.llm_client import LLMClient, LLMError
 from orchestrator.clients.retries import retry_after
 
 

@@ -6,11 +6,11 @@ import json
 import os
 from pathlib import Path
 
+from common.settings import Settings
 from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import Interrupted
 from orchestrator.pipeline import stages
 from orchestrator.pipeline.steps import Reporter, RunSteps, describe
-from orchestrator.settings import Settings
 
 __all__ = ["ArticleRun", "Cancelled", "Reporter", "run_dir"]
 

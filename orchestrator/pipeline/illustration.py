@@ -8,7 +8,7 @@ from common.gpu import probe
 from common.sizes import SizeError, in_bytes, parse_memory
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient
-from orchestrator.clients.context import fit
+from orchestrator.clients.completion_budget import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.image_lease import Coordinator
 from orchestrator.pipeline.params import ArticleParams

@@ -5,14 +5,14 @@ import random
 from dataclasses import asdict, dataclass, field
 
 from common.files import atomic_write_bytes
+from common.settings import Settings
 from orchestrator import workflows
 from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.illustration import holding, lease_for
-from orchestrator.pipeline.outputs import fingerprint
 from orchestrator.pipeline.params import ParamsError
-from orchestrator.settings import Settings
+from orchestrator.pipeline.step_reuse import fingerprint
 from orchestrator.workflows import edit
 
 

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from orchestrator.clients.context import fit
+from orchestrator.clients.completion_budget import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.prose import clean_title

@@ -6,6 +6,7 @@ import asyncio
 import os
 from dataclasses import asdict, dataclass, field
 
+from common.settings import Settings
 from orchestrator import history
 from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import Interrupted
@@ -14,7 +15,6 @@ from orchestrator.jobs import JobStore
 from orchestrator.pipeline import stages
 from orchestrator.pipeline.params import ParamsError
 from orchestrator.pipeline.steps import Reporter, RunSteps, describe
-from orchestrator.settings import Settings
 
 STAGES = ("research", "write_section", "write_sections", "illustrate", "assemble")
 ARGS = {

@@ -8,7 +8,7 @@ import json
 from common.lease_file import LeaseError
 from orchestrator import history
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted
-from orchestrator.clients.context import context_window
+from orchestrator.clients.completion_budget import context_window
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline import assembly, writing
 from orchestrator.pipeline import research as researching

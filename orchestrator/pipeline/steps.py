@@ -7,14 +7,14 @@ from contextvars import ContextVar
 from typing import Literal
 
 from common.files import atomic_write_bytes
+from common.settings import Settings
 from orchestrator import history
 from orchestrator.cancelling import Cancelled
 from orchestrator.clients.router import LLMRouter
 from orchestrator.history import PIPELINE, Actor
 from orchestrator.jobs import JobStore, Step
-from orchestrator.pipeline import outputs
+from orchestrator.pipeline import step_reuse
 from orchestrator.pipeline.params import ArticleParams
-from orchestrator.settings import Settings
 
 # The files the step being done has written. Sections are written concurrently, each in its own task, so the
 # step a file belongs to is a context variable (tasks and to_thread copy it), not an attribute of the run.
@@ -86,7 +86,7 @@ class RunSteps:
         if mode == "redo" or done is None or done.status not in ("done", "skipped"):
             return None
         consumed = {n: self.store.step(self.run_id, n) for n in inputs} if mode == "stale" else {}
-        why = outputs.stale_reason(self.dir, done, consumed)
+        why = step_reuse.stale_reason(self.dir, done, consumed)
         if why is None:
             return done
         self.store.update(self.job_id, message=f"redoing {name}: {why}")
@@ -110,7 +110,7 @@ class RunSteps:
         consumed = {n: s.digest for n in inputs if (s := self.store.step(self.run_id, n)) is not None}
         if name.startswith("illustrate:"):  # texts keep their versions in the history; an image, here
             last = history.latest(self.store, self.run_id, name)
-            outputs.keep_previous(
+            step_reuse.keep_previous(
                 self.dir, name, self.store.step(self.run_id, name), last.version if last else 0
             )
         self.store.start_step(self.run_id, name)
@@ -159,7 +159,7 @@ class RunSteps:
         atomic_write_bytes(self.dir / relative, data)
         written = _written.get()
         if written is not None:
-            written[relative] = outputs.fingerprint(data)
+            written[relative] = step_reuse.fingerprint(data)
         return relative
 
     def stage(self, name: str, total: int) -> None:

@@ -4,7 +4,7 @@ stronger penalties, and the caller is told so that the run's history records it.
 
 from collections.abc import Callable
 
-from orchestrator.clients.context import fit
+from orchestrator.clients.completion_budget import fit
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.prose import repeated_share, section_body

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from backend.kernels import native
 from backend.kernels.attention import decode_attention, prefill_attention, store_kv, verify_attention
-from backend.kernels.moe import fused_moe, route
+from backend.kernels.moe_torch import fused_moe, route
 from backend.kernels.norm import add_rms_norm, rms_norm
 from backend.kernels.rotary import apply_rotary, inverse_frequencies
 from backend.models.mlp import silu_mul
@@ -218,7 +218,7 @@ def test_scaled_rope_frequencies_match_transformers(rope):
 def test_an_expert_cache_keeps_only_offloaded_experts_in_host_memory():
     """3 slots for 6 experts, top-2: experts 0 stays on the device for good (no host copy, never copied again),
     two slots rotate among experts 1-5. Every batch's output is the all-resident one."""
-    from backend.kernels.moe import fused_moe, route
+    from backend.kernels.moe_torch import fused_moe, route
     from backend.models.expert_cache import ExpertCache
 
     g = torch.Generator().manual_seed(3)

@@ -31,7 +31,7 @@ def test_compiled_linear_kernels_match_the_reference(name, dtype, m):
 @needs_gpu
 @pytest.mark.parametrize("tokens", [1, 300])
 def test_compiled_moe_kernels_match_the_reference(tokens):
-    from backend.kernels.moe import route
+    from backend.kernels.moe_torch import route
 
     e, h, inter, top_k = 8, 512, 768, 2
     stacks = []
@@ -41,7 +41,7 @@ def test_compiled_moe_kernels_match_the_reference(tokens):
     x = torch.randn(tokens, h, device="cuda")
     weights, ids = route(torch.randn(tokens, e, device="cuda"), top_k, True)
     dense = [dequantize(raw, fmt, c) for raw, fmt, c in stacks]
-    from backend.kernels.moe import fused_moe
+    from backend.kernels.moe_torch import fused_moe
 
     ref = fused_moe(x.cpu(), torch.cat(dense[:2], 1).cpu(), dense[2].cpu(), weights.cpu(), ids.cpu())
     out = quant_moe_triton.fused_moe(x, *[(raw, fmt.ggml_type, row_bytes(fmt, c)) for raw, fmt, c in stacks],

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from backend.kernels import moe, native, quant_gemv_triton, quant_moe_triton, quant_triton
+from backend.kernels import moe_torch, native, quant_gemv_triton, quant_moe_triton, quant_triton
 from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
@@ -186,8 +186,8 @@ def test_quantized_experts_match_dequantize_and_the_reference_moe(formats, token
         dense.append(torch.stack([gguf_dequant(raw[e], name) for e in range(experts)]))
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen)
-    weights, ids = moe.route(torch.randn(tokens, experts, generator=gen), top_k, True)
-    ref = moe.fused_moe(x, torch.cat(dense[:2], 1), dense[2], weights, ids)
+    weights, ids = moe_torch.route(torch.randn(tokens, experts, generator=gen), top_k, True)
+    ref = moe_torch.fused_moe(x, torch.cat(dense[:2], 1), dense[2], weights, ids)
     moved = [(w.to(KERNEL_DEVICE), fmt, rb) for w, fmt, rb in stacks]
     out = on_kernel_device(quant_moe_triton.fused_moe, x, *moved, weights, ids)
     torch.testing.assert_close(out, ref, atol=1e-4 * ref.abs().max().item(), rtol=1e-4)

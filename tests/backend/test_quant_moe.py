@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backend.kernels import native
-from backend.kernels.moe import add_shared, fused_moe, route, route_rows
+from backend.kernels.moe_torch import add_shared, fused_moe, route, route_rows
 from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME

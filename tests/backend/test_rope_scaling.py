@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.context import fit_context, parse_rope_scaling
+from backend.context_length import fit_context, parse_rope_scaling
 from backend.kernels.rotary import attention_factor, inverse_frequencies
 from backend.loader import locate, read_config
 from tests.backend.conftest import hf_greedy, prompts_of_lengths

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from backend.kernels import attention, moe, norm, rotary  # noqa: E402
+from backend.kernels import attention, moe_torch, norm, rotary  # noqa: E402
 from backend.kernels import moe_triton as mt  # noqa: E402
 from backend.kernels import triton_kernels as tk  # noqa: E402
 from tests.backend.conftest import KERNEL_DEVICE, interpreted_only, on_kernel_device  # noqa: E402
@@ -128,8 +128,8 @@ def test_fused_moe(tokens, experts, top_k, hidden, inter):
     w_gate_up, w_down = rand(experts, 2 * inter, hidden) / 4, rand(experts, hidden, inter) / 4
     logits = rand(tokens, experts)
     logits[:, 0] = -1e9  # expert 0 receives no tokens
-    weights, ids = moe.route(logits, top_k, renormalize=True)
-    expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
+    weights, ids = moe_torch.route(logits, top_k, renormalize=True)
+    expected = moe_torch.fused_moe(x, w_gate_up, w_down, weights, ids)
     torch.testing.assert_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids), expected,
                                atol=1e-4, rtol=1e-4)
 
@@ -147,8 +147,8 @@ def test_align_by_expert_pads_each_expert_to_whole_blocks():
 def test_fused_moe_tile_shapes(tiles):
     """Both tile configurations, each with lengths that are not multiples of the tiles."""
     x, w_gate_up, w_down = rand(21, 72), rand(6, 2 * 40, 72) / 4, rand(6, 72, 40) / 4
-    weights, ids = moe.route(rand(21, 6), 2, renormalize=False)
-    expected = moe.fused_moe(x, w_gate_up, w_down, weights, ids)
+    weights, ids = moe_torch.route(rand(21, 6), 2, renormalize=False)
+    expected = moe_torch.fused_moe(x, w_gate_up, w_down, weights, ids)
     torch.testing.assert_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids, tiles=tiles),
                                expected,
                                atol=1e-4, rtol=1e-4)
@@ -220,6 +220,6 @@ def test_half_precision_norm_rotary_and_moe_against_fp32(dtype):
                       rotary.apply_rotary(x.float(), cos.float(), sin.float()), dtype)
     x = rand(33, 256).to(dtype)
     w_gate_up, w_down = (rand(8, 2 * 128, 256) / 16).to(dtype), (rand(8, 256, 128) / 16).to(dtype)
-    weights, ids = moe.route(rand(33, 8), 2, renormalize=True)
-    expected = moe.fused_moe(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
+    weights, ids = moe_torch.route(rand(33, 8), 2, renormalize=True)
+    expected = moe_torch.fused_moe(x.float(), w_gate_up.float(), w_down.float(), weights, ids)
     assert_half_close(on_kernel_device(mt.fused_moe, x, w_gate_up, w_down, weights, ids), expected, dtype)

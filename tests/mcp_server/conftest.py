@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from orchestrator.settings import Settings
+from common.settings import Settings
 from tests.mcp_server.http_server import MCPHTTPServer
 
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
+from common.settings import Settings
 from mcp_server.server import build_server
-from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT
 from tests.mcp_server.helpers import poll_job
 

@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import ListRootsResult, Root
 
-from orchestrator.settings import Settings
+from common.settings import Settings
 from tests.backend.server_process import ROOT, free_port
 from tests.mcp_server.http_server import MCPHTTPServer
 

@@ -11,8 +11,8 @@ import pytest
 from mcp import Client
 from PIL import Image
 
+from common.settings import Settings
 from mcp_server.server import build_server
-from orchestrator.settings import Settings
 from tests.mcp_server.helpers import Checked, poll_job
 
 SD15 = Path(__file__).resolve().parents[2] / "orchestrator" / "workflows" / "sd15.json"

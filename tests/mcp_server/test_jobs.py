@@ -9,10 +9,10 @@ import pytest
 from mcp import Client
 from mcp.types import ResourceUpdatedNotification
 
+from common.settings import Settings
 from mcp_server.server import build_server
 from orchestrator import api
 from orchestrator.jobs import JobStore
-from orchestrator.settings import Settings
 from tests.backend.server_process import free_port
 
 warnings.filterwarnings("ignore", message=".*deprecated as of 2026-07-28.*")

@@ -10,9 +10,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import ListRootsResult, Root
 
-from mcp_server.paths import FileAccess, PathRefused, root_paths
+from common.settings import Settings
+from mcp_server.allowed_paths import FileAccess, PathRefused, root_paths
 from mcp_server.server import build_server
-from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, free_port
 
 

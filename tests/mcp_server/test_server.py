@@ -12,9 +12,9 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from PIL import Image
 
+from common.settings import Settings
 from mcp_server.server import build_server
 from orchestrator.clients.router import LLMRouter
-from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, ServerProcess, free_port
 from tests.mcp_server.helpers import DESTRUCTIVE, READ_ONLY, RUN_TOOLS, TOOLS, Checked, poll_job
 

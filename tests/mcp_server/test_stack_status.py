@@ -6,8 +6,8 @@ import time
 
 from mcp import Client
 
+from common.settings import Settings
 from mcp_server.server import build_server
-from orchestrator.settings import Settings
 from tests.backend.server_process import free_port
 from tests.mcp_server.helpers import Checked
 

@@ -13,9 +13,9 @@ import threading
 import pytest
 from mcp import Client
 
+from common.settings import Settings
 from mcp_server.server import build_server
 from mcp_server.stdio_front import answers_path
-from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}

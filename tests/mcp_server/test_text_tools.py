@@ -7,8 +7,8 @@ import pytest
 from mcp import Client
 from openai import OpenAI
 
+from common.settings import Settings
 from mcp_server.server import build_server
-from orchestrator.settings import Settings
 from tests.backend.server_process import free_port
 
 PROMPT = "Write about ink."

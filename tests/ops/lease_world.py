@@ -8,9 +8,9 @@ import time
 
 import httpx
 
+from common.settings import Settings
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.image import run_image
-from orchestrator.settings import Settings
 
 GIB = 2**30
 

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
+from common.settings import Settings
 from orchestrator import api
-from orchestrator.clients.llm import LLMClient
+from orchestrator.clients.llm_client import LLMClient
 from orchestrator.jobs import JobStore
-from orchestrator.settings import Settings
 from tests.backend.server_process import ServerProcess
 from tests.backend.tiny_models import build_model
 from tests.ops.conftest import run_ops

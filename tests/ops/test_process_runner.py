@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from ops.state import pid_alive
+from ops.service_records import pid_alive
 from tests.backend.server_process import free_port
 from tests.backend.tiny_models import build_model
 from tests.ops.conftest import run_ops

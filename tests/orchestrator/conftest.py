@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from orchestrator.settings import Settings
+from common.settings import Settings
 from tests.backend.server_process import ROOT
 
 

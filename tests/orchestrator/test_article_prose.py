@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.settings import Settings
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.prose import distinct_n
-from orchestrator.settings import Settings
 from tests.backend.server_process import ServerProcess
 from tests.orchestrator.conftest import run_cli
 

@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator import workflows
 from orchestrator.clients.comfyui import ComfyUIClient, ComfyUIError, Interrupted, NodeError
-from orchestrator.clients.llm import LLMClient, LLMError
+from orchestrator.clients.llm_client import LLMClient, LLMError
 from tests.backend.server_process import free_port
 
 

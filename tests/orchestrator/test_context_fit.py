@@ -8,12 +8,12 @@ import json
 import httpx
 import pytest
 
-from orchestrator.clients import context
-from orchestrator.clients.llm import LLMError
+from common.settings import Settings
+from orchestrator.clients import completion_budget
+from orchestrator.clients.llm_client import LLMError
 from orchestrator.clients.router import LLMRouter
 from orchestrator.pipeline.params import ArticleParams
 from orchestrator.pipeline.research import messages_for
-from orchestrator.settings import Settings
 from tests.backend.server_process import ServerProcess
 from tests.backend.tiny_models import build_model
 from tests.orchestrator.conftest import run_cli
@@ -41,9 +41,9 @@ def test_fit_sizes_a_request_from_models_and_tokenize(short_server):
 
     async def go():
         async with LLMRouter([f"{short_server.url}/v1"]) as router:
-            window = await context.context_window(router)
-            used = await context.prompt_tokens(router, messages)
-            return window, used, await context.fit(router, messages, 2230), await context.fit(router, messages, 80)
+            window = await completion_budget.context_window(router)
+            used = await completion_budget.prompt_tokens(router, messages)
+            return window, used, await completion_budget.fit(router, messages, 2230), await completion_budget.fit(router, messages, 80)
 
     window, used, fitted, small = asyncio.run(go())
     counted = httpx.post(f"{short_server.url}/tokenize", json={"messages": messages}, timeout=30).json()["count"]
@@ -56,7 +56,7 @@ def test_a_prompt_that_fills_the_context_is_an_error_naming_it(short_server):
 
     async def go():
         async with LLMRouter([f"{short_server.url}/v1"]) as router:
-            await context.fit(router, messages, 100)
+            await completion_budget.fit(router, messages, 100)
 
     with pytest.raises(LLMError, match="of the model's 2048 tokens of context"):
         asyncio.run(go())

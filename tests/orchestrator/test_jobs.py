@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
+from common.settings import Settings
 from orchestrator.jobs import JobError, JobStore
-from orchestrator.settings import Settings
 from tests.orchestrator.conftest import run_cli
 
 

@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from orchestrator.clients.llm import LLMClient, LLMError
+from orchestrator.clients.llm_client import LLMClient, LLMError
 from tests.backend.server_process import free_port
 from tests.orchestrator.inprocess_backend import _wait_healthy
 

@@ -8,11 +8,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from common.settings import Settings
 from orchestrator import history
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.prose import repeated_share
 from orchestrator.pipeline.sampling import DEFAULTS
-from orchestrator.settings import Settings
 from tests.backend.server_process import free_port
 from tests.orchestrator.conftest import run_cli
 from tests.orchestrator.inprocess_backend import _wait_healthy

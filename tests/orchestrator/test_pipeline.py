@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from common.settings import Settings
 from orchestrator import api
 from orchestrator.jobs import JobStore
-from orchestrator.settings import Settings
 from tests.orchestrator.conftest import run_cli, wait_for
 
 ARGS = ("--sections", "2", "--images", "2", "--words", "40", "--seed", "7")

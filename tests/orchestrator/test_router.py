@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from orchestrator.clients.llm import LLMError
+from orchestrator.clients.llm_client import LLMError
 from orchestrator.clients.router import LLMRouter
 from tests.backend.server_process import ROOT, ServerProcess
 from tests.backend.tiny_models import build_model

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from orchestrator.clients.llm import LLMError
+from orchestrator.clients.llm_client import LLMError
 from orchestrator.clients.router import LLMRouter
 from orchestrator.clients.upstream import Upstream
 from tests.orchestrator.inprocess_backend import InProcessBackend

@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.settings import DEFAULT_LLM_URL, Settings, SettingsError
+from common.settings import DEFAULT_LLM_URL, Settings, SettingsError
 
 VARS = ("SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL", "SCRIPTORIUM_MCP_BUDGET",
         "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_STRUCTURED_OUTPUT", "SCRIPTORIUM_MCP_TOKEN", "SCRIPTORIUM_MAX_JOBS",

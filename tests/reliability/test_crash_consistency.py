@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from common.procs import pid_alive
+from common.settings import Settings
 from orchestrator import api
 from orchestrator.jobs import JobStore
-from orchestrator.pipeline import assembly, outputs
-from orchestrator.settings import Settings
+from orchestrator.pipeline import assembly, step_reuse
 from tests.backend.server_process import ServerProcess, free_port
 from tests.orchestrator.conftest import wait_for
 
@@ -137,7 +137,7 @@ def test_kill_9_anywhere_then_resume_finishes_one_consistent_article(tmp_path, b
     run_dir = settings.runs_dir / run.id
     for step in steps.values():  # every output is what its step recorded
         for relative, recorded in step.files.items():
-            assert outputs.file_problem(run_dir, relative, recorded) is None
+            assert step_reuse.file_problem(run_dir, relative, recorded) is None
 
     outline = steps["research"].output
     texts = [(run_dir / steps[f"write:{i:02d}"].output).read_text() for i in range(SECTIONS)]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from orchestrator.settings import Settings
+from common.settings import Settings
 from tests.backend.server_process import ROOT
 from tests.orchestrator.conftest import run_cli
 from tests.reliability.full_disk import MOUNT_FAILED

@@ -19,9 +19,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from common.procs import cmdline, pid_alive
+from common.settings import Settings
 from mcp_server.server import build_server
 from orchestrator.jobs import JobStore
-from orchestrator.settings import Settings
 from tests.backend.server_process import ROOT, free_port
 from tests.orchestrator.conftest import wait_for
 

@@ -13,7 +13,7 @@ import pytest
 
 from common.procs import pid_alive, start_time
 from ops import lease_repair
-from ops.state import Record, State
+from ops.service_records import Record, State
 from tests.backend.server_process import free_port
 from tests.ops.conftest import run_ops
 from tests.reliability.disk_log import DiskLog

@@ -18,7 +18,7 @@ def parser_name(override: str | None, template: str | None, architecture: str) -
     if "<|python_tag|>" in text or ("ipython" in text and "parameters" in text):
         return "llama3_json"
     if "tools" not in text:
-        return "hermes"  # we write the Hermes format into the prompt ourselves (backend/server/tools/history.py)
+        return "hermes"  # we write the Hermes format into the prompt ourselves (backend/server/tools/conversation.py)
     return FAMILY_PARSERS.get(architecture, "hermes")
 
 

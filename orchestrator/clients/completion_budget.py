@@ -11,7 +11,7 @@ import asyncio
 import httpx
 
 from common.backend_client import root
-from orchestrator.clients.llm import LLMError
+from orchestrator.clients.llm_client import LLMError
 from orchestrator.clients.router import LLMRouter
 from orchestrator.clients.upstream import Upstream
 

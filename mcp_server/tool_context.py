@@ -9,9 +9,9 @@ from mcp.server.mcpserver.resolve import Resolve
 from mcp.types import ListRootsResult, ToolAnnotations
 from pydantic import Field
 
-from mcp_server.paths import FileAccess, client_roots, root_paths
+from common.settings import Settings
+from mcp_server.allowed_paths import FileAccess, client_roots, root_paths
 from orchestrator.clients.router import LLMRouter
-from orchestrator.settings import Settings
 
 
 @dataclass
