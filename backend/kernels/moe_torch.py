@@ -62,21 +62,25 @@ def fused_moe(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, to
         from backend.kernels import moe_triton
 
         return moe_triton.fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
-    num_tokens, top_k = topk_ids.shape
-    flat_ids = topk_ids.flatten()
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w_gate_up.shape[0]).tolist()
     weights = topk_weights.flatten()
     out = torch.zeros_like(x)
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        pairs = order[start:start + count]
-        start += count
-        tokens = pairs // top_k
+    for expert, pairs, tokens in expert_groups(topk_ids, w_gate_up.shape[0]):
         gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, w_down[expert])
         y = y * weights[pairs, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
+
+
+def expert_groups(topk_ids: torch.Tensor, num_experts: int):
+    """(expert, pairs, tokens) for each expert some token routes to: pairs index the flattened [T * top_k] choices
+    (to their weights), tokens the rows of x, both in token order."""
+    top_k = topk_ids.shape[1]
+    flat_ids = topk_ids.flatten()
+    order = torch.argsort(flat_ids, stable=True)
+    start = 0
+    for expert, count in enumerate(torch.bincount(flat_ids, minlength=num_experts).tolist()):
+        if count:
+            pairs = order[start:start + count]
+            yield expert, pairs, pairs // top_k
+        start += count

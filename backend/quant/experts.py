@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from backend.kernels import native, use_triton
+from backend.kernels.moe_torch import expert_groups
 from backend.models.mlp import silu_mul
 from backend.quant.modules import QuantWeight
 
@@ -82,19 +83,9 @@ class QuantExperts(nn.Module):
             out = self._few_tokens(x, topk_weights, topk_ids)
             if out is not None:
                 return out
-        top_k = topk_ids.shape[1]
-        flat_ids = topk_ids.flatten()
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=g[0].shape[0]).tolist()
         weights = topk_weights.flatten()
         out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            pairs = order[start:start + count]
-            start += count
-            tokens = pairs // top_k
+        for expert, pairs, tokens in expert_groups(topk_ids, g[0].shape[0]):
             xe = x[tokens]
             h = silu_mul(torch.cat([self.gate.matmul(xe, expert, g), self.up.matmul(xe, expert, u)], dim=-1))
             y = self.down.matmul(h, expert, d) * weights[pairs, None]
