@@ -2,7 +2,8 @@
 
 request -> plan (scheduler) -> rows and forward (runner) -> sample (plan_sampling) -> postprocess (scheduler)
 -> deltas (deltas). Everything one request can get wrong is refused before it is queued
-(admission), and a failure while processing one sequence ends only its request.
+(admission), and a failure while processing one sequence ends only its request. How the engine is put
+together is engine/engine_setup.py's; what it holds on its device and when, engine/residency.py's.
 """
 
 import itertools
@@ -11,10 +12,9 @@ import threading
 
 import torch
 
-from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
-from backend.engine import residency
+from backend.engine import engine_setup, residency
 from backend.engine.admission import AdmittedEmbedding, AdmittedRequest, Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
@@ -22,7 +22,6 @@ from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
 from backend.engine.kv_budget import (
     CacheShape,
-    check_cuda_block_size,
     num_kv_blocks,
     report_memory,
 )
@@ -32,15 +31,11 @@ from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
 from backend.engine_args import EngineArgs
-from backend.kernels import native
 from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.weight_sizes import host_expert_bytes, module_bytes
 from backend.sampling_params import SamplingParams, as_sampling_params
-from backend.spec.draft import DraftProposer
-from backend.spec.ngram import NgramProposer
 from backend.spec.speculative_config import SpeculativeConfig
-from backend.spec.speculator import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -48,28 +43,16 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' was asked for, but PyTorch sees no CUDA GPU; use device='cpu'")
-        if self.device.type == "cuda":
-            check_cuda_block_size(config.block_size)
-        if self.device.type == "cpu":  # a first start's compile overlaps the tokenizer and the weights
-            native.build_in_background()
+        self.device = engine_setup.pick_device(config)
         self.source = locate(config.model)
         self.model_config, reader = residency.read_model_config(self)
-        self.dtype = pick_dtype(config.dtype, self.device, self.model_config.torch_dtype)
-        self.products = products(self.dtype, self.device, reader, config.quantization, config.activations,
-                                 config.model)
-        if self.products == "bfloat16":
-            self.dtype = torch.float32
+        self.dtype, self.products = engine_setup.pick_arithmetic(config, self.device, self.model_config, reader)
         self.spec = SpeculativeConfig.parse(config.speculative)
         self.shape = CacheShape.of(config, self.model_config, self.spec, self.device, self.dtype)
         self.max_model_len, self.max_num_batched_tokens = self.shape.max_model_len, self.shape.max_num_batched_tokens
         self.model_name = config.model
         self.tokenizer = load_tokenizer(self.source, config.tokenizer)
-        self.eos_token_ids = set(self.model_config.eos_token_ids)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = engine_setup.end_tokens(self.model_config, self.tokenizer)
         self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs, config.max_embedding_tokens)
@@ -82,17 +65,10 @@ class LLMEngine:
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens, self.shape.prefill_tokens_while_decoding)
         self.sampler = Sampler(config.seed, self.device)
-        self.proposer = self.speculator = None
-        if self.spec is not None:
-            if draft_model is not None:
-                self.proposer = DraftProposer(draft_model, self.device, self.dtype, 0, config.block_size,
-                                              self.shape.kv_dtype, self.vocab_bridge)
-                # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
-                # (parameters would miss quantized weights, which are buffers of blocks).
-                cost = module_bytes(draft_model) / module_bytes(self.model)
-            else:
-                self.proposer, cost = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max), 0.0
-            self.speculator = Speculator(self.spec, self.proposer, cost, self.max_model_len)
+        self.proposer, self.speculator = engine_setup.speculation(
+            self.spec, draft_model, self.model, self.device, self.dtype, config.block_size, self.shape.kv_dtype,
+            self.vocab_bridge, self.max_model_len)
+        if self.speculator is not None:
             self.scheduler.on_release.append(self.speculator.release)
         residency.start_cache(self)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
