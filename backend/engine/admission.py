@@ -81,7 +81,7 @@ class Limits:
             self.token_ids(ids, where)
             if len(ids) > self.max_model_len:
                 raise InvalidParameter(where, f"{where} has {len(ids)} tokens; this model embeds at most "
-                                       f"{self.max_model_len} (max_model_len)")
+                                       f"{self.max_model_len} (max_model_len)", code="context_length_exceeded")
         total = sum(len(ids) for ids in inputs)
         if total > self.max_embedding_tokens:
             raise InvalidParameter("input", f"input holds {total} tokens in {len(inputs)} inputs; this server embeds at "

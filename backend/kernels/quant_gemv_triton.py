@@ -218,7 +218,7 @@ class GemvConfig:
     splits: int = 1  # programs along the columns: more loads in flight when rows are few
 
 
-def gemv_config(fmt: int, rows: int, cols: int) -> GemvConfig:
+def gemv_config(rows: int) -> GemvConfig:
     """The launch shape for a weight, from bench/device.py's sweep on the H200 (GB/s of blocks read, two runs):
     Mixtral's gate (Q4_K, 14,336 rows) read best with 16 rows a program and 2 warps (700, 537; the old 16 rows
     and 4 warps: 511, 496); its down (Q6_K, 4,096 rows, 56 blocks a row) with 64 rows, 8 warps and the columns
@@ -234,7 +234,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_b
     m = x.shape[0]
     if not m:
         return torch.empty(0, rows, dtype=x.dtype, device=x.device)
-    cfg = config or gemv_config(fmt, rows, cols)
+    cfg = config or gemv_config(rows)
     blocks = triton.cdiv(cols, 256)
     splits = min(cfg.splits, blocks)
     per_split = triton.cdiv(blocks, splits)

@@ -39,11 +39,7 @@ class DetokenizeRequest(BaseModel):
 
 def _token_ids(engine, value) -> AdmittedEmbedding:
     named = token_lists(engine, value, "input", MAX_INPUTS)
-    for ids, where in named:
-        if len(ids) > engine.max_model_len:
-            raise APIError(400, f"{where} has {len(ids)} tokens; this model embeds at most {engine.max_model_len}",
-                           param=where, code="context_length_exceeded")
-    try:  # each input's ids, and all the inputs together within max_embedding_tokens
+    try:  # each input's ids and length, and all the inputs together within max_embedding_tokens
         return engine.limits.check_embedding([ids for ids, _ in named])
     except InvalidParameter as e:
         raise APIError(400, str(e), param=e.param, code=e.code) from None

@@ -63,7 +63,7 @@ def test_the_block_gemv_split_along_columns_matches_dequantize_and_matmul(name):
     raw = random_raw(name, 37, cols, seed=3)
     x = torch.randn(2, cols, generator=torch.Generator().manual_seed(3))
     fmt = BY_NAME[name]
-    for config in (quant_gemv_triton.GemvConfig(block_n=8, warps=2, splits=2), quant_gemv_triton.gemv_config(0, 37, cols)):
+    for config in (quant_gemv_triton.GemvConfig(block_n=8, warps=2, splits=2), quant_gemv_triton.gemv_config(37)):
         y = on_kernel_device(quant_gemv_triton.gemv, x, torch.from_numpy(raw), fmt.ggml_type, 37, cols,
                              row_bytes(fmt, cols), config)
         assert_exact(y, x @ gguf_dequant(raw, name).T)
