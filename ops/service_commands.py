@@ -11,6 +11,7 @@ from pathlib import Path
 from common import gpu
 from common.gpu import fmt
 from ops import alerts, engines, lifecycle
+from ops.health_report import health_report
 from ops.plan import make_plan
 from ops.service_needs import with_needs
 from ops.service_records import State
@@ -156,7 +157,7 @@ def health_command(args) -> int:
     from ops.lease_repair import repair
 
     repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
-    report = lifecycle.health_report(stack, args.profile, every=args.all)
+    report = health_report(stack, args.profile, every=args.all)
     if repaired:  # something was wrong, even if it is mended now
         report["problems"] = repaired + report["problems"]
         report["repaired"] = repaired
