@@ -88,9 +88,10 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
 Rows int8_rows_from(const Rows *r, i64 first);
 int int8_panels(i64 M);
 void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N);
-/* token rows of an embedding table in the fp32 kernel's panels, as gguf-py dequantizes them; 0: an id past it */
-int rows_of_panels(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
-                   int bits, int scale_kind, const int64_t *ids, i64 count, float *out);
+/* token rows of an embedding table in the fp32 kernel's panels or the int8 kernel's quads (order: Layout.order_code),
+ * as gguf-py dequantizes them; 0: an id past it, or AMX's pairs */
+int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
+                   int bits, int scale_kind, int order, const int64_t *ids, i64 count, float *out);
 
 /* --- MoE (cpu_moe.c) */
 int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,

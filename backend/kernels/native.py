@@ -93,8 +93,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.qmm.restype = None
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
-    lib.rows_of_panels.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32, i32, ptr, i64, ptr]
-    lib.rows_of_panels.restype = i32
+    lib.rows_of_packed.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32, i32, i32, ptr, i64, ptr]
+    lib.rows_of_packed.restype = i32
     lib.moe_route_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i32, ptr, ptr, i32]
     lib.moe_route_rows.restype = i32
     lib.moe_add_shared_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr]

@@ -203,10 +203,12 @@ def test_float_parts_and_the_dense_code_path():
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("products", ["float32", "int8"])
 @pytest.mark.parametrize("name", FORMATS)
-def test_an_embedding_lookup_from_the_repacked_table_is_gguf_pys_rows(name):
-    """QuantEmbedding reads token rows from the repacked table in one C call (rows_of_panels): gguf-py's
-    dequantized rows bit for bit, as the torch path's are; an id past the table is an IndexError."""
+def test_an_embedding_lookup_from_the_repacked_table_is_gguf_pys_rows(name, products):
+    """QuantEmbedding reads token rows from the repacked table in one C call (rows_of_packed), in the fp32 kernel's
+    panels or the int8 kernel's quads: gguf-py's dequantized rows bit for bit, as the torch path's are; an id past
+    the table is an IndexError."""
     from backend.quant.modules import QuantEmbedding
 
     rows, cols = 50, 256
@@ -217,9 +219,9 @@ def test_an_embedding_lookup_from_the_repacked_table_is_gguf_pys_rows(name):
     ids = torch.tensor([[0, 17, 49], [8, 15, 16]])
     want = gguf_dequant(raw, name)[ids]
     assert torch.equal(table(ids), want)  # the torch path, before the repack
-    weight.pack_for_cpu()
-    if weight.layout is None or weight.layout.order != "panels":
-        pytest.skip(f"{name} is not repacked for our kernel")
+    weight.pack_for_cpu(products)
+    if weight.layout is None or weight.layout.order != {"float32": "panels", "int8": "quads"}[products]:
+        pytest.skip(f"{name} is not repacked for our {products} kernel")
     assert torch.equal(table(ids), want)
     with pytest.raises(IndexError, match="50 rows"):
         table(torch.tensor([3, 50]))
