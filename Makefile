@@ -42,7 +42,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff format --check .
 
 bench: $(VENV)/.installed model
-	$(PY) bench/engine.py
+	$(PY) bench/engine_vs_peers.py
 
 # The stack on the embedded default (backend on this machine with smollm2, MCP over HTTP), then one
 # article written through the MCP server as an agent would; prints where article.html is. The stack

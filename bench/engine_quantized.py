@@ -1,4 +1,4 @@
-"""bench/engine.py --quantized: SmolLM2's Q4_1 file and a Q8_0 conversion of it, our quantized path (fp32 and int8
+"""bench/engine_vs_peers.py --quantized: SmolLM2's Q4_1 file and a Q8_0 conversion of it, our quantized path (fp32 and int8
 activations) vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv)."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from engine import best, decode_split, hf_generate, make_prompt, ours_generate
+from engine_vs_peers import best, decode_split, hf_generate, make_prompt, ours_generate
 
 from backend import LLM
 from backend.model_store import pull

@@ -1,7 +1,7 @@
-"""llama.cpp's decode speed on a GGUF file, run by bench/engine.py in llama-cpp-python's own venv.
+"""llama.cpp's decode speed on a GGUF file, run by bench/engine_vs_peers.py in llama-cpp-python's own venv.
 
 llama-cpp-python is a benchmark peer, never a dependency: install it in a venv of its own and pass that
-venv's python to bench/engine.py (--llama-cpp-python PATH, or LLAMA_CPP_PYTHON). Reads
+venv's python to bench/engine_vs_peers.py (--llama-cpp-python PATH, or LLAMA_CPP_PYTHON). Reads
 {"model", "prompts", "new_tokens", "threads"} on stdin, prints {"single_tok_s", "batch_tok_s"}.
 """
 
@@ -26,7 +26,7 @@ def main() -> None:
                 if i + 1 == new_tokens:
                     break
         rates.append(new_tokens * len(batch) / (time.perf_counter() - start))
-    # the best of two single runs, as bench/engine.py times every engine
+    # the best of two single runs, as bench/engine_vs_peers.py times every engine
     print(json.dumps({"single_tok_s": max(rates[1:3]), "batch_tok_s": rates[3]}))
 
 

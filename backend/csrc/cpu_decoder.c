@@ -28,7 +28,7 @@ void struct_layouts(int64_t *out) {
     memcpy(out, v, sizeof v);
 }
 
-double matmul_seconds; /* wall time in the matmuls, for bench/engine.py's split of a step */
+double matmul_seconds; /* wall time in the matmuls, for bench/engine_vs_peers.py's split of a step */
 
 static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
     double start = omp_get_wtime();

@@ -229,8 +229,7 @@ class LLMEngine:
     def _fail(self, request_id: str, error: str) -> None:
         for seq in self.requests.get(request_id, []):
             if not seq.finished:
-                seq.error = error
-                self.scheduler.finish(seq, "error")
+                self.scheduler.finish(seq, "error", error=error)
 
     def _delta(self, request_id: str) -> RequestDelta | None:
         seqs = self.requests[request_id]

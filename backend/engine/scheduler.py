@@ -226,9 +226,13 @@ class Scheduler:
                 failed.append((seq, e))
         return failed
 
-    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
-        """Remove a finished or aborted sequence and release its blocks."""
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None,
+               error: str | None = None) -> None:
+        """Remove a finished, aborted or failed (reason "error", with the error's text) sequence and release its
+        blocks."""
         seq.finish_reason, seq.stop_reason = reason, stop_reason
+        if error is not None:
+            seq.error = error
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         else:

@@ -33,16 +33,30 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 @triton.jit
+def block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M: tl.constexpr):
+    """Block mb's expert and its BLOCK_M rows: their pair ids and which hold a pair (the rest is padding)."""
+    expert = tl.load(experts_ptr + mb).to(tl.int64)
+    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
+    pairs = tl.load(pairs_ptr + rows)
+    return expert, rows, pairs, pairs >= 0
+
+
+def moe_buffers(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter_size: int, block_m: int):
+    """align_by_expert's plan and the two kernels' outputs: (sorted_pairs, block_expert, used, inter, out_pairs)."""
+    sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
+    inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
+    out_pairs = torch.empty(topk_ids.numel(), x.shape[1], dtype=x.dtype, device=x.device)
+    return sorted_pairs, block_expert, used, inter, out_pairs
+
+
+@triton.jit
 def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, TOP_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
         return
     nb = tl.program_id(1)
-    expert = tl.load(experts_ptr + mb)
-    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
-    pairs = tl.load(pairs_ptr + rows)
-    valid = pairs >= 0
+    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
     tokens = tl.where(valid, pairs // TOP_K, 0)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < INTER
@@ -69,10 +83,7 @@ def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights
     if mb >= tl.load(used_ptr):
         return
     nb = tl.program_id(1)
-    expert = tl.load(experts_ptr + mb)
-    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
-    pairs = tl.load(pairs_ptr + rows)
-    valid = pairs >= 0
+    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -107,10 +118,8 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, tiles: tuple[int, in
     if tokens == 0:
         return torch.zeros_like(x)
     block_m, block_n, block_k = tiles or moe_tiles(tokens * top_k, num_experts)
-    sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
+    sorted_pairs, block_expert, used, inter, out_pairs = moe_buffers(x, topk_ids, num_experts, inter_size, block_m)
     blocks = block_expert.numel()
-    out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     _moe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
         x, w_gate_up.contiguous(), sorted_pairs, block_expert, used, inter, hidden, inter_size, TOP_K=top_k,

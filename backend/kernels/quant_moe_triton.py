@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.kernels.moe_triton import align_by_expert, moe_tiles
+from backend.kernels.moe_triton import block_rows, moe_buffers, moe_tiles
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_weights, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
 
@@ -23,10 +23,7 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
     if mb >= tl.load(used_ptr):
         return
     nb = tl.program_id(1)
-    expert = tl.load(experts_ptr + mb).to(tl.int64)
-    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    pairs = tl.load(pairs_ptr + rows)
-    valid = pairs >= 0
+    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
     tokens = tl.where(valid, pairs // TOP_K, 0)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < INTER
@@ -62,10 +59,7 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
     if mb >= tl.load(used_ptr):
         return
     nb = tl.program_id(1)
-    expert = tl.load(experts_ptr + mb).to(tl.int64)
-    rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    pairs = tl.load(pairs_ptr + rows)
-    valid = pairs >= 0
+    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < H
     n_rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
@@ -109,10 +103,8 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     # shared memory in fp32); the others decode each weight of the per-weight tiles.
     block_m, block_n, block_k = tiles or ((16, 32, 256) if block_formats else moe_tiles(tokens * top_k, num_experts))
     blockwise = block_formats and block_k == 256
-    sorted_pairs, block_expert, used = align_by_expert(topk_ids, num_experts, block_m)
+    sorted_pairs, block_expert, used, inter, out_pairs = moe_buffers(x, topk_ids, num_experts, inter_size, block_m)
     blocks = block_expert.numel()
-    out_pairs = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    inter = torch.empty(sorted_pairs.numel(), inter_size, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     _qmoe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
         x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, TOP_K=top_k,

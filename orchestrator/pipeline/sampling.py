@@ -1,5 +1,5 @@
 """Sampling settings for each stage of the article pipeline (outline, sections, image prompts): defaults chosen by
-bench/article.py on the embedded SmolLM2-135M, overridable per run and recorded in the run's params."""
+bench/article_prose.py on the embedded SmolLM2-135M, overridable per run and recorded in the run's params."""
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -49,7 +49,7 @@ class StageSampling:
                        presence_penalty=min(2.0, self.presence_penalty + 0.4))
 
 
-# The old pipeline's settings (temperature 0.7, nothing else): bench/article.py's "before" row.
+# The old pipeline's settings (temperature 0.7, nothing else): bench/article_prose.py's "before" row.
 PLAIN = {stage: StageSampling() for stage in STAGES}
 
 # Sections: repetition_penalty 1.15 took the smallest distinct-4 of six sections from 0.912 to 1.0; adding

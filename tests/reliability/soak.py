@@ -1,6 +1,6 @@
 """A soak round: many concurrent streaming chat requests, some of whose clients hang up part way.
 
-Used by tests/reliability/test_soak.py (CI) and bench/reliability.py (figures over time).
+Used by tests/reliability/test_soak.py (CI) and bench/reliability_under_load.py (figures over time).
 """
 
 import asyncio

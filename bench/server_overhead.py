@@ -2,13 +2,13 @@
 
 SmolLM2-135M on the CPU, greedy, fixed length (ignore_eos). Prints one JSON line with the
 server's aggregate tokens/s, p50/p99 time to first token and inter-token latency, and the
-ratio to the offline engine's aggregate on the same prompts. Run: python bench/server.py
+ratio to the offline engine's aggregate on the same prompts. Run: python bench/server_overhead.py
 
 With --tools, the tool-calling row instead: the same requests with `tools` and
 tool_choice="required" (grammar-constrained) against the same requests without tools, both
 non-streamed: tokens/s of each, and the share of calls whose arguments validate (target 1.0). A
 call cut off by max_tokens cannot validate: keep --max-tokens at 64 or more (a call is ~40 tokens);
-truncated_calls counts them. Run: python bench/server.py --tools
+truncated_calls counts them. Run: python bench/server_overhead.py --tools
 """
 
 import argparse

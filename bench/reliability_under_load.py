@@ -7,7 +7,7 @@ SmolLM2-135M on the CPU by default. Prints one JSON line: per round the requests
 hung up, 5xx and in-band errors, KV blocks and requests still held afterwards, seconds; the server's
 RSS after each round; the slowest / median time to first chunk of `--concurrency` n=1 and n=2
 streams; and the p50 / p99 / max gap between tokens of `--gap-streams` streams alone and beside each of
-those (`--gaps-only`: that alone). Run: python bench/reliability.py [--requests 200] [--tiny]
+those (`--gaps-only`: that alone). Run: python bench/reliability_under_load.py [--requests 200] [--tiny]
 """
 
 import argparse

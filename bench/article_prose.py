@@ -3,7 +3,7 @@ then sections concurrently), before (the old settings: temperature 0.7 only, no 
 (pipeline.sampling's defaults), in one run; one JSON line. Needs a backend serving SmolLM2 (`ops up`, or
 `python -m backend serve --model smollm2`).
 
-python bench/article.py [--url http://127.0.0.1:8000/v1] [--topics 5] [--seeds 2] [--sections 2] [--words 80]
+python bench/article_prose.py [--url http://127.0.0.1:8000/v1] [--topics 5] [--seeds 2] [--sections 2] [--words 80]
 """
 
 import argparse
