@@ -11,11 +11,13 @@
  *
  * Codes in quad order (cpu_layout.quad_order): per panel of 16 weight rows, 64 bytes for each 4 k's (8-bit: byte
  * 4r + i is row r's q at k + i, plus 128; "bits 7" where no q is -128, cpu_layout.quad_bits) or each 8 k's (4-bit:
- * byte 4r + i holds row r's q at k + i in its low nibble and at k + 4 + i in its high one). One AVX-512 VNNI
+ * byte 4r + i holds row r's q at k + i in its low nibble and at k + 4 + i in its high one), or 192 bytes for each
+ * 16 k's (6-bit, where every q fits -32 .. 31: Q6_K and the Q5's, as u = q + 32: two 4-bit units of the low bits,
+ * then a plane of the high 2, composed into bytes in registers). One AVX-512 VNNI
  * instruction (vpdpbusd) then multiplies 16 rows' 4 codes by 4 of xq and adds them into the 16 rows' sums: 64
  * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd,
- * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128, and a group's
- * sum starts at -128 sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
+ * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
+ * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  */
 #include <omp.h>
 
@@ -33,8 +35,8 @@
 typedef int32_t VI __attribute__((vector_size(IL * 4)));
 typedef float VF __attribute__((vector_size(IL * 4)));
 
-/* What a dot4 is handed: 4-bit codes (every byte of u below 16), 8-bit codes (u = q + 128), or 8-bit codes none of
- * which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
+/* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), or 8-bit codes
+ * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
 enum { BYTES, NIBBLES, SIGNED };
 /* Whether this build sums q * x for 8-bit codes without -128 (AVX2), so their groups start at 0, not -128 sum xq */
 #if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
@@ -50,9 +52,9 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
     (void)kind;
     return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
 #elif defined(__AVX2__)
-    /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4-bit
-     * codes times |x| <= 127 stay under it (2 * 15 * 127); 8-bit codes go in as their two nibbles (u = 16 hi + lo),
-     * the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as |x| times q * sign(x)
+    /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4 and
+     * 6-bit codes times |x| <= 127 stay under it (2 * 63 * 127); 8-bit codes go in as their two nibbles (u = 16 hi +
+     * lo), the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as |x| times q * sign(x)
      * (2 * 127 * 127). Exact integers every way, the same as vpdpbusd's and the portable loop's. */
     const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
     __m256i half[IL / 8], sum[IL / 8];
@@ -134,7 +136,7 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
         const i64 at = m * r->groups + g;
         r->d[at] = amax / 127.0f; /* NaN where x holds a NaN or an infinity: the row's y, as in the fp32 kernel */
         r->dsum[at] = r->d[at] * (float)total;
-        r->bias[at] = bits == 8 || (bits == 7 && !SEVEN_SIGNED) ? -128 * total : 0;
+        r->bias[at] = bits == 8 || (bits == 7 && !SEVEN_SIGNED) ? -128 * total : bits == 6 ? -32 * total : 0;
     }
 }
 
@@ -153,8 +155,10 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
  * compiled out). */
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
                  float *y, i64 ldy, i64 N) {
-    const i64 unit = bits == 4 ? 8 : 4, group_bytes = w->group / unit * 64, panels = (NC + HV - 1) / HV;
-    const int kind = bits == 4 ? NIBBLES : bits == 7 && SEVEN_SIGNED ? SIGNED : BYTES;
+    /* k's and bytes a step of the loop below reads: 8 in 64 bytes (4-bit), 16 in 192 (6-bit), 4 in 64 (8-bit) */
+    const i64 unit = bits == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
+    const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
+    const int kind = bits == 4 || bits == 6 ? NIBBLES : bits == 7 && SEVEN_SIGNED ? SIGNED : BYTES;
 #define ACC(r, c) VF f_##r##_##c = {0}; VI a_##r##_##c;
     RC(ACC)
 #undef ACC
@@ -171,19 +175,32 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
             for (i64 b = 0; b < group_bytes; b += 64)
                 PREFETCH(w->codes + (p + panels + c) * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
-        for (i64 u = 0; u < group_bytes; u += 64, xq += unit) {
-            int32_t lo_x[MAX_ROWS], hi_x[MAX_ROWS];
+        for (i64 u = 0; u < group_bytes; u += step, xq += unit) {
+            int32_t x0[MAX_ROWS], x1[MAX_ROWS], x2[MAX_ROWS], x3[MAX_ROWS]; /* xq at k + 0, 4, 8, 12 */
             for (int r = 0; r < MR; r++) {
-                memcpy(lo_x + r, xq + r * x->K, 4);
-                if (bits == 4) memcpy(hi_x + r, xq + r * x->K + 4, 4);
+                memcpy(x0 + r, xq + r * x->K, 4);
+                if (bits == 4 || bits == 6) memcpy(x1 + r, xq + r * x->K + 4, 4);
+                if (bits == 6) { memcpy(x2 + r, xq + r * x->K + 8, 4); memcpy(x3 + r, xq + r * x->K + 12, 4); }
             }
-#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, lo, lo_x[r], kind); \
-                                 if (bits == 4) a_##r##_##c = dot4(a_##r##_##c, hi, hi_x[r], NIBBLES); }
-#define VECTOR_DOTS(c) if (NC > c) {                                         \
-                VI lo, hi;                                                   \
-                memcpy(&lo, codes##c + u, sizeof lo);                        \
-                if (bits == 4) { hi = (lo >> 4) & 0x0F0F0F0F; lo &= 0x0F0F0F0F; } \
-                R8(DOT4, c)                                                  \
+#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, u0, x0[r], kind);                       \
+                                 if (bits == 4 || bits == 6) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind); \
+                                 if (bits == 6) { a_##r##_##c = dot4(a_##r##_##c, u2, x2[r], kind);          \
+                                                  a_##r##_##c = dot4(a_##r##_##c, u3, x3[r], kind); } }
+            /* 6-bit: each byte's low 4 bits from the two nibble units, its high 2 from the plane after them */
+#define VECTOR_DOTS(c) if (NC > c) {                                                          \
+                VI u0, u1, u2 = {0}, u3 = {0};                                                \
+                memcpy(&u0, codes##c + u, sizeof u0);                                         \
+                if (bits == 4 || bits == 6) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; } \
+                if (bits == 6) {                                                              \
+                    VI plane;                                                                 \
+                    memcpy(&u2, codes##c + u + 64, sizeof u2);                                \
+                    memcpy(&plane, codes##c + u + 128, sizeof plane);                         \
+                    u3 = ((u2 >> 4) & 0x0F0F0F0F) | ((plane >> 2) & 0x30303030);              \
+                    u2 = (u2 & 0x0F0F0F0F) | (plane & 0x30303030);                            \
+                    u1 |= (plane << 2) & 0x30303030;                                          \
+                    u0 |= (plane << 4) & 0x30303030;                                          \
+                }                                                                             \
+                R8(DOT4, c)                                                                   \
             }
             C4(VECTOR_DOTS)
 #undef VECTOR_DOTS
@@ -223,9 +240,10 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int MR = (int)((M - m0 + count - t - 1) / (count - t));
-        switch (MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : 0)) {
-#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break; \
-                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N); break; \
+        switch (MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : w->bits == 6 ? 12 : 0)) {
+#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break;  \
+                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N); break;  \
+                       case MR_ * 16 + PP_ / 2 + 12: tile(w, x, p, m0, MR_, PP_ * HV, 6, y, ldy, N); break; \
                        case MR_ * 16 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N); break;
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
@@ -263,7 +281,8 @@ static int room(Rows *r, i64 M, i64 K, i64 groups) {
  * values a row, cheaper than the barrier a shared copy needs before any thread may read it. */
 #define OWN_ROWS 4
 
-/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4 or 8); 0 where memory ran out */
+/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7 or 8); 0 where memory
+ * ran out */
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
     Rows shared;

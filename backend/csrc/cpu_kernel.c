@@ -241,6 +241,12 @@ INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
         return bits == 4 ? (c[k * PANEL * 4 / 8 + j % 8] >> (4 * (j / 8))) & 15 : ((const int8_t *)c)[k * PANEL + j];
     if (bits == 4) /* 64 bytes per 8 k's: byte 4j + i holds k = 8u + i low, 8u + 4 + i high */
         return (c[(k / 8) * 64 + 4 * j + k % 4] >> (4 * ((k % 8) / 4))) & 15;
+    if (bits == 6) { /* 192 bytes per 16 k's: two 4-bit units, then the high 2 bits, k + 4 * quarter + i */
+        const uint8_t *b = c + (k / 16) * 192;
+        const i64 r = k % 16;
+        const int low = (b[(r / 8) * 64 + 4 * j + r % 4] >> (4 * ((r % 8) / 4))) & 15;
+        return (low | ((b[128 + 4 * j + r % 4] >> (2 * (r / 4))) & 3) << 4) - 32;
+    }
     return (int)c[(k / 4) * 64 + 4 * j + k % 4] - 128; /* 64 bytes per 4 k's, q + 128 */
 }
 
@@ -257,7 +263,8 @@ int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets
         for (i64 g = 0; g < w.panel_groups; g++) {
             const i64 at = (p * w.panel_groups + g) * PANEL + j;
             const float s = param_at(scales, at, scale_kind), o = param_at(offsets, at, scale_kind);
-            for (i64 k = g * group; k < (g + 1) * group; k++) out[i * K + k] = (float)code_at(c, k, j, stored, order) * s + o;
+            for (i64 k = g * group; k < (g + 1) * group; k++)
+                out[i * K + k] = (float)code_at(c, k, j, stored, order) * s + o;
         }
     }
     return 1;

@@ -174,7 +174,7 @@ typedef struct Weight {
  * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c). */
 INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
                         int scale_kind) {
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 ? 4 : 8) / 8, K / group, bits, scale_kind};
+    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 || bits == 6 ? bits : 8) / 8, K / group, bits, scale_kind};
     return w;
 }
 

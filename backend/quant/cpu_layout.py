@@ -170,24 +170,44 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def quad_bits(codes: list[torch.Tensor], bits: int) -> int:
-    """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit stay 4; 8-bit codes take 7 where
-    no q is -128 (AVX2 then multiplies q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
+    """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit stay 4; 8-bit codes take 6 where
+    every q fits -32 .. 31 (Q6_K, Q5_*: a weight in 6 bits, not 8), else 7 where no q is -128 (AVX2 then multiplies
+    q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
     if bits == 4:
         return 4
-    return 7 if all(int(c.view(torch.int8).min()) > -128 for c in codes if c.numel()) else 8
+    q = [c.view(torch.int8) for c in codes if c.numel()]
+    if all(int(c.min()) >= -32 and int(c.max()) <= 31 for c in q):
+        return 6
+    return 7 if all(int(c.min()) > -128 for c in q) else 8
 
 
 def quad_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """pack's codes four k's to a 32-bit lane, for cpu_int8.c: per panel, 64 bytes for each 8 k's (4-bit: byte
-    4r + i holds row r's q at k + i in its low nibble, at k + 4 + i in its high) or each 4 k's (8-bit: byte 4r + i,
-    row r's q at k + i plus 128, unsigned). [panels, K, 8 or 16] -> [panels, K / 8 or K / 4, 64]."""
+    """pack's codes four k's to a 32-bit lane, for cpu_int8.c (bits: quad_bits's). Per panel of 16 rows:
+    4-bit: 64 bytes for each 8 k's, byte 4r + i holding row r's q at k + i in its low nibble and at k + 4 + i in its
+    high one: [panels, K, 8] -> [panels, K / 8, 64].
+    6-bit (u = q + 32, 0 .. 63): 192 bytes for each 16 k's: their low 4 bits as two 4-bit units (k .. k + 7, then
+    k + 8 .. k + 15), then 64 bytes of their high 2 bits, byte 4r + i holding those of k + i, k + 4 + i, k + 8 + i
+    and k + 12 + i from its low bits up: [panels, K, 16] -> [panels, K / 16, 192].
+    7 or 8-bit: 64 bytes for each 4 k's, byte 4r + i row r's q at k + i plus 128: [panels, K, 16] -> [panels,
+    K / 4, 64]."""
     panels, cols = codes.shape[0], codes.shape[1]
     if bits == 4:
-        q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panels, K, 16]: byte j held rows j and j + 8
-        q = q.view(panels, cols // 8, 2, 4, PANEL).permute(0, 1, 2, 4, 3)  # [.., half, row, i]: k = 8j + 4 half + i
-        return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(panels, cols // 8, 64).contiguous()
+        return _nibble_quads(torch.cat([codes & 15, codes >> 4], dim=-1))  # byte j held rows j and j + 8
+    if bits == 6:
+        u = (codes.view(torch.int8).to(torch.int16) + 32).to(torch.uint8)  # [panels, K, 16]
+        low = _nibble_quads(u & 15).view(panels, cols // 16, 128)
+        high = (u >> 4).view(panels, cols // 16, 4, 4, PANEL).permute(0, 1, 4, 3, 2)  # [.., row, i, quarter]
+        high = high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)
+        return torch.cat([low, high.reshape(panels, cols // 16, 64)], dim=-1).contiguous()
     q = (codes.view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
     return q.view(panels, cols // 4, 4, PANEL).transpose(2, 3).reshape(panels, cols // 4, 64).contiguous()
+
+
+def _nibble_quads(q: torch.Tensor) -> torch.Tensor:
+    """[panels, K, 16] values below 16 -> [panels, K / 8, 64]: byte 4r + i, row r's at k + i and k + 4 + i."""
+    panels, cols = q.shape[0], q.shape[1]
+    q = q.view(panels, cols // 8, 2, 4, PANEL).permute(0, 1, 2, 4, 3)  # [.., half, row, i]: k = 8j + 4 half + i
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(panels, cols // 8, 64).contiguous()
 
 
 def matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,

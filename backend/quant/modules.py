@@ -63,7 +63,7 @@ class QuantWeight(nn.Module):
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")
             elif products == "int8":
                 bits = cpu_layout.quad_bits([p[0] for p in packs], layout.bits)
-                packs = [(cpu_layout.quad_order(p[0], layout.bits), *p[1:]) for p in packs]
+                packs = [(cpu_layout.quad_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="quads")
         self.layout = layout
         for i, name in enumerate(("codes", "scales", "offsets")):

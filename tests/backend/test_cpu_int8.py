@@ -25,11 +25,13 @@ FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K
 
 
 def quad_ordered(name: str, rows: int, cols: int, seed: int, raw=None):
-    """(raw blocks, the quad-ordered matrix as pack_for_cpu makes it: 8-bit codes without -128 as bits 7)."""
+    """(raw blocks, the quad-ordered matrix as pack_for_cpu makes it: 8-bit codes within -32 .. 31 as bits 6,
+    others without -128 as bits 7)."""
     raw = random_raw(name, rows, cols, seed=seed) if raw is None else raw
     codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
-    quads = (cpu_layout.quad_order(codes, layout.bits), scales, offsets, cpu_layout.Layout(
-        cpu_layout.quad_bits([codes], layout.bits), layout.group, layout.scale_kind, layout.offsets, order="quads"))
+    bits = cpu_layout.quad_bits([codes], layout.bits)
+    quads = (cpu_layout.quad_order(codes, bits), scales, offsets, cpu_layout.Layout(
+        bits, layout.group, layout.scale_kind, layout.offsets, order="quads"))
     return raw, quads
 
 
@@ -68,20 +70,21 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
         assert torch.equal(cpu_layout.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q8_0 with -128"])
-def test_int8_products_are_the_same_bits_in_every_build(name, monkeypatch):
-    """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 8-bit codes as two nibbles, or
-    q times x's sign where no code is -128) against GCC's portable vectors, which multiply byte by byte: the same
-    bits, at 1 to 20 rows."""
+@pytest.mark.parametrize("build", ["avx2", "portable"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128"])
+def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch):
+    """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
+    nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128) against
+    AVX2's and GCC's portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
     raw = None
     if name == "Q8_0 with -128":
         name, raw = "Q8_0", random_raw("Q8_0", 70, 256, seed=21)
         raw[5, 2 + 7] = 0x80  # block 0's code 7 of row 5: q = -128
     raw, quads = quad_ordered(name, 70, 256, seed=21, raw=raw)
-    assert quads[3].bits == {"Q4_K": 4}.get(name, 8 if raw[5, 9] == 0x80 else 7)
+    assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6}.get(name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
     native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
-    use_kernel_build("portable", monkeypatch)
+    use_kernel_build(build, monkeypatch)
     for m, y in zip((1, 3, 20), native_y):
         assert torch.equal(cpu_layout.matmul(x[:m], *quads, 70), y), m
 
@@ -132,14 +135,24 @@ def test_int8_products_carry_nan_and_infinity():
 
 def test_quad_order_puts_four_ks_of_a_row_in_a_lane():
     """Byte 4r + i of a panel's 64 bytes: 8-bit, row r's q at k = 4j + i plus 128; 4-bit, row r's q at k = 8j + i
-    in the low nibble and at 8j + 4 + i in the high one."""
-    for name, bits in (("Q4_1", 4), ("Q8_0", 8)):
-        cols = 64
+    in the low nibble and at 8j + 4 + i in the high one; 6-bit, per 16 k's (192 bytes), u = q + 32's low 4 bits
+    as two 4-bit units, then byte 128 + 4r + i holding the high 2 bits of k = 16j + i, + 4, + 8, + 12."""
+    for name, bits in (("Q4_1", 4), ("Q8_0", 8), ("Q6_K", 6)):
+        cols = 256
         codes, *_ = cpu_layout.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
         q = torch.cat([codes & 15, codes >> 4], dim=-1).int() if bits == 4 else codes.view(torch.int8).int()
+        assert cpu_layout.quad_bits([codes], 4 if bits == 4 else 8) in ((bits,) if bits != 8 else (7, 8))
         quads = cpu_layout.quad_order(codes, bits)
-        assert quads.dtype == torch.uint8 and quads.shape == (codes.shape[0], cols * bits // 32, 64)
-        for p, j, r, i in [(0, 0, 0, 0), (0, 1, 3, 2), (1, 5, 15, 3), (3, cols * bits // 32 - 1, 9, 1)]:
+        ks, size = {4: (8, 64), 6: (16, 192), 8: (4, 64)}[bits]  # k's per unit, its bytes
+        assert quads.dtype == torch.uint8 and quads.shape == (codes.shape[0], cols // ks, size)
+        for p, j, r, i in [(0, 0, 0, 0), (0, 1, 3, 2), (1, 3, 15, 3), (3, quads.shape[1] - 1, 9, 1)]:
+            if bits == 6:
+                block, u = quads[p, j].int(), q[p, 16 * j: 16 * j + 16, r] + 32
+                for half in (0, 1):
+                    byte = int(block[64 * half + 4 * r + i])
+                    assert (byte & 15, byte >> 4) == (int(u[8 * half + i]) & 15, int(u[8 * half + 4 + i]) & 15)
+                assert int(block[128 + 4 * r + i]) == sum((int(u[4 * t + i]) >> 4) << (2 * t) for t in range(4))
+                continue
             byte = int(quads[p, j, 4 * r + i])
             if bits == 4:
                 assert (byte & 15, byte >> 4) == (int(q[p, 8 * j + i, r]), int(q[p, 8 * j + 4 + i, r]))
