@@ -44,6 +44,9 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
     # MoE experts per layer kept on the device, the rest in host memory; "auto": the most that fit the budget
     moe_gpu_experts: int | str | None = None
+    # with moe_gpu_experts: the experts in host memory computed there by the CPU's kernels for the tokens routed to
+    # them (llama.cpp's --n-cpu-moe way), not copied to the device (backend/models/split_experts.py)
+    moe_cpu_compute: bool = False
     # None: the checkpoint's own format (a GGUF stays quantized); "dequantize": a GGUF expanded to dtype at load
     quantization: str | None = None
     # Structured output: the largest JSON schema compiled (as JSON text), and how long the server waits for a
@@ -66,6 +69,9 @@ class EngineConfig:
         g = self.moe_gpu_experts
         if g is not None and g != "auto" and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
             raise ValueError(f"moe_gpu_experts must be an integer >= 1 or 'auto', got {g!r}")
+        if self.moe_cpu_compute and g is None:
+            raise ValueError("moe_cpu_compute computes the experts kept in host memory on the CPU; it needs "
+                             "moe_gpu_experts (a count per layer, or 'auto') to say which stay on the device")
         if not self.grammar_compile_timeout > 0:
             raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
         m = self.kv_cache_memory

@@ -33,6 +33,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     moe_gpu_experts: int | str | None = None
+    moe_cpu_compute: bool = False
     enforce_eager: bool = False
     seed: int = 0
 

@@ -110,8 +110,10 @@ def _no_init(dtype: torch.dtype):
 
 def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dtype, device: torch.device,
                max_positions: int, moe_gpu_experts: int | None = None, quantization: str | None = None,
-               products: str = "float32") -> CausalLM:
-    """products: what the CPU's quantized matmuls multiply (arithmetic.products; dtype is fp32 unless "float32")."""
+               products: str = "float32", moe_cpu_compute: bool = False) -> CausalLM:
+    """products: what the CPU's quantized matmuls multiply (arithmetic.products; dtype is fp32 unless "float32").
+    moe_cpu_compute: the experts moe_gpu_experts leaves in host memory are computed there (SplitExperts), not
+    copied to the device (ExpertCache)."""
     if quantization not in QUANTIZATION_MODES:
         raise ValueError(f"quantization {quantization!r} is not supported; use None (the checkpoint's own "
                          "format), 'dequantize' (a GGUF's weights expanded at load), or 'int8' / 'int4' (a "
@@ -165,7 +167,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
     if device.type == "cpu":
         _pack_for_cpu(model, products, source.gguf_file)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
-    _offload(model, moe_gpu_experts, device)
+    _offload(model, moe_gpu_experts, device, moe_cpu_compute)
     return model.to(device).eval()
 
 
@@ -197,7 +199,7 @@ def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
         log.info("repacked in %.1f s; the next start maps %s", time.monotonic() - started, entry.name)
 
 
-def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:
+def _offload(model: CausalLM, slots: int | None, device: torch.device, cpu_compute: bool) -> None:
     if slots is None:
         return
     from backend.models.moe import SparseMoE
@@ -206,7 +208,7 @@ def _offload(model: CausalLM, slots: int | None, device: torch.device) -> None:
     if not layers:
         raise ValueError("moe_gpu_experts is set but the model has no MoE layers")
     for layer in layers:
-        layer.offload(slots, device)
+        layer.offload(slots, device, cpu_compute)
 
 
 def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ One JSON line per figure, in groups (--figures), the most telling first:
   token, against a measured device-to-device copy);
 - kernels: the quantized decode products (GB/s per BLOCK_N, block-wise and per-weight) and an MoE layer's step;
 - offload: the Q4_K model on an RTX 4090's 24 GiB, experts that do not fit in host memory: tokens/s, PCIe bytes;
+  offload_cpu: the same with those experts computed by the CPU where they are (moe_cpu_compute);
 - float: the same decode figure for Qwen3-0.6B-like, Mixtral-8x7B-like and Qwen3-30B-A3B-like bf16 models, and
   throughput with 256 concurrent sequences, input and output lengths random in 100-1024;
 - moe: the fused MoE kernel vs the torch reference and transformers' MoE block (and its tile shapes at 4,096);
@@ -138,11 +139,15 @@ def decode_speed(llm: LLM, new_tokens: int) -> float:
 
 
 def offload_figure(llm: LLM, name: str, smoke: bool) -> dict:
-    """Decode with offloaded experts: tokens/s, and the expert bytes copied to the card per decode token."""
+    """Decode with offloaded experts: tokens/s, and the expert bytes copied to the card per decode token (with
+    moe_cpu_compute: none; the (token, expert) pairs the host computed instead)."""
     caches = [m.expert_cache for m in llm.engine.model.modules() if getattr(m, "expert_cache", None) is not None]
-    one_expert = [sum(h[0].numel() * h.element_size() for h in c.host) for c in caches]
+    cpu_compute = llm.engine.config.moe_cpu_compute
+    one_expert = [0 if cpu_compute else sum(h[0].numel() * h.element_size() for h in c.host) for c in caches]
 
     def copied() -> int:
+        if cpu_compute:
+            return sum(c.host_pairs for c in caches)
         return sum(c.misses * b for c, b in zip(caches, one_expert))
 
     new_tokens = 8 if smoke else 64
@@ -154,13 +159,13 @@ def offload_figure(llm: LLM, name: str, smoke: bool) -> dict:
         llm.generate(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
         runs[tokens] = (time.perf_counter() - start, copied() - before)
     (t_first, _), (t_full, b_full) = runs[1], runs[new_tokens + 1]
-    return {"figure": "decode_batch1_offloaded", "model": name, "weights": "Q4_K",
-            "gpu_experts_per_layer": caches[0].slots if caches else None,
+    return {"figure": "decode_batch1_offloaded" + ("_cpu_compute" if cpu_compute else ""), "model": name,
+            "weights": "Q4_K", "gpu_experts_per_layer": caches[0].slots if caches else None,
             "host_expert_gib": round(sum(c.host_bytes() for c in caches) / 2**30, 2),
             "tok_s": round(new_tokens / max(t_full - t_first, 1e-9), 1),
             # the long run's own copies over its tokens: the short run's prefill met another state of the slots
             # (its difference from the long run came out negative on the H200)
-            "pcie_bytes_per_token": int(b_full / (new_tokens + 1))}
+            "host_pairs_per_token" if cpu_compute else "pcie_bytes_per_token": round(b_full / (new_tokens + 1), 2)}
 
 
 def throughput(llm: LLM, sequences: int, low: int, high: int, vocab: int) -> dict:
@@ -208,7 +213,7 @@ def free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-GROUPS = ("q4k", "kernels", "offload", "float", "moe", "speculative")
+GROUPS = ("q4k", "kernels", "offload", "offload_cpu", "float", "moe", "speculative")
 
 
 def main() -> None:
@@ -250,9 +255,10 @@ def run_group(group: str, root: Path, device: str, smoke: bool, bandwidth: float
         yield decode_figure(llm, "mixtral-8x7b-like", bandwidth, smoke, weights="Q4_K")
     elif group == "kernels":
         yield from quant_gemv(device, torch_dtype, smoke, mixtral_q4k)
-    elif group == "offload":  # the same on an RTX 4090's budget: 24 GiB, experts that do not fit in host memory
+    elif group in ("offload", "offload_cpu"):  # the same on an RTX 4090's budget: 24 GiB, experts that do not
+        # fit in host memory, copied in when routed to or (offload_cpu) computed there
         llm = LLM(model_dir(root, "mixtral-8x7b-like-q4_k", mixtral_q4k, "Q4_K"), device=device, dtype=dtype,
-                  max_num_seqs=8, moe_gpu_experts=2 if smoke else "auto",
+                  max_num_seqs=8, moe_gpu_experts=2 if smoke else "auto", moe_cpu_compute=group == "offload_cpu",
                   gpu_memory_utilization=0.9 if smoke else 24 * 2**30, **sizes)
         yield offload_figure(llm, "mixtral-8x7b-like", smoke)
     elif group == "float":

@@ -229,7 +229,7 @@ def auto_gpu_experts(config: EngineConfig, cfg: ModelConfig, weights: WeightByte
     log.info("moe_gpu_experts=auto: %d of %d experts per layer on the device (%.2f GiB of weights there, %.2f GiB "
              "in host memory) within a budget of %.2f GiB after %.2f GiB for activations and a minimum KV cache",
              chosen, cfg.num_experts, weights.resident(n) / GIB,
-             weights.host(n, cfg.num_experts, cfg.num_experts_per_tok) / GIB,
+             weights.host(n, cfg.num_experts, cfg.num_experts_per_tok, config.moe_cpu_compute) / GIB,
              budget / GIB, reserved / GIB)
     return n
 

@@ -39,7 +39,8 @@ def load_models(engine: "LLMEngine", reader=None):
         engine.moe_gpu_experts = pick_gpu_experts(engine.config, engine.shape, engine.model_config,
                                                 weight_bytes(engine.model_config, recipe), draft)
     model = load_model(engine.source, engine.model_config, reader, engine.dtype, engine.device, engine.max_model_len,
-                       engine.moe_gpu_experts, engine.config.quantization, engine.products)
+                       engine.moe_gpu_experts, engine.config.quantization, engine.products,
+                       engine.config.moe_cpu_compute)
     return model, draft
 
 

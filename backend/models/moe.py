@@ -30,11 +30,15 @@ class SparseMoE(nn.Module):
         del self.w_gate_up, self.w_down
         self.experts = experts
 
-    def offload(self, slots: int, device: torch.device) -> None:
-        """Keep `slots` experts on `device` and the rest in host memory (see ExpertCache): as many slots rotate
-        as one token routes to, so that any token's experts are on the device together."""
+    def offload(self, slots: int, device: torch.device, cpu_compute: bool = False) -> None:
+        """Keep `slots` experts on `device` and the rest in host memory: copied in when routed to (ExpertCache: as
+        many slots rotate as one token routes to, so that any token's experts are on the device together), or
+        with cpu_compute computed where they are (SplitExperts)."""
         from backend.models.expert_cache import ExpertCache
 
+        if cpu_compute:
+            self.expert_cache = self._split(slots, device)
+            return
         if self.experts is not None:
             experts = self.experts
             self.expert_cache = ExpertCache(experts.tensors(), slots, self.top_k, device,
@@ -44,6 +48,27 @@ class SparseMoE(nn.Module):
         self.expert_cache = ExpertCache([self.w_gate_up.data, self.w_down.data], slots, self.top_k, device,
                                         lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
         del self.w_gate_up, self.w_down  # no longer parameters: module.to(device) must not move them
+
+    def _split(self, slots: int, device: torch.device):
+        from backend.models.split_experts import SplitExperts
+
+        if self.experts is not None:
+            experts = self.experts
+            host = experts.host_part(min(slots, experts.num_experts))
+            split = SplitExperts(experts.tensors(), slots, device, lambda x, stacks, w, ids: experts(x, w, ids, stacks),
+                                 host, sum(t.numel() * t.element_size() for t in host.tensors()))
+            experts.release()
+            return split
+        gate_up, down = (w.data[slots:].to("cpu", copy=True) for w in (self.w_gate_up, self.w_down))
+
+        def host(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            return fused_moe(x.to(gate_up.dtype), gate_up, down, w.to(gate_up.dtype), ids).float()
+
+        split = SplitExperts([self.w_gate_up.data, self.w_down.data], slots, device,
+                             lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids), host,
+                             gate_up.numel() * gate_up.element_size() + down.numel() * down.element_size())
+        del self.w_gate_up, self.w_down
+        return split
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)

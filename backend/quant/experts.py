@@ -56,6 +56,27 @@ class QuantExperts(nn.Module):
         """Every per-expert stack, in order (what ExpertCache keeps in host memory and copies to slots)."""
         return [t for w in self.weights() for t in w.tensors()]
 
+    def host_part(self, first: int) -> "QuantExperts":
+        """Experts [first, E) as a module of their own in host memory, repacked for our CPU kernel where it runs
+        (what SplitExperts computes on the CPU). This module keeps its stacks."""
+        from backend.quant import cpu_layout
+
+        parts = []
+        for w in self.weights():
+            part = QuantWeight(w.fmt, w.rows, w.cols, (self.num_experts - first,), device="meta")
+            if w.layout is not None:  # repacked already (a model on the CPU)
+                part.layout = w.layout
+                for name in ("codes", "scales", "offsets"):
+                    if getattr(w, name) is not None:
+                        setattr(part, name, getattr(w, name)[first:].to("cpu", copy=True))
+                part.data = None
+            else:
+                part.data = w.data[first:].to("cpu", copy=True)
+                if cpu_layout.enabled():
+                    part.pack_for_cpu("float32")
+            parts.append(part)
+        return QuantExperts(*parts)
+
     def release(self) -> None:
         """Drop the stacks from the module once an ExpertCache holds them (module.to() must not move them)."""
         for w in self.weights():

@@ -64,12 +64,13 @@ class WeightBytes:
             return self.total
         return self.dense + sum(b * gpu_experts for b in self.per_expert)
 
-    def host(self, gpu_experts: int | None, num_experts: int, top_k: int) -> int:
+    def host(self, gpu_experts: int | None, num_experts: int, top_k: int, cpu_compute: bool = False) -> int:
         """In host memory with `gpu_experts` slots per layer: the experts that do not stay on the device for good
-        (all but gpu_experts - top_k of them, the slots that rotate: backend/models/expert_cache.py)."""
+        (all but gpu_experts - top_k of them, the slots that rotate: backend/models/expert_cache.py; with
+        cpu_compute, all but gpu_experts, computed where they are: backend/models/split_experts.py)."""
         if gpu_experts is None or gpu_experts >= num_experts:
             return 0
-        kept = gpu_experts - max(1, min(top_k, gpu_experts))
+        kept = gpu_experts if cpu_compute else gpu_experts - max(1, min(top_k, gpu_experts))
         return sum(b * (num_experts - kept) for b in self.per_expert)
 
 

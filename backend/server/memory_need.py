@@ -40,13 +40,15 @@ def disk_bytes(model: str) -> int:
 
 def placed_weights(config: EngineConfig, cfg, reader, dtype: torch.dtype) -> tuple[int, int]:
     """(on the card, in host memory): the file's bytes, or with --moe-gpu-experts N the weights a load keeps on the
-    card (N experts per layer) and the offloaded experts it pins in host memory, from the tensors' formats."""
+    card (N experts per layer) and the offloaded experts it keeps in host memory (pinned to be copied, or with
+    --moe-cpu-compute computed there), from the tensors' formats."""
     gpu_experts = config.moe_gpu_experts
     if not isinstance(gpu_experts, int) or not cfg.is_moe or gpu_experts >= cfg.num_experts:
         return disk_bytes(config.model), 0  # "auto" fits whatever budget it gets: the need is all of it
     source = locate(config.model)
     weights = weight_bytes(cfg, loaded_recipe(reader, config.quantization, source.random_format, dtype))
-    return weights.resident(gpu_experts), weights.host(gpu_experts, cfg.num_experts, cfg.num_experts_per_tok)
+    return weights.resident(gpu_experts), weights.host(gpu_experts, cfg.num_experts, cfg.num_experts_per_tok,
+                                                       config.moe_cpu_compute)
 
 
 def model_need(name: str, config: EngineConfig) -> ModelNeed:

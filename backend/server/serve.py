@@ -129,6 +129,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-gpu-experts", type=_experts, default=None,
                         help="MoE models larger than the card: experts per layer kept on the GPU, the rest in "
                              "pinned host memory; 'auto': the most that fit --gpu-memory-utilization")
+    parser.add_argument("--moe-cpu-compute", action="store_true",
+                        help="with --moe-gpu-experts: compute the experts kept in host memory on the CPU (as "
+                             "llama.cpp's --n-cpu-moe does) instead of copying them to the GPU when routed to")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,

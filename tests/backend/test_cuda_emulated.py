@@ -37,12 +37,14 @@ def test_quantized_models_with_graphs_and_a_cached_prefix(family, tiny_gguf, mon
     assert replays(runner) > 0 and llm.engine.block_manager.prefix_hits > 0
 
 
-def test_offloaded_experts_stay_eager_and_agree(tiny_gguf, monkeypatch):
+@pytest.mark.parametrize("cpu_compute", [False, True])
+def test_offloaded_experts_stay_eager_and_agree(cpu_compute, tiny_gguf, monkeypatch):
+    """Experts copied in as routed to, or (moe_cpu_compute) computed in host memory: the CPU path's tokens."""
     path = str(tiny_gguf("mixtral")[0])
     expected = cpu_path(path, PROMPTS)
     emulate_cuda(monkeypatch)
-    llm = LLM(path, **SETTINGS, moe_gpu_experts=2)
-    assert capture_graphs(llm) == []  # the host chooses which experts to copy in: no graph
+    llm = LLM(path, **SETTINGS, moe_gpu_experts=2, moe_cpu_compute=cpu_compute)
+    assert capture_graphs(llm) == []  # the host reads the routing (which experts to copy in, or to compute): no graph
     assert tokens(llm, PROMPTS) == expected
 
 

@@ -95,3 +95,6 @@ def test_offloaded_experts_are_counted_in_host_memory_not_on_the_card(need, tiny
     # 2 slots: both rotate, every expert is in host memory
     two = json.loads(need("--model", str(path), "--moe-gpu-experts", "2").stdout)["models"][0]
     assert two["host_experts_bytes"] == experts and two["weights_bytes"] < three["weights_bytes"]
+    # --moe-cpu-compute: no slot rotates; the 3 experts on the card stay, only the fourth is in host memory
+    computed = json.loads(need("--model", str(path), "--moe-gpu-experts", "3", "--moe-cpu-compute").stdout)["models"][0]
+    assert computed["host_experts_bytes"] == experts // 4 and computed["weights_bytes"] == three["weights_bytes"]
