@@ -230,6 +230,12 @@ class GGUFLoad:
         if tuple(dest.shape) != tuple(src.shape):
             raise ModelLoadError(f"{self.source}: tensor {e.tensor.name!r} has {tuple(src.shape)}, the model "
                                  f"expects {tuple(dest.shape)} from the file's metadata")
+        if dest.shape == w.data.shape and dest.dtype == src.dtype and not data.flags.writeable:
+            # A whole weight (an expert stack, most layers) is the file's own pages, mapped read-only and never
+            # written: no copy in anonymous memory on the way to its repack, the device or the offloaded experts'
+            # host memory (a 26 GB Mixtral is never held twice)
+            w.data = src
+            return
         dest.copy_(src)
 
 

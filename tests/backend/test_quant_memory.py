@@ -91,6 +91,27 @@ def test_the_arithmetic_is_what_a_loaded_model_holds(family, tiny_gguf, monkeypa
         assert module_bytes(offloaded) == predicted.resident(1)
 
 
+def test_a_whole_quantized_tensor_is_the_files_mapped_bytes_not_a_copy(tiny_gguf, monkeypatch):
+    """A weight that is one whole tensor of the file (an expert stack, an attention output) points into the file's
+    read-only memory map: loading copies none of it into anonymous memory (a 26 GB Mixtral is never held twice on
+    its way to the device, the repack or the offloaded experts). Fused shards (q|k|v) are assembled in a copy."""
+    import numpy as np
+
+    from backend.loader import load_model, locate, read_config
+
+    monkeypatch.setenv("SCRIPTORIUM_QUANT_CPU", "reference")  # the blocks kept as they are
+    path, _ = tiny_gguf("mixtral")
+    source = locate(str(path))
+    cfg, reader = read_config(source)
+    model = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+    mapped = {t.name: np.asarray(t.data).ctypes.data for t in reader.tensors}
+    layer = model.model.layers[0]
+    assert layer.mlp.experts.gate.data.data_ptr() == mapped["blk.0.ffn_gate_exps.weight"]
+    assert layer.mlp.experts.down.data.data_ptr() == mapped["blk.0.ffn_down_exps.weight"]
+    assert layer.self_attn.o_proj.parts[0].data.data_ptr() == mapped["blk.0.attn_output.weight"]
+    assert layer.self_attn.qkv_proj.parts[0].data.data_ptr() not in mapped.values()
+
+
 def test_random_q4_k_weights_hold_what_the_arithmetic_says(tmp_path, monkeypatch):
     """bench/device.py's quantized figure: a Mixtral-shaped config marked "Q4_K" loads random, finite Q4_K blocks
     in every linear layer and expert, and holds the bytes weight_bytes predicts for that recipe."""
