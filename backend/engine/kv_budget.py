@@ -252,8 +252,10 @@ def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, w
                   host_experts: int = 0) -> None:
     """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache;
     CUDA graphs); the CUDA context comes on top. On the CPU, the weights and the cache only."""
+    how = "computed there by the CPU" if config.moe_cpu_compute else \
+        ("pinned, " if device.type == "cuda" else "") + "copied in when routed to"
     held_weights = f"weights {weights / GIB:.2f} GiB" + (
-        f" (and {host_experts / GIB:.2f} GiB of experts in host memory)" if host_experts else "")
+        f" (and {host_experts / GIB:.2f} GiB of experts in host memory, {how})" if host_experts else "")
     if device.type != "cuda":
         log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, held_weights)
         return
