@@ -2,6 +2,7 @@
 activations) vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv)."""
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -104,7 +105,9 @@ def quantized_rows(args) -> dict:
 
 def moe_rows(args) -> list[dict]:
     """One row per MoE file (bench/moe_gguf.py: Qwen3-MoE and Mixtral shapes, Q4_K_M, llama.cpp's layout): our
-    decode at batch 1 and 4, exact and int8 activations, beside llama.cpp's on the same file (null without it)."""
+    decode at batch 1 and 4, exact and int8 activations, beside llama.cpp's on the same file (null without it).
+    The three are measured in turn, args.rounds times, and each keeps its median: a VM whose speed drifts by a
+    quarter between runs then moves all three alike."""
     from moe_gguf import DEFAULT_SHAPES, moe_file  # bench/, beside this script
 
     rows = []
@@ -113,15 +116,21 @@ def moe_rows(args) -> list[dict]:
         single = [[(17 * i + 3) % 400 + 3 for i in range(32)]]
         batch = [[(17 * i + 29 * b) % 400 + 3 for i in range(32)] for b in range(1, args.concurrency + 1)]
         row: dict = {"bench": "engine-quantized-moe", "model": f"{family}-Q4_K_M", "device": "cpu",
-                     "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "batch": args.concurrency}
-        rates = {}
-        for name, settings in (("exact", {}), ("int8", {"activations": "int8"})):
-            llm = LLM(str(path), max_num_seqs=max(8, args.concurrency), max_model_len=512, **settings)
+                     "threads": torch.get_num_threads(), "new_tokens": args.new_tokens, "batch": args.concurrency,
+                     "rounds": args.rounds}
+        engines = {name: LLM(str(path), max_num_seqs=max(8, args.concurrency), max_model_len=512, **settings)
+                   for name, settings in (("exact", {}), ("int8", {"activations": "int8"}))}
+        for llm in engines.values():
             ours_generate(llm, single, 8)
-            rates[name] = (args.new_tokens / best(ours_generate, llm, single, args.new_tokens),
-                           args.new_tokens * len(batch) / best(ours_generate, llm, batch, args.new_tokens))
-            del llm
-        rates["llama_cpp"] = llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python)
+        measured: dict[str, list] = {name: [] for name in (*engines, "llama_cpp")}
+        for _ in range(args.rounds):
+            for name, llm in engines.items():
+                measured[name].append((args.new_tokens / best(ours_generate, llm, single, args.new_tokens),
+                                       args.new_tokens * len(batch) / best(ours_generate, llm, batch, args.new_tokens)))
+            measured["llama_cpp"].append(llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python))
+        del engines
+        rates = {name: tuple(None if None in runs else statistics.median(runs) for runs in zip(*values))
+                 for name, values in measured.items()}
         for name, (one, many) in rates.items():
             row[f"{name}_single_tok_s"] = None if one is None else round(one, 2)
             row[f"{name}_batch_tok_s"] = None if many is None else round(many, 2)

@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--quantized", action="store_true", help="only the quantized-weights rows (quantized_rows)")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows vs llama.cpp (engine_quantized.moe_rows)")
     parser.add_argument("--shapes", default=None, help="with --moe: bench/moe_gguf.py's SHAPES, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="with --moe: ours and llama.cpp in turn, medians")
     args = parser.parse_args()
     if args.quantized or args.moe:
         from engine_quantized import moe_rows, quantized_rows  # bench/, beside this script

@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--shapes", default=None, help="with --gguf: bench/moe_gguf.py's SHAPES, comma-separated "
                         "(default: qwen3_moe,mixtral; qwen3_30b_a3b_shaped is ~0.8 GB)")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="with --gguf: ours and llama.cpp measured in turn, "
+                        "this many times; medians")
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
     args = parser.parse_args()
     if args.gguf:
