@@ -233,9 +233,8 @@ void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64
     few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
 }
 
-/* Rows ids [n] of a [rows, K] weight in the panels layout (order 0) or cpu_int8.c's quad order (order 2) as fp32
- * out [n, K]: q * scale + offset, gguf-py's dequantized values bit for bit (q * scale is exact), for an embedding
- * table's lookup. Returns 1; 0 for an id outside [0, rows) or an order it does not read (AMX's pairs). */
+/* q of row j of a panel at k: in the panels layout (order 0) or cpu_int8.c's quad order (order 2; bits 7 are
+ * bytes as 8's are) */
 INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
     if (order == 0)
         return bits == 4 ? (c[k * PANEL * 4 / 8 + j % 8] >> (4 * (j / 8))) & 15 : ((const int8_t *)c)[k * PANEL + j];
@@ -250,13 +249,15 @@ INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
     return (int)c[(k / 4) * 64 + 4 * j + k % 4] - 128; /* 64 bytes per 4 k's, q + 128 */
 }
 
+/* Rows ids [n] of a [rows, K] weight in the panels layout or the quad order as fp32 out [n, K]: q * scale + offset,
+ * gguf-py's dequantized values bit for bit (q * scale is exact), for an embedding table's lookup. Returns 1; 0 for
+ * an id outside [0, rows) or an order it does not read (AMX's pairs). */
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
                    int bits, int scale_kind, int order, const int64_t *ids, i64 n, float *out) {
     if (order != 0 && order != 2) return 0;
     for (i64 i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= rows) return 0;
-    const int stored = order == 2 && bits == 7 ? 8 : bits; /* quad order's bits 7 are bytes as 8's are */
-    const Weight w = weight_of(codes, scales, offsets, K, group, stored, scale_kind);
+    const Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     for (i64 i = 0; i < n; i++) {
         const i64 p = ids[i] / PANEL, j = ids[i] % PANEL;
         const uint8_t *c = codes + p * w.panel_code_bytes;
@@ -264,7 +265,7 @@ int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets
             const i64 at = (p * w.panel_groups + g) * PANEL + j;
             const float s = param_at(scales, at, scale_kind), o = param_at(offsets, at, scale_kind);
             for (i64 k = g * group; k < (g + 1) * group; k++)
-                out[i * K + k] = (float)code_at(c, k, j, stored, order) * s + o;
+                out[i * K + k] = (float)code_at(c, k, j, bits, order) * s + o;
         }
     }
     return 1;
