@@ -209,6 +209,26 @@ def _offload(model: CausalLM, slots: int | None, device: torch.device, cpu_compu
         raise ValueError("moe_gpu_experts is set but the model has no MoE layers")
     for layer in layers:
         layer.offload(slots, device, cpu_compute)
+    if not cpu_compute:
+        _link_ahead(model)
+
+
+def _link_ahead(model: CausalLM) -> None:
+    """Each MoE layer that copies experts in guesses the next MoE layer's routing and copies ahead
+    (ExpertCache.link_next): the next router on this layer's normed input, with the next norm's weights in place of
+    this norm's. An RMSNorm's output is its input's unit vector times the weights, so scaling the next router's
+    columns by the ratio of the two norms' weights applies it to the residual as the next norm would see it."""
+    from backend.models.expert_cache import ExpertCache
+
+    layers = [layer for layer in model.model.layers if isinstance(getattr(layer.mlp, "expert_cache", None), ExpertCache)]
+    for this, after in zip(layers, layers[1:]):
+        gate = after.mlp.gate
+        if not isinstance(gate, torch.nn.Linear):  # a quantized router: no guess
+            continue
+        mine, theirs = this.post_attention_layernorm.weight.float(), after.post_attention_layernorm.weight.float()
+        ratio = torch.where(mine != 0, theirs / mine, torch.zeros_like(mine))
+        guess = (gate.weight.float() * ratio).to(gate.weight.dtype)
+        this.mlp.expert_cache.link_next(guess, after.mlp.top_k, after.mlp.expert_cache)
 
 
 def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:

@@ -11,6 +11,12 @@ memory too (backend/quant/experts.py).
 
 With routing spread evenly, the device holds `slots` distinct experts either way, so as many copies cross the
 bus as with every slot rotating; host memory holds only the experts that are not resident.
+
+Copies ahead: a layer linked to the next MoE layer's cache (link_next) guesses that layer's routing from its own
+input, the residual stream as the next router will see it but before this layer and the next attention add to it,
+and copies the guessed offloaded experts in on the next cache's stream while this layer and the next attention
+compute. A right guess turns the next layer's copy into a hit; a wrong one costs bus time only, never results: what
+a layer computes depends on its own routing alone. The guess is read with this layer's routing, in one host sync.
 """
 
 from collections import OrderedDict
@@ -44,7 +50,13 @@ class ExpertCache:
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # offloaded expert -> slot, least recently used first
         self.stream = torch.cuda.Stream(device) if pin else None
         self.hits = 0
-        self.misses = 0
+        self.misses = 0  # copies a batch waited for
+        self.prefetched = 0  # copies made ahead, on a guess
+        self.prefetch_hits = 0  # of those, the ones a batch then used
+        self.ahead: set[int] = set()  # experts copied ahead and not used yet
+        self.ahead_copied = torch.cuda.Event() if pin else None  # after the copies ahead
+        self.slots_read = torch.cuda.Event() if pin else None  # after the last kernels that read the slots
+        self.next: tuple[torch.Tensor, int, ExpertCache] | None = None  # (guess weight, top_k, next layer's cache)
 
     def host_bytes(self) -> int:
         return sum(s.numel() * s.element_size() for s in self.host)
@@ -52,51 +64,98 @@ class ExpertCache:
     def to(self, device: torch.device) -> "ExpertCache":
         self.device = torch.device(device)
         self.dev = [s.to(device) for s in self.dev]
+        if self.next is not None:
+            self.next = (self.next[0].to(device), *self.next[1:])
         return self
 
-    def _copy(self, slot: int, expert: int, non_blocking: bool) -> None:
-        for dev, host in zip(self.dev, self.host):
-            dev[slot].copy_(host[expert - self.resident], non_blocking=non_blocking)
+    def link_next(self, guess_weight: torch.Tensor, top_k: int, cache: "ExpertCache") -> None:
+        """Guess the routing of `cache`'s layer from this layer's input x: top_k of x @ guess_weight.T (the next
+        router with the next norm's weights in place of this one's: backend/loader.py), and copy ahead."""
+        self.next = (guess_weight.to(self.device), top_k, cache)
+
+    def _copy_in(self, experts: list[int], keep: set[int]) -> None:
+        """Copy these offloaded experts to free slots, or over the least recently used experts not in `keep`; on
+        the side stream on CUDA."""
+        used = set(self.slot_of.values())
+        free = [s for s in range(self.resident, self.slots) if s not in used]
+        for e in experts:
+            if free:
+                slot = free.pop()
+            else:
+                victim = next(v for v in self.slot_of if v not in keep)
+                slot = self.slot_of.pop(victim)
+                self.ahead.discard(victim)
+            self.slot_of[e] = slot
+            with torch.cuda.stream(self.stream):  # None: no-op
+                for dev, host in zip(self.dev, self.host):
+                    dev[slot].copy_(host[e - self.resident], non_blocking=self.stream is not None)
 
     def load(self, experts: list[int]) -> dict[int, int]:
         """Make these experts resident (at most `slots - resident` offloaded ones); returns expert -> slot."""
         wanted = set(experts)
         missing = []
+        used_ahead = False
         for e in experts:
             if e < self.resident:
                 self.hits += 1
             elif e in self.slot_of:
                 self.slot_of.move_to_end(e)
                 self.hits += 1
+                if e in self.ahead:
+                    self.ahead.discard(e)
+                    self.prefetch_hits += 1
+                    used_ahead = True
             else:
                 missing.append(e)
-        used = set(self.slot_of.values())
-        free = [s for s in range(self.resident, self.slots) if s not in used]
+        if used_ahead and self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.ahead_copied)
         if self.stream is not None and missing:
             # The slots about to be overwritten may still be read by kernels queued on the compute stream
             # (an earlier round of this batch, the previous batch): the copies start after them.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        for e in missing:
-            if free:
-                slot = free.pop()
-            else:
-                victim = next(v for v in self.slot_of if v not in wanted)
-                slot = self.slot_of.pop(victim)
-            self.slot_of[e] = slot
-            self.misses += 1
-            if self.stream is not None:
-                with torch.cuda.stream(self.stream):
-                    self._copy(slot, e, non_blocking=True)
-            else:
-                self._copy(slot, e, non_blocking=False)
+        self._copy_in(missing, wanted)
+        self.misses += len(missing)
         if self.stream is not None and missing:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         return {e: e if e < self.resident else self.slot_of[e] for e in experts}
 
+    def prefetch(self, guessed: list[int]) -> None:
+        """Copy in ahead, on the side stream, the offloaded ones of these experts (the likeliest first; as many as
+        slots rotate) over the least recently used others. load() waits for these copies only if it uses them."""
+        wanted = [e for e in guessed if e >= self.resident][:self.slots - self.resident]
+        for e in wanted:
+            if e in self.slot_of:
+                self.slot_of.move_to_end(e)
+        missing = [e for e in wanted if e not in self.slot_of]
+        if not missing:
+            return
+        if self.stream is not None:  # the kernels still to read the slots, from an earlier batch (none: no wait)
+            self.stream.wait_event(self.slots_read)
+        self._copy_in(missing, set(wanted))
+        self.ahead.update(missing)
+        self.prefetched += len(missing)
+        if self.stream is not None:
+            self.ahead_copied.record(self.stream)
+
+    def _routing(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The experts this batch routes to, and (linked to a next layer) the experts guessed for it there, the
+        likeliest first: both read in one host sync."""
+        e = self.num_experts
+        counts = torch.bincount(topk_ids.flatten(), minlength=e)
+        if self.next is not None:
+            weight, top_k, cache = self.next
+            guess = torch.topk(x @ weight.T, min(top_k, weight.shape[0]), dim=-1).indices
+            counts = torch.cat([counts, torch.bincount(guess.flatten(), minlength=weight.shape[0])])
+        counts = counts.tolist()
+        routed = [i for i in range(e) if counts[i]]
+        guessed = sorted((i for i in range(len(counts) - e) if counts[e + i]), key=lambda i: -counts[e + i])
+        return routed, guessed
+
     def compute(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """The MoE output for x, copying offloaded experts in as needed: the resident experts with the first
-        round, then as many offloaded ones per round as there are rotating slots."""
-        active = torch.unique(topk_ids).tolist()
+        round, then as many offloaded ones per round as there are rotating slots; then the next layer's guessed
+        experts copied ahead."""
+        active, guessed = self._routing(x, topk_ids)
         kept = [e for e in active if e < self.resident]
         offloaded = [e for e in active if e >= self.resident]
         per_round = self.slots - self.resident
@@ -112,4 +171,8 @@ class ExpertCache:
             present = ids >= 0
             # Pairs whose expert is in another round weigh zero here (their slot id is any valid one).
             out += self.compute_fn(x, self.dev, topk_weights * present, ids.clamp(min=0))
+        if self.stream is not None:
+            self.slots_read.record()
+        if self.next is not None:
+            self.next[2].prefetch(guessed)
         return out

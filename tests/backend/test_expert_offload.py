@@ -26,6 +26,62 @@ def test_an_expert_cache_keeps_only_offloaded_experts_in_host_memory():
     assert 0 not in cache.slot_of and set(cache.slot_of.values()) <= {1, 2} and cache.misses > 0
 
 
+def test_experts_copied_ahead_on_a_guess_are_hits_and_a_wrong_guess_costs_only_copies():
+    """prefetch(): the guessed offloaded experts are copied in before the batch that uses them (no copy then,
+    counted as hits of the guess); a wrong guess leaves the batch to copy its own. Outputs stay the resident ones."""
+    from backend.models.expert_cache import ExpertCache
+
+    g = torch.Generator().manual_seed(5)
+    w_gate_up, w_down = torch.randn(6, 2 * 24, 16, generator=g), torch.randn(6, 16, 24, generator=g)
+    cache = ExpertCache([w_gate_up, w_down], 3, 2, torch.device("cpu"),
+                        lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
+    x = torch.randn(2, 16, generator=g)
+    weights = torch.full((2, 2), 0.5)
+
+    def step(routed: list[list[int]]) -> None:
+        ids = torch.tensor(routed)
+        torch.testing.assert_close(cache.compute(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids),
+                                   atol=1e-5, rtol=1e-5)
+
+    cache.prefetch([0, 4, 5, 2])  # likeliest first: 0 is resident, only two slots rotate (4 and 5 are copied)
+    assert cache.prefetched == 2 and set(cache.slot_of) == {4, 5} and cache.misses == 0
+    step([[4, 0], [5, 4]])
+    assert cache.misses == 0 and cache.prefetch_hits == 2 and not cache.ahead
+    cache.prefetch([1, 2])  # wrong: the batch routes to 3 and 1
+    assert cache.prefetched == 4 and set(cache.slot_of) == {1, 2}
+    step([[3, 1], [1, 3]])
+    assert cache.misses == 1 and cache.prefetch_hits == 3 and set(cache.slot_of) == {1, 3} and not cache.ahead
+    cache.prefetch([1])  # already there: nothing to copy
+    assert cache.prefetched == 4
+
+
+def test_a_layer_guesses_the_next_layers_routing_with_its_router_and_norm(tiny_dir):
+    """The guess weight of layer l is layer l+1's router seen through l+1's norm: applied to layer l's normed
+    input, it gives l+1's router logits on the same residual normed by l+1's norm."""
+    from backend import LLM
+    from backend.kernels.norm import rms_norm
+
+    llm = LLM(str(tiny_dir("mixtral")), block_size=8, moe_gpu_experts=2)
+    layers = llm.engine.model.model.layers
+    assert all(layer.mlp.expert_cache.next[2] is after.mlp.expert_cache for layer, after in zip(layers, layers[1:]))
+    assert layers[-1].mlp.expert_cache.next is None
+    g = torch.Generator().manual_seed(6)
+    for this, after in zip(layers, layers[1:]):
+        with torch.no_grad():  # norms of this tiny model are 1: make them differ, as trained ones do
+            for norm in (this.post_attention_layernorm, after.post_attention_layernorm):
+                norm.weight.copy_(torch.rand(norm.weight.shape, generator=g) + 0.5)
+        from backend.loader import _link_ahead
+
+        _link_ahead(llm.engine.model)
+        weight, top_k, _ = this.mlp.expert_cache.next
+        residual = torch.randn(3, weight.shape[1], generator=g)
+        eps = this.post_attention_layernorm.eps
+        guessed = rms_norm(residual, this.post_attention_layernorm.weight, eps) @ weight.T
+        torch.testing.assert_close(guessed, after.mlp.gate(rms_norm(residual, after.post_attention_layernorm.weight,
+                                                                     eps)), atol=1e-5, rtol=1e-5)
+        assert top_k == after.mlp.top_k
+
+
 def test_split_experts_compute_the_host_ones_on_the_cpu_and_never_copy_them():
     """moe_cpu_compute: 3 of 6 experts on the device, 3 in host memory computed there for the pairs routed to them
     (and only those): every batch's output is the all-resident one up to fp32 rounding, nothing is copied in."""
@@ -67,6 +123,9 @@ def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_out
         assert [o.outputs[0].token_ids for o in offloaded.generate(prompts, params, use_tqdm=False)] == expected
         caches = [m.expert_cache for m in offloaded.engine.model.modules() if isinstance(m, SparseMoE)]
         assert caches and all(c.slots == 2 and c.misses > 2 and c.hits > 0 for c in caches)  # evictions happened
+        assert all(c.next is not None for c in caches[:-1])  # each MoE layer copies ahead for the next one
+        if family == "mixtral":  # (the tiny Qwen2-MoE has one MoE layer)
+            assert len(caches) > 1 and sum(c.prefetched for c in caches) > 0
         assert not any("w_gate_up" in name for name, _ in offloaded.engine.model.named_parameters())
     with pytest.raises(ValueError, match="moe_gpu_experts is set but the model has no MoE layers"):
         LLM(str(tiny_dir("llama")), moe_gpu_experts=2)
