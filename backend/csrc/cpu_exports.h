@@ -83,6 +83,10 @@ int amx_usable(void);
 extern const i64 ROWS_PER_TILE;
 i64 tile_panels(i64 M);
 void qmm_rows_tile(const struct Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy);
+/* the fp32 kernel's 4-bit panels with AVX-512 (cpu_nibbles.c), for cpu_kernel.c */
+void nibble_rows(const struct Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i64 M, float *y, i64 N, i64 ldy);
+void nibble_many_rows(const struct Weight *w, i64 p, i64 panels, const float *xt, i64 M, float *y, i64 N, i64 ldy,
+                      float *decoded);
 /* the 8-bit kernel's pieces (cpu_int8.c), for the same callers */
 void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r);
 Rows int8_rows_from(const Rows *r, i64 first);

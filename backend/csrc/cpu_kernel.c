@@ -11,7 +11,8 @@
  * w = fma(q, scale, offset) is gguf-py's dequantized weight bit for bit (every format's q * scale is exact in
  * fp32), and each output is the sum over k of x * w in k's order, in fp32: the arithmetic of one row does not
  * depend on how many rows are computed with it (a sequence decodes the same alone or in a batch, as a draft's
- * verification row or as a decode row).
+ * verification row or as a decode row). With AVX-512, 4-bit panels go to cpu_nibbles.c: the same weights, each
+ * group's codes summed against x and scaled once (one fma a weight and row), every row again in the same order.
  *
  * A vector holds LANES rows of a panel (16 with AVX-512, 8 otherwise: a panel is then two halves), and a tile
  * meets up to ROWS_X rows of x (16 with AVX-512, 4 otherwise) with an accumulator per row and vector (at most 16
@@ -43,13 +44,13 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 #define ACC(r, c) V a_##r##_##c = vzero();
     RC(ACC)
 #undef ACC
-#define FMA(r, c) if (MR > r && NC > c) a_##r##_##c = vfma(vset1(xk[r]), w##c, a_##r##_##c);
+#define FMA(r, c) if (MR > r && NC > c) a_##r##_##c = vfma(vset1(xk[2 * r]), w##c, a_##r##_##c);
     if (decoded) {
         for (i64 k = 0; k < w->K; k++) {
 #define LOAD(c) V w##c = NC > c ? vload(decoded + (k * NC + c) * LANES) : vzero();
             C4(LOAD)
 #undef LOAD
-            const float *xk = xt + k * xs;
+            const float *xk = xt + (k & ~(i64)1) * xs + (k & 1);
             RC(FMA)
         }
     } else {
@@ -92,7 +93,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 #define NEXT(c) w##c = u##c;
                 C4(NEXT)
 #undef NEXT
-                xk += xs;
+                xk += 1; /* x in pairs: row r's x at k + 1 follows its x at k */
                 RC(FMA)
             }
         }
@@ -139,6 +140,12 @@ INLINE void decode_panels(const Weight *w, i64 p, i64 count, float *out, int bit
  * loop's body into a function of its own, where the code width would be a runtime value again: each tile goes
  * through here, specialised per width (a branch per tile). */
 static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
+#if LANES == 16
+    if (w->bits == 4) {
+        nibble_rows(w, p, PANELS_PER_TILE(M), x, xs, M, y, N, ldy);
+        return;
+    }
+#endif
     switch (M) {
 #define CASE(MR) case MR: {                                                      \
         if (w->bits == 4) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 4, NULL); \
@@ -165,11 +172,17 @@ static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, floa
 #define MANY_NC (MANY_PANELS * H)
 
 static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy, float *decoded) {
+#if LANES == 16
+    if (w->bits == 4) {
+        nibble_many_rows(w, p, MANY_PANELS, xt, M, y, N, ldy, decoded);
+        return;
+    }
+#endif
     if (w->bits == 4) decode_panels(w, p, MANY_PANELS, decoded, 4);
     else decode_panels(w, p, MANY_PANELS, decoded, 8);
     for (i64 m0 = 0; m0 < M; m0 += MANY_ROWS) {
         /* rows m0.. in x's transposed tiles of ROWS_X: tile m0 / ROWS_X, from its row m0 % ROWS_X */
-        const float *xm = xt + (m0 / ROWS_X) * w->K * ROWS_X + m0 % ROWS_X;
+        const float *xm = xt + (m0 / ROWS_X) * w->K * ROWS_X + 2 * (m0 % ROWS_X);
         float *ym = y + m0 * ldy;
         switch (M - m0 < MANY_ROWS ? M - m0 : MANY_ROWS) {
 #define CASE(MR) case MR: { tile(w, p, xm, ROWS_X, MR, MANY_NC, ym, ldy, N, 8, decoded); break; }

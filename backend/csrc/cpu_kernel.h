@@ -179,10 +179,12 @@ INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *of
 }
 
 
-/* tile t of x [M, K]'s rows into xt [tiles][K][ROWS_X], as the kernel's tiles read x */
+/* tile t of x [M, K]'s rows into xt [tiles][K / 2][ROWS_X][2], as the kernel's tiles read x: per pair of k's, each
+ * row's x at k and k + 1 side by side (one 64-bit broadcast for cpu_nibbles.c; one row is its own layout) */
 INLINE void transpose_tile(const float *x, i64 t, i64 M, i64 K, float *xt) {
     for (i64 i = 0; i < ROWS_X && t * ROWS_X + i < M; i++)
-        for (i64 k = 0; k < K; k++) xt[(t * K + k) * ROWS_X + i] = x[(t * ROWS_X + i) * K + k];
+        for (i64 k = 0; k < K; k++)
+            xt[t * K * ROWS_X + ((k >> 1) * ROWS_X + i) * 2 + (k & 1)] = x[(t * ROWS_X + i) * K + k];
 }
 
 /* A thread's scratch, grown on demand and kept: an allocation of this size per call would be an mmap and its page

@@ -1,6 +1,6 @@
 """Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
-matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c, cpu_int8.c, cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c;
-the small ops, attention and the one-call decode step cpu_ops.c, cpu_attention.c, cpu_decoder.c), built into one
+matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c,
+cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c; the small ops, attention and the one-call decode step cpu_ops.c, cpu_attention.c, cpu_decoder.c), built into one
 library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
@@ -29,7 +29,7 @@ log = logging.getLogger("backend")
 
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
-                                                 "moe", "int8")]
+                                                 "moe", "int8", "nibbles")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 

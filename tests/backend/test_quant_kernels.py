@@ -93,16 +93,18 @@ def test_cpu_kernel_matches_dequantize_and_matmul(name, m, c_kernels):
 
 
 @needs_kernel
-@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q4_K", "Q8_0", "Q6_K"])
 def test_cpu_kernel_gives_a_row_the_same_bits_whatever_the_batch(name, c_kernels):
     """A sequence decodes the same alone, in a batch, or as a draft's verification rows: each row's sum is the
     same arithmetic whether its tile has 1 row or 16, spans one panel or four, and whether the weights are
-    decoded in it or in a panel."""
+    decoded in it or in a panel (AVX-512's 4-bit tiles: one row from halves, 2-8 rows and a second chunk of 8
+    from pairs, past 16 rows from decoded pairs)."""
     cols = cols_of(name)
     raw = torch.from_numpy(random_raw(name, ROWS, cols, seed=8))
     x = torch.randn(67, cols, generator=torch.Generator().manual_seed(8))
     whole = cpu_matmul(x, raw, name)
-    for rows in (slice(0, 1), slice(5, 8), slice(60, 67), slice(0, 9), slice(3, 19), slice(40, 57)):
+    for rows in (slice(0, 1), slice(10, 12), slice(5, 8), slice(20, 24), slice(30, 35), slice(60, 67), slice(0, 9),
+                 slice(0, 12), slice(3, 19), slice(40, 57)):
         assert torch.equal(cpu_matmul(x[rows], raw, name), whole[rows])
 
 
