@@ -63,8 +63,10 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
     C4(CODES)
 #undef CODES
     for (i64 g = 0; g < w->K / w->group; g++) {
-        if (!decoded)
-            for (i64 b = 0; b < NC * w->group * pair / 2; b += 64) PREFETCH(next + g * w->group * pair / 2 + b);
+        if (!decoded) /* the next tile's panels, this group (past the last panel a prefetch is harmless) */
+            for (i64 c = 0; c < NC; c++)
+                for (i64 b = 0; b < w->group * pair / 2; b += 64)
+                    PREFETCH(next + c * w->panel_code_bytes + g * w->group * pair / 2 + b);
         V sums = vzero(); /* sum(x): row r's even k in lane 2r, odd in 2r + 1 */
         for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
             const float *xp = xt + k * xs;
