@@ -179,7 +179,8 @@ def offload_figure(llm: LLM, name: str, smoke: bool) -> dict:
         for c, link in zip(caches, links):
             c.next = link
         figure.update(copies_ahead_per_token=round(ahead / (new_tokens + 1), 2),
-                      copies_ahead_used=round(used / max(ahead, 1), 3), tok_s_without_copies_ahead=round(without, 1),
+                      copies_ahead_used_per_token=round(used / (new_tokens + 1), 2),
+                      tok_s_without_copies_ahead=round(without, 1),
                       pcie_bytes_per_token_without_copies_ahead=round(moved_without / (new_tokens + 1), 2))
     return figure
 

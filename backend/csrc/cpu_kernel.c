@@ -35,7 +35,8 @@
 #define RC(F) R16(F, 0) R16(F, 1) R16(F, 2) R16(F, 3)
 #define C4(F) F(0) F(1) F(2) F(3)
 
-/* y[m, ..] for MR rows of x (MR <= ROWS_X) and NC column vectors, x transposed: xt[k * xs + m]. The weights come
+/* y[m, ..] for MR rows of x (MR <= ROWS_X) and NC column vectors, x transposed in k pairs: row m's x at k is
+ * xt[(k & ~1) * xs + 2 * m + (k & 1)] (xs: ROWS_X, or 1 for one row, x itself). The weights come
  * from the codes, or from `decoded` ([K][NC * LANES] fp32, the same values) when the panels meet several tiles.
  * The accumulators are named, one per row and column vector (GCC stores an array of vectors to the stack on
  * every iteration); those past MR and NC are compiled out. */
@@ -198,7 +199,8 @@ int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, co
              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
     Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
     i64 panels = (N + PANEL - 1) / PANEL, tiles = (M + ROWS_X - 1) / ROWS_X;
-    /* x transposed per tile of ROWS_X rows, [tiles][K][ROWS_X]: a tile's broadcasts then read one pointer at fixed
+    /* x transposed per tile of ROWS_X rows, in k pairs ([tiles][K / 2][ROWS_X][2], transpose_tile): a tile's
+     * broadcasts then read one pointer at fixed
      * offsets (a pointer per row would not fit the general registers); one row is its own transpose. Several
      * tiles (a batch, a prompt chunk) are transposed once, a share by each thread, into the calling thread's
      * scratch (a copy per thread was the whole x again per thread: 117 MB each for a 2,048-row chunk of a
@@ -209,6 +211,7 @@ int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, co
     float *shared =
         M > ROWS_X ? grown(&shared_buf, &shared_size, (size_t)(tiles * K * ROWS_X) * sizeof(float)) : NULL;
     if (M > ROWS_X && !shared) return 0;
+    int failed = 0; /* a thread without memory for its scratch: said in the result, its tiles not computed */
 #pragma omp parallel num_threads(threads)
     {
         static __thread void *xt_buf, *decoded_buf;
@@ -223,20 +226,30 @@ int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         }
         if (M > ROWS_X) {
             float *decoded = grown(&decoded_buf, &decoded_size, (size_t)K * PANEL * MANY_PANELS * sizeof(float));
+            if (!decoded) {
+#pragma omp atomic write
+                failed = 1;
+            }
             i64 groups = (panels + MANY_PANELS - 1) / MANY_PANELS;
 #pragma omp for schedule(static)
-            for (i64 g = 0; g < groups; g++) many_rows(&w, g * MANY_PANELS, xt, M, y, N, ldy, decoded);
+            for (i64 g = 0; g < groups; g++)
+                if (decoded) many_rows(&w, g * MANY_PANELS, xt, M, y, N, ldy, decoded);
         } else {
+            if (M > 1 && !xt) {
+#pragma omp atomic write
+                failed = 1;
+            }
             i64 per = PANELS_PER_TILE(M), groups = (panels + per - 1) / per;
 #pragma omp for schedule(static)
-            for (i64 g = 0; g < groups; g++) few_rows(&w, g * per, xt ? xt : x, xt ? ROWS_X : 1, M, y, N, ldy);
+            for (i64 g = 0; g < groups; g++)
+                if (M == 1 || xt) few_rows(&w, g * per, M == 1 ? x : xt, M == 1 ? 1 : ROWS_X, M, y, N, ldy);
         }
     }
-    return 1;
+    return !failed;
 }
 
 /* M <= ROWS_X rows of x against the panels [p, p + tile_panels(M)) of w, on the calling thread: a piece of a matmul
- * for callers that run many matmuls in one parallel region (cpu_moe.c). xt: x transposed, [K][ROWS_X] (one row:
+ * for callers that run many matmuls in one parallel region (cpu_moe.c). xt: x transposed, [K / 2][ROWS_X][2] (one row:
  * the row itself), as qmm lays a tile out, so each row gets qmm's bits. */
 i64 tile_panels(i64 M) { return PANELS_PER_TILE(M); }
 

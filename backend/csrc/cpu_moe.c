@@ -25,7 +25,7 @@ typedef struct {
     i64 expert, first, rows, xt;
 } Chunk;
 
-/* rows of x [rows][K] laid out as qmm_rows_tile reads them: [K][ROWS_X], or one row as it is */
+/* rows of x [rows][K] laid out as qmm_rows_tile reads them: [K / 2][ROWS_X][2], or one row as it is */
 static void transpose_rows(const float *x, i64 rows, i64 K, float *xt) {
     if (rows == 1) memcpy(xt, x, (size_t)K * sizeof(float));
     else transpose_tile(x, 0, rows, K, xt);

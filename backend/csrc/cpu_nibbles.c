@@ -93,7 +93,9 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
 #undef LOOKUP
                 }
 #define FMA(r, c) if (MR > r && NC > c) {                                                         \
-                      const V x = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)(xp + 2 * r))); \
+                      double pair_;                                                                \
+                      memcpy(&pair_, xp + 2 * r, sizeof pair_);                                    \
+                      const V x = _mm512_castpd_ps(_mm512_set1_pd(pair_));                         \
                       e_##r##_##c = vfma(a##c, x, e_##r##_##c);                                    \
                       f_##r##_##c = vfma(b##c, x, f_##r##_##c);                                    \
                   }
@@ -135,7 +137,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
  * panels as its accumulators allow. */
 void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
     if (xs == 1) { /* one row, x itself */
-        for (i64 c0 = 0; c0 < panels; c0 += 4) {
+        for (i64 c0 = 0; c0 < panels; c0 += panels - c0 < 4 ? 1 : 4) {
             if (panels - c0 < 4) tile(w, p + c0, xt, 1, 1, 1, y, ldy, N, NULL, 1);
             else tile(w, p + c0, xt, 1, 1, 4, y, ldy, N, NULL, 1);
         }
@@ -143,7 +145,8 @@ void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i6
     }
     for (i64 r0 = 0; r0 < M; r0 += 8) {
         const i64 mr = M - r0 < 8 ? M - r0 : 8;
-        for (i64 c0 = 0; c0 < panels; c0 += NIBBLE_COLUMNS(mr)) {
+        /* as many panels at a time as fit the accumulators, then one at a time */
+        for (i64 c0 = 0; c0 < panels; c0 += panels - c0 < NIBBLE_COLUMNS(mr) ? 1 : NIBBLE_COLUMNS(mr)) {
             const int one = panels - c0 < NIBBLE_COLUMNS(mr);
             switch (mr) {
 #define CASE(MR) case MR:                                                                               \
@@ -162,7 +165,7 @@ void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i6
 static void decode_pairs(const Weight *w, i64 p, float *out) {
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
     for (i64 k = 0; k < w->K; k += 2) {
-        if (k % 64 == 0) PREFETCH(codes + w->panel_code_bytes + k * 8);
+        if (k % 8 == 0) PREFETCH(codes + w->panel_code_bytes + k * 8); /* the next panel, a line per 8 k's */
         V a, b;
         lookup_pairs(codes + k * 8, &a, &b);
         vstore(out + k * 16, a);

@@ -49,6 +49,9 @@ class ExpertCache:
             self.host = [s.pin_memory() for s in self.host]
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # offloaded expert -> slot, least recently used first
         self.stream = torch.cuda.Stream(device) if pin else None
+        if self.stream is not None:  # copies ahead may outlive a step: the slots' memory waits for them when freed
+            for dev in self.dev:
+                dev.record_stream(self.stream)
         self.hits = 0
         self.misses = 0  # copies a batch waited for
         self.prefetched = 0  # copies made ahead, on a guess
@@ -62,6 +65,8 @@ class ExpertCache:
         return sum(s.numel() * s.element_size() for s in self.host)
 
     def to(self, device: torch.device) -> "ExpertCache":
+        if self.stream is not None:  # copies ahead still landing in the slots about to move
+            self.stream.synchronize()
         self.device = torch.device(device)
         self.dev = [s.to(device) for s in self.dev]
         if self.next is not None:
@@ -172,7 +177,7 @@ class ExpertCache:
             # Pairs whose expert is in another round weigh zero here (their slot id is any valid one).
             out += self.compute_fn(x, self.dev, topk_weights * present, ids.clamp(min=0))
         if self.stream is not None:
-            self.slots_read.record()
+            self.slots_read.record(torch.cuda.current_stream(self.device))
         if self.next is not None:
             self.next[2].prefetch(guessed)
         return out

@@ -99,7 +99,7 @@ def test_the_device_benchmark_runs_in_smoke_mode():
     assert offloaded["gpu_experts_per_layer"] == 2 and offloaded["tok_s"] > 0 and offloaded["pcie_bytes_per_token"] > 0
     # with and without the copies ahead on a guess of the next layer's routing
     assert offloaded["tok_s_without_copies_ahead"] > 0 and offloaded["copies_ahead_per_token"] > 0
-    assert 0 <= offloaded["copies_ahead_used"] <= 1 and offloaded["pcie_bytes_per_token_without_copies_ahead"] > 0
+    assert offloaded["copies_ahead_used_per_token"] >= 0 and offloaded["pcie_bytes_per_token_without_copies_ahead"] > 0
     # the same with the host's experts computed there (moe_cpu_compute): nothing copied, host pairs instead
     [computed] = [r for r in rows if r["figure"] == "decode_batch1_offloaded_cpu_compute"]
     assert computed["gpu_experts_per_layer"] == 2 and computed["tok_s"] > 0 and computed["host_pairs_per_token"] > 0
