@@ -137,9 +137,11 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
  * panels as its accumulators allow. */
 void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
     if (xs == 1) { /* one row, x itself */
-        for (i64 c0 = 0; c0 < panels; c0 += panels - c0 < 4 ? 1 : 4) {
-            if (panels - c0 < 4) tile(w, p + c0, xt, 1, 1, 1, y, ldy, N, NULL, 1);
+        for (i64 c0 = 0; c0 < panels;) {
+            const int one = panels - c0 < 4;
+            if (one) tile(w, p + c0, xt, 1, 1, 1, y, ldy, N, NULL, 1);
             else tile(w, p + c0, xt, 1, 1, 4, y, ldy, N, NULL, 1);
+            c0 += one ? 1 : 4;
         }
         return;
     }

@@ -148,8 +148,8 @@ class ExpertCache:
         e = self.num_experts
         counts = torch.bincount(topk_ids.flatten(), minlength=e)
         if self.next is not None:
-            weight, top_k, cache = self.next
-            guess = torch.topk(x @ weight.T, min(top_k, weight.shape[0]), dim=-1).indices
+            weight, top_k, _ = self.next
+            guess = torch.topk(x @ weight.T, top_k, dim=-1).indices
             counts = torch.cat([counts, torch.bincount(guess.flatten(), minlength=weight.shape[0])])
         counts = counts.tolist()
         routed = [i for i in range(e) if counts[i]]
