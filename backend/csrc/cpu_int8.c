@@ -173,7 +173,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
         /* the next tile's panels (past the last panel a prefetch is harmless) */
         for (i64 c = 0; c < panels; c++)
             for (i64 b = 0; b < group_bytes; b += 64)
-                PREFETCH(w->codes + (p + panels + c) * w->panel_code_bytes + g * group_bytes + b);
+                PREFETCH_L2(w->codes + (p + panels + c) * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
         for (i64 u = 0; u < group_bytes; u += step, xq += unit) {
             int32_t x0[MAX_ROWS], x1[MAX_ROWS], x2[MAX_ROWS], x3[MAX_ROWS]; /* xq at k + 0, 4, 8, 12 */

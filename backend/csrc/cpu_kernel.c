@@ -69,7 +69,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
             /* the next panels' codes (past the last panel a prefetch is harmless): a core streamed 4 GB/s
              * without it (measured) */
             for (i64 b = 0; b < (NC + H - 1) / H * w->group * step; b += 64)
-                PREFETCH(next + g * w->group * step + b);
+                PREFETCH_L2(next + g * w->group * step + b);
             /* two k at a time (groups are 16 or 32 long): one load and nibble split serve both */
             for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
                 V w0 = vzero(), u0 = vzero(), w1 = vzero(), u1 = vzero(), w2 = vzero(), u2 = vzero();
@@ -121,7 +121,7 @@ INLINE void decode_panels(const Weight *w, i64 p, i64 count, float *out, int bit
         const uint8_t *codes = w->codes + (p + j) * w->panel_code_bytes, *next = codes + w->panel_code_bytes;
         for (i64 g = 0; g < w->K / w->group; g++) {
             for (i64 b = 0; b < w->group * step; b += 64)
-                PREFETCH(next + g * w->group * step + b);
+                PREFETCH_L2(next + g * w->group * step + b);
             for (int h = 0; h < PANEL / LANES; h++) {
                 i64 at = ((p + j) * w->panel_groups + g) * PANEL + h * LANES;
                 V s = vparams(w->scales, at, w->scale_kind), o = vparams(w->offsets, at, w->scale_kind);

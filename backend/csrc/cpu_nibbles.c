@@ -66,7 +66,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
         if (!decoded) /* the next tile's panels, this group (past the last panel a prefetch is harmless) */
             for (i64 c = 0; c < NC; c++)
                 for (i64 b = 0; b < w->group * pair / 2; b += 64)
-                    PREFETCH(next + c * w->panel_code_bytes + g * w->group * pair / 2 + b);
+                    PREFETCH_L2(next + c * w->panel_code_bytes + g * w->group * pair / 2 + b);
         V sums = vzero(); /* sum(x): row r's even k in lane 2r, odd in 2r + 1 */
         for (i64 k = g * w->group; k < (g + 1) * w->group; k += 2) {
             const float *xp = xt + k * xs;
@@ -167,7 +167,7 @@ void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i6
 static void decode_pairs(const Weight *w, i64 p, float *out) {
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
     for (i64 k = 0; k < w->K; k += 2) {
-        if (k % 8 == 0) PREFETCH(codes + w->panel_code_bytes + k * 8); /* the next panel, a line per 8 k's */
+        if (k % 8 == 0) PREFETCH_L2(codes + w->panel_code_bytes + k * 8); /* the next panel, a line per 8 k's */
         V a, b;
         lookup_pairs(codes + k * 8, &a, &b);
         vstore(out + k * 16, a);
