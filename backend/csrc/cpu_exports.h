@@ -91,7 +91,8 @@ void nibble_many_rows(const struct Weight *w, i64 p, i64 panels, const float *xt
 void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r);
 Rows int8_rows_from(const Rows *r, i64 first);
 int int8_panels(i64 M);
-void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N);
+void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N,
+                     const uint8_t *ahead);
 /* token rows of an embedding table in the fp32 kernel's panels or the int8 kernel's quads (order: Layout.order_code),
  * as gguf-py dequantizes them; 0: an id past it, or AMX's pairs */
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,

@@ -82,8 +82,6 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #endif
 }
 
-
-
 /* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
  * either way: a max, products and integer sums do not depend on the order they are taken in) */
 /* Groups whose max |x| is below 2^-64 are scaled up by 2^64 before 127 / max |x| (which would overflow below
@@ -154,7 +152,7 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
  * ..): y's columns p * 16 ... Accumulators named, one int32 and one fp32 per row and vector (those past MR and NC
  * compiled out). */
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
-                 float *y, i64 ldy, i64 N) {
+                 float *y, i64 ldy, i64 N, const uint8_t *ahead) {
     /* k's and bytes a step of the loop below reads: 8 in 64 bytes (4-bit), 16 in 192 (6-bit), 4 in 64 (8-bit) */
     const i64 unit = bits == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
@@ -170,10 +168,11 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                                            + (c % HV) * IL * 4;
         C4(CODES)
 #undef CODES
-        /* the next tile's panels (past the last panel a prefetch is harmless) */
+        /* the panels the thread reads next (ahead: laid out as this tile's; past the last panel a prefetch is
+         * harmless) */
         for (i64 c = 0; c < panels; c++)
             for (i64 b = 0; b < group_bytes; b += 64)
-                PREFETCH_L2(w->codes + (p + panels + c) * w->panel_code_bytes + g * group_bytes + b);
+                PREFETCH_L2(ahead + c * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
         for (i64 u = 0; u < group_bytes; u += step, xq += unit) {
             int32_t x0[MAX_ROWS], x1[MAX_ROWS], x2[MAX_ROWS], x3[MAX_ROWS]; /* xq at k + 0, 4, 8, 12 */
@@ -234,17 +233,18 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 
 /* every row of x in tiles of up to MAX_ROWS against panels [p, p + PP), the panels' codes read from L1 after the
  * first tile */
-void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N) {
+void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
+                     const uint8_t *ahead) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products) */
     const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int MR = (int)((M - m0 + count - t - 1) / (count - t));
         switch (MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : w->bits == 6 ? 12 : 0)) {
-#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N); break;  \
-                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N); break;  \
-                       case MR_ * 16 + PP_ / 2 + 12: tile(w, x, p, m0, MR_, PP_ * HV, 6, y, ldy, N); break; \
-                       case MR_ * 16 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N); break;
+#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N, ahead); break;  \
+                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N, ahead); break;  \
+                       case MR_ * 16 + PP_ / 2 + 12: tile(w, x, p, m0, MR_, PP_ * HV, 6, y, ldy, N, ahead); break; \
+                       case MR_ * 16 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N, ahead); break;
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
         CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1) CASE(8, 1)
@@ -307,7 +307,7 @@ int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, co
         }
 #pragma omp for schedule(static)
         for (i64 t = 0; t < tiles; t++)
-            if (rows) int8_panel_rows(&w, rows, t * PP, M, PP, y, ldy, N);
+            if (rows) int8_panel_rows(&w, rows, t * PP, M, PP, y, ldy, N, codes + (t + 1) * PP * w.panel_code_bytes);
     }
     return ran;
 }

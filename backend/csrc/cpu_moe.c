@@ -52,12 +52,19 @@ static Rows rows_alloc(i64 M, i64 K, i64 group) {
                   groups};
 }
 
-/* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y */
+/* where job j's panels lie: jobs (chunk, part, panel) of the matrices `parts` (gate and up, or down) */
+static const uint8_t *job_codes(const i64 *jobs, i64 j, const Chunk *chunks, const ExpertStack *const *parts) {
+    const Weight w = expert(parts[jobs[3 * j + 1]], chunks[jobs[3 * j]].expert);
+    return w.codes + jobs[3 * j + 2] * w.panel_code_bytes;
+}
+
+/* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y; ahead: the panels the
+ * thread meets next (the next job's, often another expert's), fetched while it computes */
 static void expert_tile(const Weight *w, int quads, const Rows *q, const float *xt, const Chunk *ch, i64 p,
-                        float *y, i64 N, i64 ldy) {
+                        float *y, i64 N, i64 ldy, const uint8_t *ahead) {
     if (quads) {
         Rows view = int8_rows_from(q, ch->first);
-        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows), y, ldy, N);
+        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows), y, ldy, N, ahead);
     } else {
         qmm_rows_tile(w, p, xt + ch->xt, ch->rows, y, N, ldy);
     }
@@ -157,6 +164,7 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     int ok = start && filled && order && at && up_jobs && down_jobs && chunks && act && gate_up && y && xt;
     ok = ok && (!quads || (qg.q && qu.q && qd.q));
     if (ok) {
+        const ExpertStack *gate_up_stacks[2] = {gate, up};
         const i64 n_up = tile_jobs(chunks, count, I, 2, quads, up_jobs);
         const i64 n_down = tile_jobs(chunks, count, H, 1, quads, down_jobs);
 #pragma omp parallel num_threads(threads)
@@ -183,7 +191,8 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
                 const int part = (int)up_jobs[3 * j + 1];
                 Weight w = expert(part ? up : gate, ch->expert);
                 expert_tile(&w, quads, part ? &qu : &qg, xt, ch, up_jobs[3 * j + 2],
-                            gate_up + ch->first * 2 * I + part * I, I, 2 * I);
+                            gate_up + ch->first * 2 * I + part * I, I, 2 * I,
+                            job_codes(up_jobs, j + 1 < n_up ? j + 1 : j, chunks, gate_up_stacks));
             }
 #pragma omp for schedule(static)
             for (i64 c = 0; c < count; c++) {
@@ -201,7 +210,8 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
             for (i64 j = 0; j < n_down; j++) {
                 const Chunk *ch = chunks + down_jobs[3 * j];
                 Weight w = expert(down, ch->expert);
-                expert_tile(&w, quads, &qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H);
+                expert_tile(&w, quads, &qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H,
+                            job_codes(down_jobs, j + 1 < n_down ? j + 1 : j, chunks, &down));
             }
 #pragma omp for schedule(static)
             for (i64 t = 0; t < T; t++)
