@@ -58,8 +58,8 @@ static const uint8_t *job_codes(const i64 *jobs, i64 j, const Chunk *chunks, con
     return w.codes + jobs[3 * j + 2] * w.panel_code_bytes;
 }
 
-/* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y; ahead: the panels the
- * thread meets next (the next job's, often another expert's), fetched while it computes */
+/* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y; ahead (8-bit tiles): the
+ * panels the thread meets next (the next job's, often another expert's), fetched while it computes */
 static void expert_tile(const Weight *w, int quads, const Rows *q, const float *xt, const Chunk *ch, i64 p,
                         float *y, i64 N, i64 ldy, const uint8_t *ahead) {
     if (quads) {
@@ -192,7 +192,7 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
                 Weight w = expert(part ? up : gate, ch->expert);
                 expert_tile(&w, quads, part ? &qu : &qg, xt, ch, up_jobs[3 * j + 2],
                             gate_up + ch->first * 2 * I + part * I, I, 2 * I,
-                            job_codes(up_jobs, j + 1 < n_up ? j + 1 : j, chunks, gate_up_stacks));
+                            quads ? job_codes(up_jobs, j + 1 < n_up ? j + 1 : j, chunks, gate_up_stacks) : NULL);
             }
 #pragma omp for schedule(static)
             for (i64 c = 0; c < count; c++) {
@@ -211,7 +211,7 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
                 const Chunk *ch = chunks + down_jobs[3 * j];
                 Weight w = expert(down, ch->expert);
                 expert_tile(&w, quads, &qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H,
-                            job_codes(down_jobs, j + 1 < n_down ? j + 1 : j, chunks, &down));
+                            quads ? job_codes(down_jobs, j + 1 < n_down ? j + 1 : j, chunks, &down) : NULL);
             }
 #pragma omp for schedule(static)
             for (i64 t = 0; t < T; t++)
