@@ -13,7 +13,6 @@ Run: python bench/agents.py [--system-tokens 16000] [--llama-cpp-python /path/to
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
+from run_peer import run_peer  # noqa: E402  (bench/, beside this script)
 
 from tests.backend.server_process import ServerProcess  # noqa: E402
 
@@ -83,11 +83,7 @@ def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx
 
     trained = int(gguf.GGUFReader(model).fields["llama.context_length"].contents())
     job = {"model": str(model), "turns": turns_ids, "threads": os.cpu_count(), "n_ctx": n_ctx, "trained": trained}
-    peer = Path(__file__).resolve().parent / "llama_cpp_turns.py"
-    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout)["seconds"]
+    return run_peer("llama_cpp_turns.py", job, python)["seconds"]
 
 
 def main() -> None:

@@ -1,14 +1,13 @@
 """bench/engine_vs_peers.py --quantized: SmolLM2's Q4_1 file and a Q8_0 conversion of it, our quantized path (fp32 and int8
 activations) vs our fp32 path vs transformers fp32, and llama.cpp given --llama-cpp-python (its own venv)."""
 
-import json
 import statistics
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
 from engine_vs_peers import best, decode_split, hf_generate, make_prompt, ours_generate
+from run_peer import run_peer
 
 from backend import LLM
 from backend.model_store import pull
@@ -54,11 +53,7 @@ def llama_cpp_rates(path: Path, prompts: list[list[int]], new_tokens: int,
     if not python:
         return None, None
     job = {"model": str(path), "prompts": prompts, "new_tokens": new_tokens, "threads": torch.get_num_threads()}
-    peer = Path(__file__).resolve().parent / "llama_cpp_peer.py"
-    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
-    rates = json.loads(done.stdout)
+    rates = run_peer("llama_cpp_peer.py", job, python)
     return rates["single_tok_s"], rates["batch_tok_s"]
 
 

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from run_peer import run_peer  # noqa: E402  (bench/, beside this script)
 
 from backend import LLM, SamplingParams  # noqa: E402
 from backend.model_store import pull  # noqa: E402
@@ -44,11 +44,7 @@ def llama_cpp_rate(path: Path, prompt: list[int], new_tokens: int, flash_attn: b
         return None
     job = {"model": str(path), "prompt": prompt, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
            "n_ctx": len(prompt) + new_tokens + 16, "flash_attn": flash_attn}
-    peer = Path(__file__).resolve().parent / "llama_cpp_long.py"
-    done = subprocess.run([python, str(peer)], input=json.dumps(job), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"the llama.cpp peer failed ({python}): {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout)["decode_tok_s"]
+    return run_peer("llama_cpp_long.py", job, python)["decode_tok_s"]
 
 
 def main() -> None:
