@@ -168,8 +168,8 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                                            + (c % HV) * IL * 4;
         C4(CODES)
 #undef CODES
-        /* the panels the thread reads next (ahead: laid out as this tile's; past the last panel a prefetch is
-         * harmless) */
+        /* the panels the thread reads next, taken as laid out like this tile's (another expert's may differ in
+         * bits or width: then the fetch is approximate, never wrong; past the last panel it is harmless) */
         for (i64 c = 0; c < panels; c++)
             for (i64 b = 0; b < group_bytes; b += 64)
                 PREFETCH_L2(ahead + c * w->panel_code_bytes + g * group_bytes + b);
