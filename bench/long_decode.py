@@ -12,34 +12,23 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from run_peer import run_peer  # noqa: E402  (bench/, beside this script)
+from engine_vs_peers import ours_decode_rate  # noqa: E402  (bench/, beside this script)
+from run_peer import run_peer  # noqa: E402
 
-from backend import LLM, SamplingParams  # noqa: E402
+from backend import LLM  # noqa: E402
 from backend.model_store import pull  # noqa: E402
 
 OURS = {"exact": {}, "int8": {"activations": "int8"}, "exact_fp16_cache": {"kv_cache_dtype": "float16"},
         "int8_fp16_cache": {"activations": "int8", "kv_cache_dtype": "float16"}}
 
 
-def ours_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
-    """Decode tok/s after the prompt: a run of new_tokens + 1 less a run of 1 (the prompt cached by then, both meet
-    it alike)."""
-    def run(tokens: int) -> float:
-        start = time.perf_counter()
-        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True), use_tqdm=False)
-        return time.perf_counter() - start
-
-    run(1)  # the prompt into the prefix cache
-    return new_tokens / (run(new_tokens + 1) - run(1))
-
-
-def llama_cpp_rate(path: Path, prompt: list[int], new_tokens: int, flash_attn: bool, python: str | None) -> float | None:
+def llama_cpp_rate(path: Path, prompt: list[int], new_tokens: int, flash_attn: bool,
+                   python: str | None) -> float | None:
     if not python:
         return None
     job = {"model": str(path), "prompt": prompt, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
@@ -62,7 +51,7 @@ def main() -> None:
         rates: dict[str, list] = {name: [] for name in [*engines, "llama_cpp", "llama_cpp_flash_attn"]}
         for _ in range(args.rounds):
             for name, llm in engines.items():
-                rates[name].append(ours_rate(llm, prompt, args.new_tokens))
+                rates[name].append(ours_decode_rate(llm, prompt, args.new_tokens))
             for name, flash in (("llama_cpp", False), ("llama_cpp_flash_attn", True)):
                 rates[name].append(llama_cpp_rate(path, prompt, args.new_tokens, flash, args.llama_cpp_python))
         del engines

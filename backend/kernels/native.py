@@ -1,7 +1,7 @@
 """Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
 matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c,
-cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c; the small ops, attention and the one-call decode step cpu_ops.c, cpu_attention.c, cpu_decoder.c), built into one
-library.
+cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c; the small ops, attention and the one-call decode step
+cpu_ops.c, cpu_attention.c, cpu_decoder.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
