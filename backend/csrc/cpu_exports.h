@@ -14,16 +14,17 @@ typedef struct {
     const uint8_t *codes;
     const uint8_t *scales, *offsets; /* offsets may be NULL */
     i64 codes_stride, params_stride, rows, cols, group, bits, scale_kind;
-    i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations); one for all three */
+    i64 order; /* cpu_layout.ORDERS: 0 the fp32 kernel's panels, 2 quads (8-bit activations), 3 quads (x in three
+                * 8-bit digits: cpu_int8_rows.c); one for all three */
 } ExpertStack;
 
-/* x's rows quantized: xq [M][K], and per row and group d, d * sum xq and the bias each group's integer sum starts
- * at */
+/* x's rows quantized (cpu_int8_rows.c): `digits` code rows of K for each row of x (xq [M * digits][K]), per row and
+ * group d and d * sum of x as taken, and per code row and group the bias its integer sum starts at */
 typedef struct {
     int8_t *q;
     float *d, *dsum;
     int32_t *bias;
-    i64 K, groups;
+    i64 K, groups, digits;
 } Rows;
 
 typedef struct {
@@ -73,7 +74,7 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
 int qmm_fp32(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
+             int bits, i64 group, int scale_kind, int digits, float *y, i64 ldy, int threads);
 int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
               int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
@@ -87,10 +88,12 @@ void qmm_rows_tile(const struct Weight *w, i64 p, const float *xt, i64 M, float 
 void nibble_rows(const struct Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i64 M, float *y, i64 N, i64 ldy);
 void nibble_many_rows(const struct Weight *w, i64 p, i64 panels, const float *xt, i64 M, float *y, i64 N, i64 ldy,
                       float *decoded);
-/* the 8-bit kernel's pieces (cpu_int8.c), for the same callers */
+/* the 8-bit kernel's pieces (cpu_int8.c, its rows cpu_int8_rows.c), for the same callers */
 void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r);
 Rows int8_rows_from(const Rows *r, i64 first);
-int int8_panels(i64 M);
+Rows int8_rows_alloc(i64 M, i64 K, i64 group, int digits);
+int int8_panels(i64 M, int digits);
+int int8_vnni(void);
 void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead);
 /* token rows of an embedding table in the fp32 kernel's panels or the int8 kernel's quads (order: Layout.order_code),

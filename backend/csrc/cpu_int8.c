@@ -1,8 +1,13 @@
 /* Quantized matmul against 8-bit activations, for an engine with activations="int8" (llama.cpp's arithmetic on the
- * CPU, where it is always on). Each row of x is quantized per group of the weights' `group` k's (16 or 32) with one
- * fp32 scale, d = max |x| / 127 and xq = round(x * 127 / max |x|) (to nearest even), and y = (xq d) @ w.T: per group
+ * CPU, where it is always on), and against x in three 8-bit digits for an exact (fp32) one where this build has VNNI
+ * (cpu_int8_rows.c). Each row of x is quantized per group of the weights' `group` k's (16 or 32) with one fp32 scale,
+ * d = max |x| / 127 and xq = round(x * 127 / max |x|) (to nearest even), and y = (xq d) @ w.T: per group
  *
  *   y += float(sum q xq) * (s * d) + o * (d * float(sum xq))      (the sums in int32, exact)
+ *
+ * With digits c0, c1, c2 in place of xq (x = d (c0 + c1 / 256 + c2 / 65536) to 24 bits), each digit's integer sum
+ * is taken in a row of its own and float(sum q xq) is (float(sum q c2) / 256 + float(sum q c1)) / 256 + float(sum q
+ * c0): three times the integer work of one digit, a quarter of the instructions fp32 products take.
  *
  * with s and o the weights' scale and offset (cpu_kernel.c's layout and values). The integer sums are exact and a
  * row's float steps are fixed, so its bits do not depend on the rows beside it: a sequence decodes the same alone,
@@ -38,12 +43,6 @@ typedef float VF __attribute__((vector_size(IL * 4)));
 /* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), or 8-bit codes
  * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
 enum { BYTES, NIBBLES, SIGNED };
-/* Whether this build sums q * x for 8-bit codes without -128 (AVX2), so their groups start at 0, not -128 sum xq */
-#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
-#define SEVEN_SIGNED 1
-#else
-#define SEVEN_SIGNED 0
-#endif
 
 /* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
  * of u - 128) */
@@ -82,77 +81,25 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #endif
 }
 
-/* a group of x's row: its codes, their sum, and max |x|, or NaN where x holds a NaN or an infinity (the same values
- * either way: a max, products and integer sums do not depend on the order they are taken in) */
-/* Groups whose max |x| is below 2^-64 are scaled up by 2^64 before 127 / max |x| (which would overflow below
- * 127 / FLT_MAX): exact, and the same codes the unscaled arithmetic gives wherever it does not overflow. */
-#define UP(amax) ((amax) < 0x1p-64f ? 0x1p64f : 1.0f)
-
-INLINE float group_codes(const float *xg, i64 group, int8_t *q, int32_t *total) {
-    float amax = 0.0f;
-    int32_t sum = 0, bad = 0;
-#if defined(__AVX512F__)
-    __m512 m = _mm512_setzero_ps();
-    for (i64 k = 0; k < group; k += 16) {
-        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xg + k));
-        bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* NaN or infinite */
-        m = _mm512_max_ps(m, a);
-    }
-    amax = _mm512_reduce_max_ps(m);
-    const float up = UP(amax), inv = amax > 0.0f && !bad ? 127.0f / (amax * up) : 0.0f;
-    __m512i t = _mm512_setzero_si512();
-    for (i64 k = 0; k < group; k += 16) {
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xg + k), _mm512_set1_ps(up)), _mm512_set1_ps(inv));
-        __m512i c = _mm512_cvtps_epi32(v); /* to nearest even; NaN -> INT_MIN: zeroed */
-        c = _mm512_mask_mov_epi32(_mm512_setzero_si512(), _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), c);
-        _mm_storeu_si128((__m128i *)(q + k), _mm512_cvtepi32_epi8(c));
-        t = _mm512_add_epi32(t, c);
-    }
-    sum = _mm512_reduce_add_epi32(t);
-#else
-    for (i64 k = 0; k < group; k++) {
-        bad |= !(fabsf(xg[k]) <= 3.4028235e38f);
-        amax = fabsf(xg[k]) > amax ? fabsf(xg[k]) : amax;
-    }
-    const float up = UP(amax), inv = amax > 0.0f && !bad ? 127.0f / (amax * up) : 0.0f;
-    for (i64 k = 0; k < group; k++) {
-        float v = xg[k] * up * inv;
-        int c = v == v ? (int)nearbyintf(v) : 0;
-        q[k] = (int8_t)c;
-        sum += c;
-    }
-#endif
-    *total = sum;
-    return bad ? __builtin_nanf("") : amax;
-}
-
-void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r) {
-    for (i64 g = 0; g < r->groups; g++) {
-        const float *xg = x + m * r->K + g * group;
-        int32_t total;
-        const float amax = group_codes(xg, group, r->q + m * r->K + g * group, &total);
-        const i64 at = m * r->groups + g;
-        r->d[at] = amax / 127.0f; /* NaN where x holds a NaN or an infinity: the row's y, as in the fp32 kernel */
-        r->dsum[at] = r->d[at] * (float)total;
-        r->bias[at] = bits == 8 || (bits == 7 && !SEVEN_SIGNED) ? -128 * total : bits == 6 ? -32 * total : 0;
-    }
-}
-
 #define R8(F, c) F(0, c) F(1, c) F(2, c) F(3, c) F(4, c) F(5, c) F(6, c) F(7, c)
-#define RC(F) R8(F, 0) R8(F, 1) R8(F, 2) R8(F, 3)
+#define R12(F, c) R8(F, c) F(8, c) F(9, c) F(10, c) F(11, c)
+#define RC(F) R12(F, 0) R12(F, 1) R12(F, 2) R12(F, 3)
 #define C4(F) F(0) F(1) F(2) F(3)
 /* rows of x a tile meets: its int32 and fp32 accumulators fill the registers (2 per row and vector) */
 #if IL == 16
 #define MAX_ROWS 8
+#define DIGIT_ROWS 12 /* code rows of a tile of three-digit rows: 4 rows of x (their int32 sums fill the registers) */
 #else
 #define MAX_ROWS 4
+#define DIGIT_ROWS 3
 #endif
 
-/* rows [m0, m0 + MR) of x against NC column vectors from panel p on (vector c: panel p + c / HV, rows (c % HV) * IL
- * ..): y's columns p * 16 ... Accumulators named, one int32 and one fp32 per row and vector (those past MR and NC
- * compiled out). */
+/* code rows [m0, m0 + MR) of x (D to a row of x: D 3, its digits) against NC column vectors from panel p on
+ * (vector c: panel p + c / HV, rows (c % HV) * IL ..): y's columns p * 16 ... Accumulators named, one int32 per
+ * code row and vector, one fp32 per row of x and vector (those past MR and NC compiled out). A row's digits' sums
+ * are combined in fp32 before its group's scale, the smallest first. */
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
-                 float *y, i64 ldy, i64 N, const uint8_t *ahead) {
+                 const int D, float *y, i64 ldy, i64 N, const uint8_t *ahead) {
     /* k's and bytes a step of the loop below reads: 8 in 64 bytes (4-bit), 16 in 192 (6-bit), 4 in 64 (8-bit) */
     const i64 unit = bits == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
@@ -175,7 +122,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 PREFETCH_L2(ahead + c * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
         for (i64 u = 0; u < group_bytes; u += step, xq += unit) {
-            int32_t x0[MAX_ROWS], x1[MAX_ROWS], x2[MAX_ROWS], x3[MAX_ROWS]; /* xq at k + 0, 4, 8, 12 */
+            int32_t x0[12], x1[12], x2[12], x3[12]; /* xq at k + 0, 4, 8, 12 */
             for (int r = 0; r < MR; r++) {
                 memcpy(x0 + r, xq + r * x->K, 4);
                 if (bits == 4 || bits == 6) memcpy(x1 + r, xq + r * x->K + 4, 4);
@@ -199,29 +146,36 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                     u1 |= (plane << 2) & 0x30303030;                                          \
                     u0 |= (plane << 4) & 0x30303030;                                          \
                 }                                                                             \
-                R8(DOT4, c)                                                                   \
+                R12(DOT4, c)                                                                  \
             }
             C4(VECTOR_DOTS)
 #undef VECTOR_DOTS
 #undef DOT4
         }
-#define SCALE(r, c) if (MR > r) {                                                                  \
-            const i64 at = (m0 + r) * x->groups + g;                                               \
-            f_##r##_##c = f_##r##_##c + __builtin_convertvector(a_##r##_##c, VF) * (s * x->d[at]);  \
-            if (w->offsets) f_##r##_##c = f_##r##_##c + o * x->dsum[at];                            \
+#define F(r, c) __builtin_convertvector(a_##r##_##c, VF)
+#define ADD(r, c, sum) if (MR > r && r % D == 0) {                                         \
+            const i64 at = ((m0 + r) / D) * x->groups + g;                                 \
+            f_##r##_##c = f_##r##_##c + (sum) * (s * x->d[at]);                            \
+            if (w->offsets) f_##r##_##c = f_##r##_##c + o * x->dsum[at];                    \
         }
+#define SCALE(r, c) ADD(r, c, F(r, c))
+#define DIGITS(r, r1, r2, c) ADD(r, c, (F(r2, c) * 0x1p-8f + F(r1, c)) * 0x1p-8f + F(r, c))
 #define VECTOR_SCALE(c) if (NC > c) {                                                         \
             const i64 at = ((p + c / HV) * w->panel_groups + g) * PANEL + (c % HV) * IL;      \
             VF s = (VF)vparams(w->scales, at, w->scale_kind), o = (VF)vparams(w->offsets, at, w->scale_kind); \
-            R8(SCALE, c)                                                                      \
+            if (D == 1) { R8(SCALE, c) }                                                      \
+            else { DIGITS(0, 1, 2, c) DIGITS(3, 4, 5, c) DIGITS(6, 7, 8, c) DIGITS(9, 10, 11, c) } \
         }
         C4(VECTOR_SCALE)
 #undef VECTOR_SCALE
+#undef DIGITS
 #undef SCALE
+#undef ADD
+#undef F
     }
-#define OUT(r, c) if (MR > r && NC > c) {                                                  \
+#define OUT(r, c) if (MR > r && NC > c && r % D == 0) {                                     \
         const i64 col = (p + c / HV) * PANEL + (c % HV) * IL, n = N - col < IL ? N - col : IL; \
-        if (n > 0) memcpy(y + (m0 + r) * ldy + col, &f_##r##_##c, n * sizeof(float));       \
+        if (n > 0) memcpy(y + (m0 + r) / D * ldy + col, &f_##r##_##c, n * sizeof(float));   \
     }
     RC(OUT)
 #undef OUT
@@ -231,49 +185,64 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
  * several in flight), fewer as rows fill the registers; at most 4 vectors */
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
-/* every row of x in tiles of up to MAX_ROWS against panels [p, p + PP), the panels' codes read from L1 after the
- * first tile */
+/* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows against panels [p, p +
+ * PP), the panels' codes read from L1 after the first tile */
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
-     * wait on its one chain of dependent products) */
-    const i64 count = (M + MAX_ROWS - 1) / MAX_ROWS;
+     * wait on its one chain of dependent products); a row's digits in one tile */
+    const int D = (int)x->digits;
+    const i64 per = D == 3 ? DIGIT_ROWS / 3 : MAX_ROWS, count = (M + per - 1) / per;
     for (i64 t = 0, m0 = 0; t < count; t++) {
-        const int MR = (int)((M - m0 + count - t - 1) / (count - t));
-        switch (MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : w->bits == 6 ? 12 : 0)) {
-#define CASE(MR_, PP_) case MR_ * 16 + PP_ / 2 + 4: tile(w, x, p, m0, MR_, PP_ * HV, 4, y, ldy, N, ahead); break;  \
-                       case MR_ * 16 + PP_ / 2 + 8: tile(w, x, p, m0, MR_, PP_ * HV, 7, y, ldy, N, ahead); break;  \
-                       case MR_ * 16 + PP_ / 2 + 12: tile(w, x, p, m0, MR_, PP_ * HV, 6, y, ldy, N, ahead); break; \
-                       case MR_ * 16 + PP_ / 2: tile(w, x, p, m0, MR_, PP_ * HV, 8, y, ldy, N, ahead); break;
+        const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
+        switch ((D == 3) * 256 + MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : w->bits == 6 ? 12 : 0)) {
+#define TILE(D_, MR_, PP_, B, bits) case (D_ == 3) * 256 + MR_ * 16 + PP_ / 2 + B:                          \
+            tile(w, x, p, m0 * D_, MR_, PP_ * HV, bits, D_, y, ldy, N, ahead); break;
+#define CASE3(D_, MR_, PP_) TILE(D_, MR_, PP_, 4, 4) TILE(D_, MR_, PP_, 8, 7) TILE(D_, MR_, PP_, 12, 6)      \
+                            TILE(D_, MR_, PP_, 0, 8)
+#define CASE(MR_, PP_) CASE3(1, MR_, PP_)
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
         CASE(1, 1) CASE(2, 1) CASE(3, 1) CASE(4, 1) CASE(5, 1) CASE(6, 1) CASE(7, 1) CASE(8, 1)
+        CASE3(3, 3, 2) CASE3(3, 6, 1) CASE3(3, 9, 1) CASE3(3, 12, 1)
 #else
         CASE(1, 2) CASE(2, 2) CASE(3, 1) CASE(4, 1) CASE(1, 1) CASE(2, 1)
+        CASE3(3, 3, 1)
 #endif
 #undef CASE
+#undef CASE3
+#undef TILE
         default: /* no such tile (PANELS_FOR and MAX_ROWS make none): say so in y rather than leave it unwritten */
-            for (i64 r = m0; r < m0 + MR; r++)
+            for (i64 r = m0; r < m0 + rows; r++)
                 for (i64 c = p * PANEL; c < (p + PP) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
         }
-        m0 += MR;
+        m0 += rows;
     }
 }
 
-int int8_panels(i64 M) { return M <= MAX_ROWS ? PANELS_FOR(M) : 1; }
-
-Rows int8_rows_from(const Rows *r, i64 first) {
-    return (Rows){r->q + first * r->K, r->d + first * r->groups, r->dsum + first * r->groups,
-                  r->bias + first * r->groups, r->K, r->groups};
+/* Whether this build sums with AVX-512 VNNI (vpdpbusd), where x in three digits is an exact fp32 matmul's faster
+ * way (1.6-1.8x the fp32 kernel's decode, measured on Zen 4; with AVX2's two-step products, 0.4-1.2x) */
+int int8_vnni(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
-/* room for M rows of K in the calling thread's scratch (kept between calls); 0 where memory ran out */
-static int room(Rows *r, i64 M, i64 K, i64 groups) {
+/* panels a tile reads for M rows of x in `digits` code rows each */
+int int8_panels(i64 M, int digits) {
+    return M * digits <= (digits == 3 ? DIGIT_ROWS : MAX_ROWS) ? PANELS_FOR(M * digits) : 1;
+}
+
+/* room for M rows of K (`digits` code rows each) in the calling thread's scratch (kept between calls); 0 where
+ * memory ran out */
+static int room(Rows *r, i64 M, i64 K, i64 groups, int digits) {
     static __thread void *q_buf, *f_buf;
     static __thread size_t q_size, f_size;
-    float *f = grown(&f_buf, &f_size, (size_t)(M * groups) * 3 * sizeof(float));
-    *r = (Rows){grown(&q_buf, &q_size, (size_t)(M * K)), f, f + M * groups, (int32_t *)(f + 2 * M * groups), K,
-                groups};
+    float *f = grown(&f_buf, &f_size, (size_t)(M * groups) * (2 + digits) * sizeof(float));
+    *r = (Rows){grown(&q_buf, &q_size, (size_t)(M * digits * K)), f, f + M * groups, (int32_t *)(f + 2 * M * groups),
+                K, groups, digits};
     return M == 0 || (r->q && f);
 }
 
@@ -284,18 +253,18 @@ static int room(Rows *r, i64 M, i64 K, i64 groups) {
 /* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7 or 8); 0 where memory
  * ran out */
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads) {
+             int bits, i64 group, int scale_kind, int digits, float *y, i64 ldy, int threads) {
     Rows shared;
-    if (M > OWN_ROWS && !room(&shared, M, K, K / group)) return 0;
+    if (M > OWN_ROWS && !room(&shared, M, K, K / group, digits)) return 0;
     Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
-    const int PP = int8_panels(M);
+    const int PP = int8_panels(M, digits);
     const i64 tiles = ((N + PANEL - 1) / PANEL + PP - 1) / PP;
     int ran = 1;
 #pragma omp parallel num_threads(threads)
     {
         Rows own, *rows = &shared;
         if (M <= OWN_ROWS) {
-            rows = room(&own, M, K, K / group) ? &own : NULL;
+            rows = room(&own, M, K, K / group, digits) ? &own : NULL;
             for (i64 m = 0; rows && m < M; m++) int8_quantize_row(x, m, group, bits, rows);
         } else {
 #pragma omp for schedule(static)

@@ -259,8 +259,8 @@ void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64
     few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
 }
 
-/* q of row j of a panel at k: in the panels layout (order 0) or cpu_int8.c's quad order (order 2; bits 7 are
- * bytes as 8's are) */
+/* q of row j of a panel at k: in the panels layout (order 0) or cpu_int8.c's quad order (order 2 or 3; bits 7
+ * are bytes as 8's are) */
 INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
     if (order == 0)
         return bits == 4 ? (c[k * PANEL * 4 / 8 + j % 8] >> (4 * (j / 8))) & 15 : ((const int8_t *)c)[k * PANEL + j];
@@ -280,7 +280,7 @@ INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
  * an id outside [0, rows) or an order it does not read (AMX's pairs). */
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
                    int bits, int scale_kind, int order, const int64_t *ids, i64 n, float *out) {
-    if (order != 0 && order != 2) return 0;
+    if (order != 0 && order != 2 && order != 3) return 0;
     for (i64 i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= rows) return 0;
     const Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);

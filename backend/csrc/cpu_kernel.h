@@ -20,6 +20,14 @@
  * 15 GB/s on an expert's short panels (measured: int8 MoE decode 1.13-1.24x with the L2 hint, 0.75-0.84x with
  * the non-temporal one) */
 
+/* Whether this build's 8-bit kernel sums q * x for 8-bit codes without -128 as |x| times q * sign(x) (AVX2, no
+ * VNNI: cpu_int8.c's SIGNED), so their groups' integer sums start at 0, not -128 sum xq */
+#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+#define SEVEN_SIGNED 1
+#else
+#define SEVEN_SIGNED 0
+#endif
+
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
 

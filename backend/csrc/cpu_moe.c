@@ -32,24 +32,16 @@ static void transpose_rows(const float *x, i64 rows, i64 K, float *xt) {
 }
 
 /* One matmul per chunk as (chunk, part, panel) jobs: `parts` matrices of `rows` (gate and up, or down), in tiles of
- * the fp32 kernel's panels or (quads) the 8-bit one's */
+ * the fp32 kernel's panels or (quads: x's code rows a row, 1 or 3) the 8-bit one's */
 static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, int quads, i64 *jobs) {
     i64 n = 0;
     for (i64 c = 0; c < count; c++) {
-        const i64 step = quads ? int8_panels(chunks[c].rows) : tile_panels(chunks[c].rows);
+        const i64 step = quads ? int8_panels(chunks[c].rows, quads) : tile_panels(chunks[c].rows);
         for (i64 part = 0; part < parts; part++)
             for (i64 p = 0; p < (rows + PANEL - 1) / PANEL; p += step, n++)
                 jobs[3 * n] = c, jobs[3 * n + 1] = part, jobs[3 * n + 2] = p;
     }
     return n;
-}
-
-/* M rows of K quantized per group of `group` k's, in one allocation (q NULL where memory ran out) */
-static Rows rows_alloc(i64 M, i64 K, i64 group) {
-    const i64 groups = K / group;
-    float *f = malloc((size_t)(M * groups) * 3 * sizeof(float) + (size_t)(M * K));
-    return (Rows){f ? (int8_t *)(f + 3 * M * groups) : NULL, f, f + M * groups, (int32_t *)(f + 2 * M * groups), K,
-                  groups};
 }
 
 /* where job j's panels lie: jobs (chunk, part, panel) of the matrices `parts` (gate and up, or down) */
@@ -64,7 +56,7 @@ static void expert_tile(const Weight *w, int quads, const Rows *q, const float *
                         float *y, i64 N, i64 ldy, const uint8_t *ahead) {
     if (quads) {
         Rows view = int8_rows_from(q, ch->first);
-        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows), y, ldy, N, ahead);
+        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows, (int)q->digits), y, ldy, N, ahead);
     } else {
         qmm_rows_tile(w, p, xt + ch->xt, ch->rows, y, N, ldy);
     }
@@ -139,11 +131,13 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     float *act = malloc((size_t)(P * I) * sizeof(float)), *gate_up = malloc((size_t)(P * 2 * I) * sizeof(float));
     float *y = malloc((size_t)(P * widest) * sizeof(float)), *xt = NULL;
     /* quads: x quantized for gate and for up (one copy where their groups and bits agree), activations for down */
-    const int quads = gate->order == 2, shared = gate->group == up->group && gate->bits == up->bits;
+    const int quads = gate->order == 2 ? 1 : gate->order == 3 ? 3 : 0; /* x's code rows a row, or 0: fp32 */
+    const int shared = gate->group == up->group && gate->bits == up->bits;
     Rows qg = {0}, qu = {0}, qd = {0};
     if (quads) {
-        qg = rows_alloc(P, H, gate->group), qu = shared ? qg : rows_alloc(P, H, up->group);
-        qd = rows_alloc(P, I, down->group);
+        qg = int8_rows_alloc(P, H, gate->group, quads);
+        qu = shared ? qg : int8_rows_alloc(P, H, up->group, quads);
+        qd = int8_rows_alloc(P, I, down->group, quads);
     }
     i64 count = 0, used = 0;
     if (start && filled && order && at && chunks) {

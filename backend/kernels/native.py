@@ -29,7 +29,7 @@ log = logging.getLogger("backend")
 
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
-                                                 "moe", "int8", "nibbles")]
+                                                 "moe", "int8", "int8_rows", "nibbles")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -57,6 +57,12 @@ def usable(*tensors) -> bool:
 def amx() -> bool:
     """Whether matmuls with bf16 products run on AMX tiles here (this build, this CPU, the kernel's permission)."""
     return bool(library().amx_usable())
+
+
+def vnni() -> bool:
+    """Whether this build's 8-bit products are AVX-512 VNNI's (an fp32 engine's quantized matmuls then take x in three
+    8-bit digits, cpu_layout's "digits": faster than fp32 products, as exact)."""
+    return bool(library().int8_vnni())
 
 
 def tile_rows() -> int:
@@ -109,6 +115,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
     lib.decode_layers.restype = i32
     lib.struct_layouts.argtypes = [ptr]
+    lib.int8_vnni.restype = i32
     for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
                lib.struct_layouts):
         fn.restype = None

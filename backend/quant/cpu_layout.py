@@ -20,7 +20,10 @@ rounded to bf16 (cpu_amx.c). Without AMX a bfloat16 engine keeps this layout and
 
 An engine with 8-bit activations (activations="int8", arithmetic.products) stores the codes four k's to a 32-bit lane
 (quad_order), and every matmul quantizes x's rows per group to int8 and sums codes times them in int32
-(cpu_int8.c): llama.cpp's arithmetic, 4x the multiply-adds of fp32 an instruction with AVX-512 VNNI.
+(cpu_int8.c): llama.cpp's arithmetic, 4x the multiply-adds of fp32 an instruction with AVX-512 VNNI. Where the build
+has VNNI, an fp32 engine (and a bfloat16 one's layers off the AMX tiles) stores the same quads, order "digits", and
+each matmul takes x's rows in three 8-bit digits per group instead (cpu_int8_rows.c): fp32's precision, exact integer
+sums, 1.5-1.8x the fp32 kernel's decode.
 
 The kernel is compiled at first use (backend/kernels/native.py). Without it, quantized layers take the
 reference path (dequantize, then matmul); SCRIPTORIUM_QUANT_CPU=reference asks for that path alone.
@@ -50,7 +53,8 @@ class Layout:
     # a K-quant's parts (parts_of)
     offsets: bool
     # where the codes lie: "panels" (pack's, the fp32 kernel's), "pairs" (AMX tiles' order, pair_order: every product
-    # bf16's, on the tiles) or "quads" (quad_order: every product int8 codes times x quantized to int8)
+    # bf16's, on the tiles), "quads" (quad_order: every product int8 codes times x quantized to int8) or "digits"
+    # (quad_order too, x taken in three 8-bit digits: 24 bits a group, fp32's precision; cpu_int8_rows.c)
     order: str = "panels"
 
     @property
@@ -58,7 +62,7 @@ class Layout:
         return ORDERS.index(self.order)
 
 
-ORDERS = ("panels", "pairs", "quads")
+ORDERS = ("panels", "pairs", "quads", "digits")
 SCALES_FP32, SCALES_FP16 = 0, 1  # scale_kind; a larger one is the groups of a superblock (cpu_kernel.h)
 
 

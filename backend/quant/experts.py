@@ -114,11 +114,12 @@ class QuantExperts(nn.Module):
         return out
 
     def packed(self) -> bool:
-        """Whether every stack is in our kernel's layout, one order for all three (the fp32 kernel's panels, or
-        quads for 8-bit activations), in the module (not an ExpertCache's slots)."""
+        """Whether every stack is in our kernel's layout, one order for all three (the fp32 kernel's panels, or quads
+        for 8-bit activations or fp32's in digits; not AMX tiles' pairs), in the module (not an ExpertCache's
+        slots)."""
         layouts = [w.layout for w in self.weights() if w.codes is not None]
         return len(layouts) == 3 and None not in layouts and len({lay.order for lay in layouts}) == 1 \
-            and layouts[0].order in ("panels", "quads")
+            and layouts[0].order != "pairs"
 
     def stacks(self) -> list[ExpertStack]:
         """gate, up and down as cpu_moe.c reads them (built once per call: the one-call decoder keeps its own)."""

@@ -47,7 +47,10 @@ class QuantWeight(nn.Module):
 
     def pack_for_cpu(self, products: str = "float32") -> None:
         """Repack the blocks for our CPU kernel; products (arithmetic.products): "bfloat16" stores the codes in AMX
-        tiles' order where the CPU has them, "int8" four k's to a lane for products against 8-bit activations."""
+        tiles' order where the CPU has them, "int8" four k's to a lane for products against 8-bit activations, and
+        otherwise (fp32, or bf16 off the tiles) the same where the kernel build has VNNI, for products against x in
+        three 8-bit digits (cpu_layout's "digits": fp32's precision, faster there than fp32 products), else the fp32
+        kernel's panels."""
         if self.fmt is None or self.layout is not None:
             return
         flat = self.data.reshape(-1, self.rows, self.row_bytes)
@@ -55,16 +58,16 @@ class QuantWeight(nn.Module):
         if len({p[3] for p in packs}) > 1:  # a stack's experts read one way: fp32 where their scales differ in kind
             packs = [cpu_layout.pack(m, self.fmt, self.cols, cpu_layout.SCALES_FP32) for m in flat]
         layout = packs[0][3]
-        # An expert stack is fp32's or int8's (cpu_moe.c reads both): not AMX tiles' pairs.
+        # An expert stack is in panels or quads (cpu_moe.c reads both): not AMX tiles' pairs.
         if self.cols % 32 == 0 and native.enabled():
             if products == "bfloat16" and native.amx() and not self.lead:  # every product bf16's, on the tiles
                 bits = cpu_layout.paired_bits([p[0] for p in packs], layout.bits)
                 packs = [(cpu_layout.pair_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")
-            elif products == "int8":
+            elif products == "int8" or native.vnni():
                 bits = cpu_layout.quad_bits([p[0] for p in packs], layout.bits)
                 packs = [(cpu_layout.quad_order(p[0], bits), *p[1:]) for p in packs]
-                layout = dataclasses.replace(layout, bits=bits, order="quads")
+                layout = dataclasses.replace(layout, bits=bits, order="quads" if products == "int8" else "digits")
         self.layout = layout
         for i, name in enumerate(("codes", "scales", "offsets")):
             if packs[0][i] is not None:
@@ -141,7 +144,7 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         w, lay = self.weight, self.weight.layout
-        if lay is not None and lay.order in ("panels", "quads") and w.codes is not None \
+        if lay is not None and lay.order != "pairs" and w.codes is not None \
                 and self.dtype == torch.float32 and not ids.is_cuda and native.enabled():
             # from the repacked table (an output layer tied to it, or the repack of every weight): one C call, not
             # the ~25 torch ops of dequantize (0.23-0.35 ms of a decode step, a tenth of a small MoE's)

@@ -3,8 +3,8 @@ next ones, so that a start does not repack (decode, interleave, reorder) every t
 of a load's time (SmolLM2 1 s of 2; a 823 MB MoE file 11 s).
 
 One file per (GGUF file, products): $SCRIPTORIUM_HOME/cache/packed/<stem>-<key>.pt, the key made of the file's
-path, size and modification time, the products (arithmetic.products), whether the CPU has AMX tiles (the
-"pairs" order depends on it) and the packing code itself. A file that changed, or packing code that did,
+path, size and modification time, the products (arithmetic.products), whether the CPU has AMX tiles and
+whether the kernel build has VNNI (the "pairs" and "digits" orders depend on them) and the packing code itself. A file that changed, or packing code that did,
 gives another key; an entry that cannot be read or does not match the model is rebuilt, never used.
 """
 
@@ -35,7 +35,7 @@ def _code_version() -> str:
 
 def entry_path(gguf: Path, products: str) -> Path:
     stat = gguf.stat()
-    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{products}|{native.amx()}|{_code_version()}"
+    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{products}|{native.amx()}|{native.vnni()}|{_code_version()}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return cache_dir() / "packed" / f"{gguf.stem}-{key}.pt"
 

@@ -156,6 +156,14 @@ def use_kernel_build(build: str, monkeypatch) -> None:
         monkeypatch.setattr(native, "library", lambda: lib)
 
 
+def fp32_order() -> str:
+    """Where an fp32 engine's quantized weights lie in the kernel build in use: quads against x in three 8-bit
+    digits with VNNI, the fp32 kernel's panels without (QuantWeight.pack_for_cpu)."""
+    from backend.kernels import native
+
+    return "digits" if native.vnni() else "panels"
+
+
 @pytest.fixture(params=list(KERNEL_BUILDS))
 def c_kernels(request, monkeypatch):
     use_kernel_build(request.param, monkeypatch)

@@ -13,7 +13,7 @@ from backend import LLM, SamplingParams
 from backend.kernels import native
 from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME
-from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths
+from tests.backend.conftest import assert_a_sequences_bits_kept, fp32_order, prompts_of_lengths
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -108,7 +108,9 @@ def test_a_bfloat16_engine_on_the_cpu(tiny_gguf):
     assert engine.products == "bfloat16" and engine.dtype == torch.float32 and engine.runner.cpu_decoder is not None
     layouts = [m.layout for m in engine.model.modules() if getattr(m, "layout", None) is not None]
     assert {lay.order == "pairs" for lay in layouts} == {amx_cpu()}
-    assert {lay.bits for lay in layouts} == ({4, 7, 8} if amx_cpu() else {4, 8})  # Q4_x; Q5_0, Q6_K; Q8_0
+    # Q4_x; Q5_0 and Q6_K (their quads: 6-bit); Q8_0 (without -128: 7)
+    want = {4, 7, 8} if amx_cpu() else {4, 6, 7} if fp32_order() == "digits" else {4, 8}
+    assert {lay.bits for lay in layouts} == want
     first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=0)
     for prompts in (prompts_of_lengths(12), prompts_of_lengths(*range(5, 25))):
         ours = [o.outputs[0].logprobs[0] for o in bf16.generate(prompts, first)]

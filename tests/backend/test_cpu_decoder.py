@@ -12,7 +12,7 @@ from backend.engine.llm_engine import LLMEngine
 from backend.kernels import native
 from backend.models.cpu_decoder import CpuDecoder
 from backend.quant.experts import one_call_tokens
-from tests.backend.conftest import prompts_of_lengths
+from tests.backend.conftest import fp32_order, prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 
@@ -41,7 +41,7 @@ def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, 
     engine = LLMEngine(EngineConfig(model=str(path), block_size=8, activations=activations,
                                     speculative={"method": "ngram", "num_tokens": 3}))
     stacks = engine.runner.model.model.layers[0].mlp.experts.weights()
-    assert {w.layout.order for w in stacks} == {"quads" if activations == "int8" else "panels"}
+    assert {w.layout.order for w in stacks} == {"quads" if activations == "int8" else fp32_order()}
     decoder = engine.runner.cpu_decoder
     assert decoder is not None and decoder.max_rows == one_call_tokens()
     assert decoder.takes(decoder.max_rows) and not decoder.takes(decoder.max_rows + 1)

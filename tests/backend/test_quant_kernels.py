@@ -9,7 +9,7 @@ from backend.kernels import moe_torch, native, quant_gemv_triton, quant_moe_trit
 from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME, dequantize, row_bytes
 from backend.quant.modules import QuantWeight
-from tests.backend.conftest import KERNEL_DEVICE, interpreted_only, on_kernel_device
+from tests.backend.conftest import KERNEL_DEVICE, fp32_order, interpreted_only, on_kernel_device
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
@@ -222,7 +222,7 @@ def test_an_embedding_lookup_from_the_repacked_table_is_gguf_pys_rows(name, prod
     want = gguf_dequant(raw, name)[ids]
     assert torch.equal(table(ids), want)  # the torch path, before the repack
     weight.pack_for_cpu(products)
-    if weight.layout is None or weight.layout.order != {"float32": "panels", "int8": "quads"}[products]:
+    if weight.layout is None or weight.layout.order != {"float32": fp32_order(), "int8": "quads"}[products]:
         pytest.skip(f"{name} is not repacked for our {products} kernel")
     assert torch.equal(table(ids), want)
     with pytest.raises(IndexError, match="50 rows"):

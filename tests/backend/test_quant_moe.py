@@ -10,7 +10,7 @@ from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
 from backend.quant.modules import QuantWeight
-from tests.backend.conftest import interpreted_only
+from tests.backend.conftest import fp32_order, interpreted_only
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 E, H, INTER, TOP_K = 4, 256, 256, 2
@@ -75,7 +75,7 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, products, 
     module, _, _ = experts(formats)
     for w in module.weights():
         w.pack_for_cpu(products)
-        assert w.layout.order == ("quads" if products == "int8" else "panels")
+        assert w.layout.order == ("quads" if products == "int8" else fp32_order())
     g = torch.Generator().manual_seed(6)
     x = torch.randn(60, H, generator=g)
     weights, ids = route(torch.randn(60, E, generator=g), 3, True)  # three terms a token: their order shows
@@ -118,7 +118,7 @@ def test_a_bf16_engines_experts_stay_fp32_in_one_call(monkeypatch):
     for w, v in zip(module.weights(), fp32.weights()):
         w.pack_for_cpu("bfloat16")
         v.pack_for_cpu()
-        assert w.layout == v.layout and w.layout.order == "panels"
+        assert w.layout == v.layout and w.layout.order == fp32_order()
     single = QuantWeight(BY_NAME["Q4_K"], 64, H, device="cpu")
     single.data.copy_(torch.from_numpy(random_raw("Q4_K", 64, H, seed=1)))
     single.pack_for_cpu("bfloat16")
