@@ -7,7 +7,8 @@
  *
  * With digits c0, c1, c2 in place of xq (x = d (c0 + c1 / 256 + c2 / 65536) to 24 bits), each digit's integer sum
  * is taken in a row of its own and float(sum q xq) is (float(sum q c2) / 256 + float(sum q c1)) / 256 + float(sum q
- * c0): three times the integer work of one digit, a quarter of the instructions fp32 products take.
+ * c0): three times one digit's integer work, and at one row under half the instructions of fp32 products (for
+ * 128 4-bit weights, a load, three to split the nibbles and six vpdpbusd, against cpu_nibbles.c's twenty-odd).
  *
  * with s and o the weights' scale and offset (cpu_kernel.c's layout and values). The integer sums are exact and a
  * row's float steps are fixed, so its bits do not depend on the rows beside it: a sequence decodes the same alone,

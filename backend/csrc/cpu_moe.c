@@ -8,7 +8,8 @@
  * (whatever the rows beside it), SiLU-and-multiply is cpu_ops.c's, and a token's output sums weight * down in
  * ascending expert order, from zero. In an engine with activations="int8" the stacks are in quad order and each
  * (token, expert) pair's x, then its activations, is quantized as the 8-bit kernel quantizes a row (cpu_int8.c):
- * the same codes for a token whichever expert it meets, at a cost far below the matmuls'.
+ * the same codes for a token whichever expert it meets, at a cost far below the matmuls'; an fp32 engine's stacks
+ * in quad order ("digits", where the build has VNNI) take x and the activations in three 8-bit digits the same way.
  */
 #include "cpu_exports.h"
 #include "cpu_kernel.h"
