@@ -53,9 +53,10 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
     return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
 #elif defined(__AVX2__)
     /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4 and
-     * 6-bit codes times |x| <= 127 stay under it (2 * 63 * 127); 8-bit codes go in as their two nibbles (u = 16 hi +
-     * lo), the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as |x| times q * sign(x)
-     * (2 * 127 * 127). Exact integers every way, the same as vpdpbusd's and the portable loop's. */
+     * 6-bit codes times |x| <= 128 (a digit may be -128) stay under it (2 * 63 * 128); 8-bit codes go in as their
+     * two nibbles (u = 16 hi + lo), the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as
+     * |x| times q * sign(x) (2 * 128 * 127 = 32512). Exact integers every way, the same as vpdpbusd's and the
+     * portable loop's. */
     const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
     __m256i half[IL / 8], sum[IL / 8];
     memcpy(half, &u, sizeof half);
@@ -85,6 +86,7 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #define R8(F, c) F(0, c) F(1, c) F(2, c) F(3, c) F(4, c) F(5, c) F(6, c) F(7, c)
 #define R12(F, c) R8(F, c) F(8, c) F(9, c) F(10, c) F(11, c)
 #define RC(F) R12(F, 0) R12(F, 1) R12(F, 2) R12(F, 3)
+#define TILE_ROWS 12 /* code rows RC names; MAX_ROWS and DIGIT_ROWS stay within it */
 #define C4(F) F(0) F(1) F(2) F(3)
 /* rows of x a tile meets: its int32 and fp32 accumulators fill the registers (2 per row and vector) */
 #if IL == 16
@@ -94,6 +96,7 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #define MAX_ROWS 4
 #define DIGIT_ROWS 3
 #endif
+_Static_assert(MAX_ROWS <= TILE_ROWS && DIGIT_ROWS <= TILE_ROWS, "a tile's code rows are named up to TILE_ROWS");
 
 /* code rows [m0, m0 + MR) of x (D to a row of x: D 3, its digits) against NC column vectors from panel p on
  * (vector c: panel p + c / HV, rows (c % HV) * IL ..): y's columns p * 16 ... Accumulators named, one int32 per
@@ -123,7 +126,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 PREFETCH_L2(ahead + c * w->panel_code_bytes + g * group_bytes + b);
         const int8_t *xq = x->q + m0 * x->K + g * w->group;
         for (i64 u = 0; u < group_bytes; u += step, xq += unit) {
-            int32_t x0[12], x1[12], x2[12], x3[12]; /* xq at k + 0, 4, 8, 12 */
+            int32_t x0[TILE_ROWS], x1[TILE_ROWS], x2[TILE_ROWS], x3[TILE_ROWS]; /* xq at k + 0, 4, 8, 12 */
             for (int r = 0; r < MR; r++) {
                 memcpy(x0 + r, xq + r * x->K, 4);
                 if (bits == 4 || bits == 6) memcpy(x1 + r, xq + r * x->K + 4, 4);
@@ -186,8 +189,8 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
  * several in flight), fewer as rows fill the registers; at most 4 vectors */
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
-/* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows against panels [p, p +
- * PP), the panels' codes read from L1 after the first tile */
+/* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
+ * digits) against panels [p, p + PP), the panels' codes read from L1 after the first tile */
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
@@ -213,7 +216,7 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
 #undef CASE
 #undef CASE3
 #undef TILE
-        default: /* no such tile (PANELS_FOR and MAX_ROWS make none): say so in y rather than leave it unwritten */
+        default: /* no such tile (int8_panels, MAX_ROWS and DIGIT_ROWS make none): say so in y, not leave it as is */
             for (i64 r = m0; r < m0 + rows; r++)
                 for (i64 c = p * PANEL; c < (p + PP) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
         }
@@ -222,7 +225,7 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
 }
 
 /* Whether this build sums with AVX-512 VNNI (vpdpbusd), where x in three digits is an exact fp32 matmul's faster
- * way (1.6-1.8x the fp32 kernel's decode, measured on Zen 4; with AVX2's two-step products, 0.4-1.2x) */
+ * way (1.5-1.8x the fp32 kernel's one-row matmuls, measured on Zen 4; with AVX2's two-step products, 0.4-1.2x) */
 int int8_vnni(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     return 1;

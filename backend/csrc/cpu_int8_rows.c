@@ -3,10 +3,11 @@
  *
  * - one digit (activations="int8", llama.cpp's arithmetic): xq = round(v), to nearest even; x is taken as d xq,
  *   off by up to half a step, max |x| / 254.
- * - three digits (exact, the default): v = c0 + c1 / 256 + c2 / 65536 + e, each c a signed byte and |e| <= 2^-16,
- *   so x is taken to 24 bits of its group's largest value, fp32's own precision there (within a few units of its
- *   last place): the integer sums of codes times digits are exact, and a group's sum of x * w is then as close as
- *   fp32's products and sums would bring it. c0 = round(v); c1 = round(256 (v - c0)); c2 = round(256 (256 (v -
+ * - three digits (cpu_layout's "digits": an fp32 engine's layers, and a bf16 one's off AMX tiles, where the build
+ *   has VNNI): v = c0 + c1 / 256 + c2 / 65536 + e, each c a signed byte and |e| <= 2^-16, so x is taken to 24
+ *   bits of its group's largest value, fp32's own precision there (within a few units of its last place): the
+ *   integer sums of codes times digits are exact, and a group's sum of x * w is then as close as fp32's products
+ *   and sums would bring it. c0 = round(v); c1 = round(256 (v - c0)); c2 = round(256 (256 (v -
  *   c0) - c1)); every difference is exact in fp32 (its terms within a factor of two of each other, or one zero).
  *   c1 = 128 (v - c0 at least 127.5 / 256) is taken as c0 + 1 and c1 = -128, the same value; c2 = 128 as 127.
  *   (That holds while d is a normal float, max |x| above 1.5e-36; below, d's own denormal spacing limits it.)

@@ -4,8 +4,9 @@ of a load's time (SmolLM2 1 s of 2; a 823 MB MoE file 11 s).
 
 One file per (GGUF file, products): $SCRIPTORIUM_HOME/cache/packed/<stem>-<key>.pt, the key made of the file's
 path, size and modification time, the products (arithmetic.products), whether the CPU has AMX tiles and
-whether the kernel build has VNNI (the "pairs" and "digits" orders depend on them) and the packing code itself. A file that changed, or packing code that did,
-gives another key; an entry that cannot be read or does not match the model is rebuilt, never used.
+whether the kernel build has VNNI (the "pairs" and "digits" orders depend on them) and the packing code itself. A
+file that changed, or packing code that did, gives another key; an entry that cannot be read or does not match the
+model is rebuilt, never used.
 """
 
 import dataclasses
@@ -35,7 +36,8 @@ def _code_version() -> str:
 
 def entry_path(gguf: Path, products: str) -> Path:
     stat = gguf.stat()
-    identity = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{products}|{native.amx()}|{native.vnni()}|{_code_version()}"
+    identity = (f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{products}|{native.amx()}|{native.vnni()}|"
+                f"{_code_version()}")
     key = hashlib.sha256(identity.encode()).hexdigest()[:20]
     return cache_dir() / "packed" / f"{gguf.stem}-{key}.pt"
 
