@@ -12,8 +12,8 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
          int bits, i64 group, int scale_kind, int order, float *y, i64 ldy, int threads) {
     int ran = 0;
     if (order == 0) ran = qmm_fp32(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
-    else if (order == 2 || order == 3) /* quads, x in one 8-bit digit or three */
-        ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, order == 2 ? 1 : 3, y, ldy,
+    else if (quad_digits(order)) /* quads, x in one 8-bit digit or three */
+        ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, quad_digits(order), y, ldy,
                        threads);
 #if HAVE_AMX
     else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);

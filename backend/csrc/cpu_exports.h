@@ -18,6 +18,10 @@ typedef struct {
                 * 8-bit digits: cpu_int8_rows.c); one for all three */
 } ExpertStack;
 
+/* the code rows the 8-bit kernel takes a row of x in for codes in `order` (cpu_layout.ORDERS): 1 for quads, 3 for
+ * digits, 0 where the order is not quad order */
+static inline int quad_digits(i64 order) { return order == 2 ? 1 : order == 3 ? 3 : 0; }
+
 /* x's rows quantized (cpu_int8_rows.c): `digits` code rows of K for each row of x (xq [M * digits][K]), per row and
  * group d and d * sum of x as taken, and per code row and group the bias its integer sum starts at */
 typedef struct {

@@ -280,7 +280,7 @@ INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
  * an id outside [0, rows) or an order it does not read (AMX's pairs). */
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
                    int bits, int scale_kind, int order, const int64_t *ids, i64 n, float *out) {
-    if (order != 0 && order != 2 && order != 3) return 0;
+    if (order != 0 && !quad_digits(order)) return 0;
     for (i64 i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= rows) return 0;
     const Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);

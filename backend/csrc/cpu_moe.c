@@ -132,7 +132,7 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     float *act = malloc((size_t)(P * I) * sizeof(float)), *gate_up = malloc((size_t)(P * 2 * I) * sizeof(float));
     float *y = malloc((size_t)(P * widest) * sizeof(float)), *xt = NULL;
     /* quads: x quantized for gate and for up (one copy where their groups and bits agree), activations for down */
-    const int quads = gate->order == 2 ? 1 : gate->order == 3 ? 3 : 0; /* x's code rows a row, or 0: fp32 */
+    const int quads = quad_digits(gate->order); /* x's code rows a row, or 0: fp32 panels */
     const int shared = gate->group == up->group && gate->bits == up->bits;
     Rows qg = {0}, qu = {0}, qd = {0};
     if (quads) {
