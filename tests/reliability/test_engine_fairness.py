@@ -194,13 +194,15 @@ def test_a_200_prompt_completion_cannot_push_a_later_request_behind_all_of_it(se
 
     def send_many():
         response = httpx.post(f"{server.url}/v1/completions", timeout=600, json={
-            "model": "tiny", "prompt": [f"prompt number {i}" for i in range(200)], "max_tokens": 16,
+            "model": "tiny", "prompt": [f"prompt number {i}" for i in range(200)], "max_tokens": 128,
             "temperature": 0, "ignore_eos": True})
         many.update(status=response.status_code, done=time.monotonic())
 
     sender = threading.Thread(target=send_many, daemon=True)
     sender.start()
-    assert wait_for(lambda: idle(server.url)["waiting"] > 100, 60)  # 16 run, the rest queue
+    # 16 run, the rest queue; 128 tokens each keep more than 100 waiting for five turns of 128 steps (at 16 tokens the
+    # whole completion took 0.6 s here and a faster machine drained the queue between two polls)
+    assert wait_for(lambda: idle(server.url)["waiting"] > 100, 60)
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
     first = waiting_then = None
     for chunk in client.completions.create(model="tiny", prompt="a later single request", max_tokens=4, stream=True,
