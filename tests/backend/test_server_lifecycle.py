@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.backend.server_process import ServerProcess, error_of, metric
+from tests.reliability.server_state import idle
 
 
 def test_loading_is_503_with_retry_after(smollm2_path):
@@ -40,11 +41,16 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_dir):
     async def long_request():
         async with httpx.AsyncClient(timeout=60) as http:
             return await http.post(f"{proc.url}/v1/completions", json={
-                "prompt": "The scribe", "max_tokens": 60, "temperature": 0, "ignore_eos": True})
+                "prompt": "The scribe", "max_tokens": 200, "temperature": 0, "ignore_eos": True})
 
     async def main():
         task = asyncio.create_task(long_request())
-        await asyncio.sleep(0.5)
+        # the signal while the request runs on the engine (a fixed pause could come before it arrived or after
+        # the tiny model had finished it)
+        deadline = time.monotonic() + 30
+        while not (await asyncio.to_thread(idle, proc.url))["running"]:
+            assert time.monotonic() < deadline and not task.done(), "the request never ran"
+            await asyncio.sleep(0.01)
         started = time.monotonic()
         proc.proc.send_signal(signal.SIGTERM)
         response = await task

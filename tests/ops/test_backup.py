@@ -3,7 +3,6 @@
 import json
 import sqlite3
 import threading
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def test_a_flipped_byte_is_named_by_verify(home):
 
 def test_backup_while_jobs_write_restores_to_a_sound_database(home, tmp_path):
     store = JobStore(home / "jobs.db")
-    stop = threading.Event()
+    stop, three = threading.Event(), threading.Event()
 
     def writer():
         i = 0
@@ -69,11 +68,13 @@ def test_backup_while_jobs_write_restores_to_a_sound_database(home, tmp_path):
             run = store.create_run("article", {"topic": f"busy {i}", "blob": "x" * 2000})
             store.update(run.id, progress=0.5, message="writing")
             i += 1
+            if i >= 3:
+                three.set()
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        time.sleep(0.3)
+        assert three.wait(60)  # every backup holds at least these three runs, and the writer goes on beside them
         made = [backup.create(home, home / "backups", []) for _ in range(3)]
     finally:
         stop.set()

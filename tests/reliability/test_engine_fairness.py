@@ -101,7 +101,18 @@ def test_embeddings_of_long_inputs_run_between_the_steps_of_8_streams(server):
     assert max(gaps) < (end - start) / 4, (max(gaps), end - start)
 
 
-def test_a_client_that_leaves_its_embeddings_frees_every_block(server):
+@pytest.fixture
+def slow_server(tiny_dir):
+    # 16 tokens a step: 128 inputs of 480 tokens are about 4,000 steps, many seconds on any machine, where 128 a
+    # step finished in about 1.4 s on two cores and could end before a non-streamed request (checked for a gone
+    # client every half second) noticed its client leave
+    proc = tiny_server(tiny_dir("llama"), "--max-num-batched-tokens", "16")
+    yield proc
+    assert proc.stop() == 0
+
+
+def test_a_client_that_leaves_its_embeddings_frees_every_block(slow_server):
+    server = slow_server
     aborts = metrics(server.url).get(ABORTS, 0.0)
 
     async def leave_midway() -> dict:
@@ -135,11 +146,12 @@ def test_an_embeddings_request_over_the_token_limit_is_a_400_naming_it(server):
 def test_sigterm_during_embeddings_and_streams_exits_within_the_shutdown_timeout(tiny_dir, tmp_path, monkeypatch):
     log = tmp_path / "server.log"
     monkeypatch.setenv("SERVER_LOG", str(log))
-    # A grace shorter than the streams' 480 tokens take (over 2 s on a fast 2-core machine: with 3 s of grace they
-    # sometimes finished inside it and the test saw no stream ended by the shutdown)
+    # The engines end what still runs a second before the grace is over: at 1 s, right away. 1500 tokens a stream
+    # take far longer than that on any machine (480 were over 2 s on a fast 2-core one), so every stream is one
+    # the shutdown ends
     grace = 1
     proc = tiny_server(tiny_dir("llama"), "--shutdown-timeout", str(grace))
-    streams = Streams(proc.url, 8, max_tokens=480)
+    streams = Streams(proc.url, 8, max_tokens=1500)
     streams.wait_started()
     embedding = threading.Thread(target=httpx.post, args=(f"{proc.url}/v1/embeddings",), daemon=True,
                                  kwargs={"json": {"model": "tiny", "input": long_inputs(128)}, "timeout": 600})
@@ -164,8 +176,9 @@ def test_health_says_503_while_one_engine_step_runs_past_the_bound(tiny_dir):
     # A genuinely long step: a prompt of 24,000 tokens in one pass (--max-num-batched-tokens lets it), about
     # 3 s on two cores, against a bound of 0.5 s. /health turns 503 naming the step while it runs, and 200
     # again once it returns.
+    # On the CPU whatever the machine has (a GPU would run the step in milliseconds)
     proc = ServerProcess(str(tiny_dir("llama")), "--served-model-name", "tiny", "--max-model-len", "24576",
-                         "--max-num-batched-tokens", "24576", "--engine-stuck-after", "0.5")
+                         "--max-num-batched-tokens", "24576", "--engine-stuck-after", "0.5", "--device", "cpu")
     try:
         done = threading.Event()
 
