@@ -57,7 +57,10 @@ def test_sigterm_finishes_in_flight_requests_and_exits_0(tiny_dir):
         code = await asyncio.to_thread(proc.proc.wait, 30)
         return response, code, time.monotonic() - started
 
-    response, code, elapsed = asyncio.run(main())
+    try:
+        response, code, elapsed = asyncio.run(main())
+    finally:
+        proc.stop()  # when main failed before its SIGTERM (it has exited otherwise)
     assert code == 0 and elapsed < 20
     assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] == "length"
     with pytest.raises(httpx.TransportError):

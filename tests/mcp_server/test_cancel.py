@@ -107,26 +107,31 @@ def aborted(llm_server) -> float:
                                             text, re.M))
 
 
+def running(llm_server) -> float:
+    text = httpx.get(f"{llm_server.url}/metrics").text
+    return sum(float(v) for v in re.findall(r'^scriptorium_requests_running\{model="[^"]+"\} (\S+)$', text, re.M))
+
+
 async def in_flight(llm_server, job, timeout: float = 30) -> bool:
-    """Whether the backend runs a request of the article (a section being written) before the job leaves its
-    writing stage: a fixed pause would race the tiny model, which on the CPU kernels writes a whole section in
-    about a second."""
+    """Whether the backend runs a request of the article (a section being written) while the job is still
+    writing: a fixed pause would race the tiny model, which on the CPU kernels writes a whole section in about a
+    second."""
     deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            text = (await http.get(f"{llm_server.url}/metrics")).text
-            if sum(float(v) for v in re.findall(r'^scriptorium_requests_running\{model="[^"]+"\} (\S+)$', text, re.M)):
-                return True
-            if (await job())["stage"] != "writing":
-                return False
-            await asyncio.sleep(0.02)
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(running, llm_server):
+            return True
+        info = await job()
+        if info["stage"] != "writing" or info["status"] != "running":
+            return False
+        await asyncio.sleep(0.02)
     return False
 
 
 def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
-    async def go() -> dict | None:
-        """The cancelled job, or None when the writing ended (the random model sampled its end tokens early)
-        before a request of it could be seen in flight."""
+    async def go() -> tuple[dict | None, float]:
+        """The cancelled job and the backend's aborts just before the cancel; None for the job when no request of
+        it was seen in flight before the cancel (the random model may sample its end tokens early, and a section
+        may end between being seen and the cancel: then the job is done, or cancelled with nothing to abort)."""
         async with Client(build_server(settings, budget=5)) as client:
             started = await client.call_tool("start_pipeline", {"topic": "long scrolls", "sections": 2, "images": 0,
                                                                 "words_per_section": 1500})
@@ -139,27 +144,33 @@ def test_cancel_job_aborts_the_llm_requests_of_an_article(settings, llm_server):
             while (info := await job())["stage"] != "writing":
                 assert time.monotonic() < deadline and info["status"] != "failed", info
                 if info["status"] == "done":
-                    return None
+                    return None, aborted(llm_server)
                 await asyncio.sleep(0.05)
             caught = await in_flight(llm_server, job)  # the sections are being written
+            before = aborted(llm_server)
             clock = time.monotonic()
             info = (await client.call_tool("cancel_job", {"job_id": job_id})).structured_content
             assert info["status"] in ("cancelled", "done") and time.monotonic() - clock < 5, info
             final = await poll_job(client, job_id)
-            return final if caught and info["status"] == "cancelled" else None
+            return (final if caught and info["status"] == "cancelled" else None), before
 
-    # A section may end between seeing it run and the cancel, and when both do, nothing is left to abort. So the
-    # scenario gets five tries to catch a request in flight.
+    # Five tries to catch a request in flight; between them, the backend finishes or aborts what the last one left
+    # (an abort is counted up to half a second after the job says cancelled), so no try counts another's.
+    caught = aborts_seen = False
     for _ in range(5):
-        before = aborted(llm_server)
-        job = asyncio.run(go())
+        deadline = time.monotonic() + 30
+        while running(llm_server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job, before = asyncio.run(go())
         if job is None:
             continue
+        caught = True
         assert job["status"] == "cancelled", job
         deadline = time.monotonic() + 10
         while aborted(llm_server) < before + 1 and time.monotonic() < deadline:
             time.sleep(0.2)
-        if aborted(llm_server) >= before + 1:
+        if aborted(llm_server) >= before + 1:  # the backend saw its requests go and aborted them
+            aborts_seen = True
             break
-    assert job is not None, "no try caught a request of the article in flight"
-    assert aborted(llm_server) >= before + 1  # the backend saw its requests go and aborted them
+    assert caught, "no try caught a request of the article in flight"
+    assert aborts_seen, "the backend aborted no request of a cancelled article"

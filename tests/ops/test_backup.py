@@ -64,12 +64,15 @@ def test_backup_while_jobs_write_restores_to_a_sound_database(home, tmp_path):
 
     def writer():
         i = 0
-        while not stop.is_set():
-            run = store.create_run("article", {"topic": f"busy {i}", "blob": "x" * 2000})
-            store.update(run.id, progress=0.5, message="writing")
-            i += 1
-            if i >= 3:
-                three.set()
+        try:
+            while not stop.is_set():
+                run = store.create_run("article", {"topic": f"busy {i}", "blob": "x" * 2000})
+                store.update(run.id, progress=0.5, message="writing")
+                i += 1
+                if i >= 3:
+                    three.set()
+        finally:
+            three.set()  # a writer that failed ends the wait (the count of runs below then fails)
 
     thread = threading.Thread(target=writer)
     thread.start()

@@ -25,9 +25,11 @@ def long_inputs(count: int, length: int = INPUT_TOKENS) -> list[list[int]]:
 
 def tiny_server(model_dir, *extra: str) -> ServerProcess:
     # 128 tokens a step: an embedding input takes several steps, and 16 slots leave room beside 8 streams; 200
-    # prompts in one completion (the fairness test) over the default cap of 128
+    # prompts in one completion (the fairness test) over the default cap of 128. On the CPU on any machine (blocks
+    # of 8 are the CPU's; CUDA takes 16 and up)
     return ServerProcess(str(model_dir), "--served-model-name", "tiny", "--block-size", "8", "--max-model-len", "2048",
-                         "--max-num-batched-tokens", "128", "--max-num-seqs", "16", "--max-prompts", "256", *extra)
+                         "--max-num-batched-tokens", "128", "--max-num-seqs", "16", "--max-prompts", "256",
+                         "--device", "cpu", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +103,16 @@ def test_embeddings_of_long_inputs_run_between_the_steps_of_8_streams(server):
     assert max(gaps) < (end - start) / 4, (max(gaps), end - start)
 
 
+LEAVING_INPUTS = 512  # of 480 tokens: 245,760 tokens at 8 a step, 30,720 steps
+
+
 @pytest.fixture
 def slow_server(tiny_dir):
-    # 16 tokens a step: 128 inputs of 480 tokens are about 4,000 steps, many seconds on any machine, where 128 a
-    # step finished in about 1.4 s on two cores and could end before a non-streamed request (checked for a gone
-    # client every half second) noticed its client leave
-    proc = tiny_server(tiny_dir("llama"), "--max-num-batched-tokens", "16")
+    # 8 tokens a step and room for a request of 245,760 tokens: about 25 s of work on two cores, far more than the
+    # half second in which a non-streamed request notices its client has gone (at 128 a step, 61,440 tokens took
+    # about a second and could end before that)
+    proc = tiny_server(tiny_dir("llama"), "--max-num-batched-tokens", "8", "--max-embedding-tokens",
+                       str(LEAVING_INPUTS * INPUT_TOKENS))
     yield proc
     assert proc.stop() == 0
 
@@ -115,22 +121,25 @@ def test_a_client_that_leaves_its_embeddings_frees_every_block(slow_server):
     server = slow_server
     aborts = metrics(server.url).get(ABORTS, 0.0)
 
-    async def leave_midway() -> dict:
+    async def leave_midway() -> tuple[dict, float]:
         async with httpx.AsyncClient(timeout=600) as client:
             request = asyncio.ensure_future(client.post(f"{server.url}/v1/embeddings",
-                                                        json={"model": "tiny", "input": long_inputs(128)}))
+                                                        json={"model": "tiny", "input": long_inputs(LEAVING_INPUTS)}))
             held = {}
             while not held.get("kv_cache_usage"):  # the engine is working on it and holds its blocks
                 assert not request.done(), "the request finished before the client could leave"
                 held = idle(server.url)
                 await asyncio.sleep(0.05)
+            started = time.monotonic()
             request.cancel()  # the connection closes: the client has gone
-            return held
+            return held, started
 
-    held = asyncio.run(leave_midway())
+    held, left = asyncio.run(leave_midway())
     assert held["running"] + held["waiting"] > 1
-    # 61,440 tokens would take the engine hundreds of steps; aborted, everything is back within seconds
-    assert wait_for(lambda: idle(server.url) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}, 30)
+    # Left alone, the request would hold the engine for many seconds more (about 25 on two cores, 8 on a machine
+    # three times as fast); aborted, everything is back within a few (the gone client is noticed within 0.5 s)
+    back = wait_for(lambda: idle(server.url) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}, 4)
+    assert back, (idle(server.url), time.monotonic() - left)
     assert metrics(server.url)[ABORTS] == aborts + 1
 
 
