@@ -12,6 +12,10 @@ PREAMBLE = re.compile(
     re.IGNORECASE,
 )
 TITLE_WORDS = 10
+# a list's numbering or a "Section 2:" a model puts before a heading ("1. Dating the manuscripts")
+NUMBERING = re.compile(r"^(?:(?:section|part|chapter)\s+)?(?:\d{1,2}|[ivx]{1,4})(?:[.):]|\s+-|\s+—)\s+(?=\S)",
+                       re.IGNORECASE)
+GENERIC = re.compile(r"(?:section|part|chapter)\s+(?:\d{1,2}|[ivx]{1,4})[.:]?", re.IGNORECASE)
 
 
 def words(text: str) -> list[str]:
@@ -34,13 +38,16 @@ def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
     return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
 
 
-def clean_title(text: str, fallback: str, max_words: int = TITLE_WORDS) -> str:
-    """A title from what the model wrote: no preamble ("Here is a summary of"), no Markdown or quotes, its first
-    sentence or clause; cut at a word boundary only when even that is longer than max_words. `fallback` (the
-    topic) stands in when nothing is left."""
+def clean_title(text: str, fallback: str, max_words: int = TITLE_WORDS, min_words: int = 2) -> str:
+    """A title from what the model wrote: no preamble ("Here is a summary of"), numbering ("1.", "Section 2:"),
+    Markdown or quotes, its first sentence or clause; cut at a word boundary only when even that is longer than
+    max_words. `fallback` (the topic) stands in when fewer than min_words words (with a letter) are left."""
     title = " ".join(text.replace("#", " ").replace("*", " ").split()).strip(" \"'“”‘’`")
     for _ in range(2):  # "Sure! Here is the title: ..." has two layers
         title = PREAMBLE.sub("", title, count=1).strip(" \"'“”‘’`:-")
+    title = NUMBERING.sub("", title, count=1)
+    if GENERIC.fullmatch(title):  # "Section 2" names no subject
+        title = ""
     sentence = re.split(r"(?<=[.!?])\s", title, maxsplit=1)[0].rstrip(".")
     # a relative clause ("..., which is a crucial") is where a model's long title runs on and gets cut
     head, _, tail = sentence.partition(", ")
@@ -56,7 +63,7 @@ def clean_title(text: str, fallback: str, max_words: int = TITLE_WORDS) -> str:
     if len(sentence.split()) > max_words:
         sentence = _cut(sentence, max_words)
     sentence = sentence.strip(" ,;:-\"'")
-    if len(words(sentence)) < 2:
+    if sum(any(c.isalpha() for c in w) for w in words(sentence)) < min_words:  # a bare number is no title
         sentence = _cut(" ".join(fallback.split()), max_words)
     return sentence[:1].upper() + sentence[1:]
 

@@ -59,8 +59,9 @@ def messages_for(params: ArticleParams, sources: list[dict], instructions: str |
     ]
 
 
-def parse_outline(text: str, sections: int) -> dict:
-    """The outline in `text`, checked; raises ValueError saying what is wrong."""
+def parse_outline(text: str, sections: int, topic: str) -> dict:
+    """The outline in `text`, checked; raises ValueError saying what is wrong. Where nothing of a title is left
+    once cleaned, the topic stands in; for a heading (or one repeating an earlier heading), its first key point."""
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
         raise ValueError("the answer contains no JSON object")
@@ -75,7 +76,7 @@ def parse_outline(text: str, sections: int) -> dict:
     if not isinstance(items, list) or len(items) != sections:
         raise ValueError(f"the outline needs exactly {sections} sections, got "
                          f"{len(items) if isinstance(items, list) else 'none'}")
-    clean = []
+    clean, seen = [], set()
     for i, item in enumerate(items):
         heading = item.get("heading") if isinstance(item, dict) else None
         points = item.get("key_points") if isinstance(item, dict) else None
@@ -83,8 +84,13 @@ def parse_outline(text: str, sections: int) -> dict:
             raise ValueError(f"section {i + 1} has no heading")
         if not isinstance(points, list) or not points or not all(isinstance(p, str) and p.strip() for p in points):
             raise ValueError(f"section {i + 1} needs a list of key points (strings)")
-        clean.append({"heading": clean_title(heading, f"Part {i + 1}", HEADING_WORDS), "key_points": [p.strip() for p in points]})
-    return {"title": clean_title(title, "Untitled"), "sections": clean}
+        stand_in = clean_title(points[0], f"Part {i + 1}", HEADING_WORDS)
+        heading = clean_title(heading, stand_in, HEADING_WORDS, min_words=1)
+        if heading.lower() in seen:  # a heading the model repeated: its own first key point says what differs
+            heading = stand_in
+        seen.add(heading.lower())
+        clean.append({"heading": heading, "key_points": [p.strip() for p in points]})
+    return {"title": clean_title(title, topic), "sections": clean}
 
 
 async def research(llm: LLMRouter, params: ArticleParams, structured: bool = True,
@@ -102,7 +108,7 @@ async def research(llm: LLMRouter, params: ArticleParams, structured: bool = Tru
                                json_schema=schema, seed=None if params.seed is None else params.seed + attempt)
         text = reply["text"]
         try:
-            outline = parse_outline(text, params.sections)
+            outline = parse_outline(text, params.sections, params.topic)
         except ValueError as e:
             problem = str(e)
             messages = messages[:2] + [

@@ -26,6 +26,9 @@ def test_distinct_n_counts_repeated_word_sequences():
     ("one two three four five six seven eight nine ten eleven twelve of the", "One two three four five six seven "
      "eight nine ten"),
     ("Here is", "Solar lighthouses"),
+    ("1. How lenses focus light", "How lenses focus light"),
+    ("Section 2: The keeper's night", "The keeper's night"),
+    ("10 Things to Know About Lighthouses", "10 Things to Know About Lighthouses"),
 ])
 def test_titles_are_short_complete_and_without_preamble(raw, title):
     assert clean_title(raw, "solar lighthouses") == title
@@ -82,6 +85,23 @@ def test_a_long_heading_is_shortened_at_a_boundary_not_cut_by_the_grammar():
     assert len(long) <= schema["maxLength"] == HEADING_CHARS  # the model may write it whole
     text = json.dumps({"title": "Lighthouses", "sections": [
         {"heading": long, "key_points": ["a", "b"]}, {"heading": "Lenses", "key_points": ["c", "d"]}]})
-    heading = parse_outline(text, 2)["sections"][0]["heading"]
+    heading = parse_outline(text, 2, "lighthouses")["sections"][0]["heading"]
     assert heading == "The early history of solar lighthouses"
     assert len(heading.split()) <= HEADING_WORDS
+
+
+def test_an_outline_keeps_one_word_and_numbered_headings_and_stands_in_the_topic_for_a_lost_title():
+    """What SmolLM2 wrote for the demo's outline: numbered headings ("1. Date of Publication" became "Part 1"), a
+    one-word heading, a title of one word (the article was called "Untitled"), a heading of nothing but a number,
+    "Section 4", and a repeated heading. Where a heading says nothing (or what an earlier one said), its first key
+    point stands in."""
+    text = json.dumps({"title": "Scriptoria", "sections": [
+        {"heading": "1. Date of Publication", "key_points": ["when the books were made", "by whom"]},
+        {"heading": "Parchment", "key_points": ["calf skin", "scraped thin"]},
+        {"heading": "3.", "key_points": ["Copying by candlelight, which was slow", "errors"]},
+        {"heading": "Section 4", "key_points": ["Ink from oak galls", "quills"]},
+        {"heading": "parchment", "key_points": ["Binding the quires", "boards"]}]})
+    outline = parse_outline(text, 5, "How medieval scriptoria copied books")
+    assert outline["title"] == "How medieval scriptoria copied books"
+    assert [s["heading"] for s in outline["sections"]] == ["Date of Publication", "Parchment", "Copying by candlelight",
+                                                           "Ink from oak galls", "Binding the quires"]
