@@ -12,10 +12,10 @@ PREAMBLE = re.compile(
     re.IGNORECASE,
 )
 TITLE_WORDS = 10
+_PART, _NUMBER = r"(?:section|part|chapter)\s+", r"(?:\d{1,2}|[ivx]{1,4})"
 # a list's numbering or a "Section 2:" a model puts before a heading ("1. Dating the manuscripts")
-NUMBERING = re.compile(r"^(?:(?:section|part|chapter)\s+)?(?:\d{1,2}|[ivx]{1,4})(?:[.):]|\s+-|\s+—)\s+(?=\S)",
-                       re.IGNORECASE)
-GENERIC = re.compile(r"(?:section|part|chapter)\s+(?:\d{1,2}|[ivx]{1,4})[.:]?", re.IGNORECASE)
+NUMBERING = re.compile(rf"^(?:{_PART})?{_NUMBER}(?:[.):]|\s+-|\s+—)\s+(?=\S)", re.IGNORECASE)
+GENERIC = re.compile(rf"{_PART}{_NUMBER}[.:]?", re.IGNORECASE)  # "Section 2" alone: no subject named
 
 
 def words(text: str) -> list[str]:
@@ -46,7 +46,7 @@ def clean_title(text: str, fallback: str, max_words: int = TITLE_WORDS, min_word
     for _ in range(2):  # "Sure! Here is the title: ..." has two layers
         title = PREAMBLE.sub("", title, count=1).strip(" \"'“”‘’`:-")
     title = NUMBERING.sub("", title, count=1)
-    if GENERIC.fullmatch(title):  # "Section 2" names no subject
+    if GENERIC.fullmatch(title):
         title = ""
     sentence = re.split(r"(?<=[.!?])\s", title, maxsplit=1)[0].rstrip(".")
     # a relative clause ("..., which is a crucial") is where a model's long title runs on and gets cut

@@ -15,6 +15,7 @@ from common.settings import Settings
 from mcp_server.server import build_server
 from tests.backend.server_process import ROOT
 from tests.mcp_server.helpers import poll_job
+from tests.reliability.server_state import metrics
 
 
 @pytest.fixture
@@ -108,8 +109,8 @@ def aborted(llm_server) -> float:
 
 
 def running(llm_server) -> float:
-    text = httpx.get(f"{llm_server.url}/metrics").text
-    return sum(float(v) for v in re.findall(r'^scriptorium_requests_running\{model="[^"]+"\} (\S+)$', text, re.M))
+    """Requests running on the backend, all its models together."""
+    return metrics(llm_server.url).get("scriptorium_requests_running", 0.0)
 
 
 async def in_flight(llm_server, job, timeout: float = 30) -> bool:
