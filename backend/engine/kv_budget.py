@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 # manager; past 2**20 (16M tokens at block 16) they would cost host memory and start-up time for a cache
 # no batch fills.
 MAX_CUDA_BLOCKS = 1 << 20
+MAX_GRAPH_ROWS = 512  # larger decode steps run eagerly: launching kernels is then a small part of the step
 GIB = 2**30
 
 
@@ -120,6 +121,9 @@ class CacheShape:
     max_num_batched_tokens: int
     prefill_tokens_while_decoding: int  # a step's prompt tokens while any sequence decodes (config.py)
     logit_rows: int  # the most rows one step samples (a full decode batch with its drafts)
+    # the most rows a captured CUDA graph takes: a full decode batch, or the verification of as many sequences as
+    # speculation serves (each its drafts and one more), as decode rows
+    graph_rows: int
 
     @classmethod
     def of(cls, config: EngineConfig, cfg: ModelConfig, spec: SpeculativeConfig | None, device: torch.device,
@@ -127,11 +131,13 @@ class CacheShape:
         """The settings' lengths, else the model's context (at most 8192; backend.context_length) and 2048 tokens a step."""
         _, max_model_len = fit_context(cfg, config.rope_scaling, config.max_model_len)
         tokens = config.max_num_batched_tokens or min(2048, max_model_len)
-        drafts = 0 if spec is None else spec.num_tokens if isinstance(spec.num_tokens, int) else spec.max_num_tokens
+        drafts = 0 if spec is None else spec.max_drafts
+        speculated = 0 if spec is None else min(config.max_num_seqs, spec.max_batch_size)
         kv_dtype = pick_kv_dtype(config.kv_cache_dtype, device, dtype)
         prefill = config.long_prefill_token_threshold or (256 if device.type == "cpu" else tokens)
         return cls(device, dtype, kv_dtype, max_model_len, tokens, min(prefill, tokens),
-                   min(config.max_num_seqs * (1 + drafts), tokens))
+                   min(config.max_num_seqs * (1 + drafts), tokens),
+                   min(max(config.max_num_seqs, min(speculated * (1 + drafts), tokens)), MAX_GRAPH_ROWS))
 
 
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:

@@ -9,7 +9,7 @@ import torch
 from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
 from backend.engine.step_inputs import StepInputs, lay_out
-from backend.kernels import native
+from backend.kernels import native, use_triton
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.transformer import Attention, CausalLM
@@ -19,6 +19,10 @@ from backend.models.transformer import Attention, CausalLM
 # once per row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh
 # 512-token prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
 SHORT_CONTEXT = 256
+# With CUDA graphs, a run of up to this many rows that is not a verification (a draft model catching up on the tokens
+# it has not read, a prompt's uncached tail) replays a captured decode step as decode rows: each row then attends
+# alone, which at this length costs far less than launching every kernel of an eager step.
+GRAPH_RUN_ROWS = 8
 
 
 @dataclass
@@ -41,6 +45,7 @@ class ModelRunner:
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
         # Our C kernels run this runner's decode steps: verification runs as decode rows, and the one-call step
         self.cpu_kernels = device.type == "cpu" and dtype == torch.float32 and native.enabled()
+        self.triton = use_triton(torch.empty(0, device=device))  # the CUDA path (or its interpreted twin in tests)
         self.cpu_decoder: CpuDecoder | None = None  # decode steps in one C call, where the model allows
         self.allocate_kv_cache(num_blocks)
 
@@ -71,8 +76,8 @@ class ModelRunner:
 
     # CUDA graphs for decode steps -------------------------------------------------------------------------
 
-    def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Record one decode step per batch-size bucket, replayed instead of launching every kernel.
+    def capture_graphs(self, max_rows: int, max_model_len: int) -> None:
+        """Record one decode step per bucket of rows, replayed instead of launching every kernel.
 
         MoE layers are captured too (their routing never waits for the host); with experts offloaded
         the host picks which experts to copy in, so those models stay eager.
@@ -81,7 +86,7 @@ class ModelRunner:
 
         if any(isinstance(m, SparseMoE) and m.expert_cache is not None for m in self.model.modules()):
             return
-        largest = min(max_num_seqs, 512)
+        largest = max_rows
         sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
         self.allocate_static(largest, max_model_len)
         pool = None
@@ -132,7 +137,7 @@ class ModelRunner:
         st["tables"][:n, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables]))
 
     def _replay(self, inputs: StepInputs) -> torch.Tensor:
-        """Hidden states of a decode batch through the smallest captured graph that holds it."""
+        """Hidden states of a step's rows (all decode rows) through the smallest captured graph that holds them."""
         rows = len(inputs.input_ids)
         batch_size = min(b for b in self.graphs if b >= rows)
         self.fill_static(inputs, batch_size)
@@ -140,10 +145,19 @@ class ModelRunner:
         graph.replay()
         return out[:rows]
 
+    def _replays(self, plan: StepPlan) -> bool:
+        """Whether a captured graph runs this step: every item decodes, verifies its drafts or is a short run, its
+        rows as decode rows, and none reads rows other than the sampled ones (embeddings, prompt logprobs)."""
+        if not self.graphs or any(item.pool or item.prompt_logprobs or item.num_scheduled_tokens >
+                                  max(GRAPH_RUN_ROWS, item.num_draft + 1) for item in plan):
+            return False
+        return sum(item.num_scheduled_tokens for item in plan) <= max(self.graphs)
+
     def _attends_as_decode(self, item: ScheduledSeq) -> bool:
-        # With our CPU kernels a verification run is decode rows too (each row attending as it would decoding), and
-        # so is a short prompt chunk with the one-call step: the step stays a decode step.
-        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
+        # With our CPU kernels or the Triton ones a verification run is decode rows too (each row attending exactly as
+        # it would decoding, so greedy speculation keeps plain decoding's tokens), and so is a short prompt chunk with
+        # the one-call step: the step stays a decode step.
+        return item.num_scheduled_tokens == 1 or ((self.cpu_kernels or self.triton) and item.num_draft > 0) or (
             self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
             and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
 
@@ -189,11 +203,13 @@ class ModelRunner:
         prompt logprobs, (the index of the first prompt token they are for, their entries)."""
         # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
         # (the one-call step and graphs have kernels of their own)
-        every_row = any(item.pool or item.prompt_logprobs for item in plan)
-        if self.graphs and not every_row and all(item.num_scheduled_tokens == 1 and item.computes_last_token for item in plan) \
-                and len(plan) <= max(self.graphs):
+        if self._replays(plan):
             inputs = lay_out(plan, self.block_size, lambda item: True)
-            return StepOutput(self.model.compute_logits(self._replay(inputs)), inputs.logit_rows)
+            hidden = self._replay(inputs)
+            if len(inputs.sample_rows) < hidden.shape[0]:  # a run that samples only its last row, or nothing
+                hidden = hidden[torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)]
+            return StepOutput(self.model.compute_logits(hidden), inputs.logit_rows)
+        every_row = any(item.pool or item.prompt_logprobs for item in plan)
         input_ids, positions, meta, inputs = self.prepare(plan)
         if self.cpu_decoder is not None and not meta.prefills and not every_row \
                 and self.cpu_decoder.takes(input_ids.shape[0]):

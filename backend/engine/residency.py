@@ -50,13 +50,18 @@ def start_cache(engine: "LLMEngine") -> None:
     engine.block_manager = BlockManager(engine.num_kv_blocks, c.block_size, c.enable_prefix_caching)
     engine.scheduler.block_manager = engine.block_manager
     engine.runner.allocate_kv_cache(engine.num_kv_blocks)
-    graphs = engine.device.type == "cuda" and not c.enforce_eager
-    if graphs:
-        engine.runner.capture_graphs(c.max_num_seqs, engine.max_model_len)
     if isinstance(engine.proposer, DraftProposer):
         engine.proposer.wake_up(None, engine.num_kv_blocks)
-        if graphs:
-            engine.proposer.runner.capture_graphs(c.max_num_seqs, engine.max_model_len)
+    if engine.device.type == "cuda" and not c.enforce_eager:
+        capture_graphs(engine)
+
+
+def capture_graphs(engine: "LLMEngine") -> None:
+    """Decode steps of up to shape.graph_rows rows recorded for the target's runner and a draft model's (their
+    caches allocated): speculation's steps replay them too (model_runner.py)."""
+    runners = [engine.runner] + ([engine.proposer.runner] if isinstance(engine.proposer, DraftProposer) else [])
+    for runner in runners:
+        runner.capture_graphs(engine.shape.graph_rows, engine.max_model_len)
 
 
 def sleep(engine: "LLMEngine", level: int = 1) -> None:

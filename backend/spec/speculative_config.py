@@ -27,6 +27,11 @@ class SpeculativeConfig:
     # SmolLM2-135M on a 2-core CPU at batch 1 (memory-bound: extra query rows are nearly free).
     verify_cost: float = 0.06
 
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts one sequence gets in a step."""
+        return self.num_tokens if isinstance(self.num_tokens, int) else self.max_num_tokens
+
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
         if value is None or isinstance(value, SpeculativeConfig):

@@ -91,14 +91,12 @@ def emulate_cuda(monkeypatch) -> None:
 def capture_graphs(llm) -> list:
     """What the engine does on CUDA once its cache is sized: decode graphs for the target's runner and a draft
     model's. Returns the runners that hold graphs (a model with offloaded experts stays eager)."""
+    from backend.engine import residency
+
     engine = llm.engine
-    runners = [engine.runner]
-    draft = getattr(getattr(engine, "proposer", None), "runner", None)
-    if draft is not None:
-        runners.append(draft)
-    for runner in runners:
-        runner.capture_graphs(engine.config.max_num_seqs, engine.max_model_len)
-    return [r for r in runners if r.graphs]
+    residency.capture_graphs(engine)
+    draft = getattr(engine.proposer, "runner", None)
+    return [r for r in (engine.runner, draft) if r is not None and r.graphs]
 
 
 def replays(runner) -> int:

@@ -6,6 +6,7 @@ with graphs on both runners; fp16 weights, eager against graphs."""
 import pytest
 
 from backend import LLM, SamplingParams
+from backend.engine.model_runner import GRAPH_RUN_ROWS
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, replays
 
@@ -57,9 +58,24 @@ def test_speculative_decoding_with_graphs_on_both_runners(spec, tiny_dir, monkey
     llm = LLM(target, **SETTINGS, speculative=spec)
     runners = capture_graphs(llm)
     assert len(runners) == (2 if spec["method"] == "draft" else 1)
+    eager = {id(r): [] for r in runners}  # the plans each runner ran without a graph
+    for runner in runners:
+        monkeypatch.setattr(runner, "prepare", _recording(runner.prepare, eager[id(runner)]))
     assert tokens(llm, PROMPTS) == expected
-    assert llm.engine.stats()["spec_draft_tokens"] > 0
+    stats = llm.engine.stats()
+    assert stats["spec_draft_tokens"] > 0 and stats["spec_verifications"] > 0
     assert all(replays(r) > 0 for r in runners)
+    # Verifications and the draft's catch-ups replay graphs: only prompts longer than a short run go eagerly
+    for plans in eager.values():
+        assert all(any(item.num_scheduled_tokens > GRAPH_RUN_ROWS and not item.num_draft for item in plan)
+                   for plan in plans), [[(i.num_scheduled_tokens, i.num_draft) for i in plan] for plan in plans]
+
+
+def _recording(prepare, plans: list):
+    def recorded(plan):
+        plans.append(plan)
+        return prepare(plan)
+    return recorded
 
 
 def test_fp16_weights_replay_what_eager_steps_compute(tiny_dir, monkeypatch):
