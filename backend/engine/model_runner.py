@@ -76,8 +76,9 @@ class ModelRunner:
 
     # CUDA graphs for decode steps -------------------------------------------------------------------------
 
-    def capture_graphs(self, max_rows: int, max_model_len: int) -> None:
-        """Record one decode step per bucket of rows, replayed instead of launching every kernel.
+    def capture_graphs(self, max_rows: int, max_model_len: int, largest_only: bool = False) -> None:
+        """Record one decode step per bucket of rows, replayed instead of launching every kernel (largest_only: the
+        bucket of max_rows alone, whose memory pool the others share: what the KV cache's sizing measures).
 
         MoE layers are captured too (their routing never waits for the host); with experts offloaded
         the host picks which experts to copy in, so those models stay eager.
@@ -88,6 +89,8 @@ class ModelRunner:
             return
         largest = max_rows
         sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
+        if largest_only:
+            sizes = [largest]
         self.allocate_static(largest, max_model_len)
         pool = None
         with torch.inference_mode():

@@ -113,3 +113,42 @@ def test_the_emulated_graph_replays_its_inputs_and_catches_host_syncs():
     assert out.tolist() == [2.0, 4.0, 6.0]
     with pytest.raises(HostSyncInCapture, match=r"Tensor.__float__\(\) at .*rotary.py"), capture(EmulatedGraph()):
         Syncing()(static)
+
+
+
+@pytest.mark.parametrize("settings, rows", [
+    (dict(max_num_seqs=4), 4),  # no speculation: a full decode batch
+    (dict(max_num_seqs=4, speculative={"method": "ngram", "num_tokens": 3}), 16),  # 4 sequences verifying 3 drafts
+    (dict(max_num_seqs=64, speculative={"method": "ngram"}), 64),  # 4 sequences (max_batch_size) of 8 + 1 rows
+    (dict(max_num_seqs=8, max_num_batched_tokens=40, speculative={"method": "ngram", "num_tokens": 16}), 40),
+    (dict(max_num_seqs=600), 512),
+])
+def test_graphs_take_the_rows_a_step_can_replay(settings, rows, tiny_dir):
+    """Graph buckets reach what speculation's verifications need, no larger than the step's token budget."""
+    llm = LLM(str(tiny_dir("llama")), block_size=16, max_model_len=256, **settings)
+    assert llm.engine.shape.graph_rows == rows
+
+
+def test_the_cache_sizing_warm_up_captures_the_largest_graph(tiny_dir, monkeypatch):
+    """On CUDA the KV cache is sized after a warm-up that also captures the largest decode graph once (its memory
+    pool stays held beside the cache), released with the throwaway cache."""
+    import torch
+
+    from backend.engine.kv_budget import warm_up
+    from tests.backend.cuda_emulation import EmulatedGraph
+
+    llm = LLM(str(tiny_dir("llama")), block_size=16, max_model_len=256, max_num_seqs=4)
+    captured = []
+
+    class Counted(EmulatedGraph):
+        def __init__(self):
+            super().__init__()
+            captured.append(self)
+
+    emulate_cuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Counted)
+    blocks = warm_up(llm.engine.model, tokens=40, max_model_len=256, block_size=16, device=torch.device("cpu"),
+                     dtype=torch.float32, graph_rows=12)
+    assert blocks == 3  # 40 tokens in blocks of 16
+    [graph] = captured  # the largest bucket alone
+    assert graph.args[0].shape == (12,) and graph.out.shape[0] == 12

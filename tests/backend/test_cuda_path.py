@@ -58,7 +58,8 @@ def test_cuda_graphs_and_kernels_match_eager_on_the_gpu(family, dtype, tiny_dir)
 
 
 @needs_gpu
-def test_kv_cache_is_sized_from_gpu_memory_utilization(tmp_path):
+@pytest.mark.parametrize("enforce_eager", [True, False])  # CUDA graphs' memory pool counted in the budget
+def test_kv_cache_is_sized_from_gpu_memory_utilization(enforce_eager, tmp_path):
     import gc
     import json
 
@@ -69,7 +70,9 @@ def test_kv_cache_is_sized_from_gpu_memory_utilization(tmp_path):
         "max_position_embeddings": 4096, "scriptorium_random_weights": True}))
     blocks = []
     for share in (0.2, 0.4):
-        llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", gpu_memory_utilization=share, enforce_eager=True)
+        llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", gpu_memory_utilization=share,
+                  enforce_eager=enforce_eager)
+        assert bool(llm.engine.runner.graphs) != enforce_eager
         blocks.append(llm.engine.num_kv_blocks)
         used = torch.cuda.memory_reserved()
         assert used <= share * torch.cuda.get_device_properties(0).total_memory
