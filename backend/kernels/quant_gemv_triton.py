@@ -15,7 +15,13 @@ import torch
 import triton
 import triton.language as tl
 
-from backend.kernels.gguf_bytes_triton import f16_at, f16_masked, k_scale_min
+from backend.kernels.gguf_bytes_triton import (
+    check_word_aligned,
+    f16_at,
+    f16_masked,
+    k_header,
+    k_scale_min_words,
+)
 
 # GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
 BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14)
@@ -70,11 +76,12 @@ def block_dot(w_ptr, row_off, kb, x_ptr, K, FMT: tl.constexpr, BLOCK_N: tl.const
         x_hi = tl.load(x_ptr + k0 + c[:, None] * 64 + 32 + v[None, :]).to(tl.float32)
         s_lo = tl.sum(lo.to(tl.float32) * x_lo[None, :, :], axis=2)  # [BLOCK_N, 4]
         s_hi = tl.sum(hi.to(tl.float32) * x_hi[None, :, :], axis=2)
-        sc_lo, mn_lo = k_scale_min(blk[:, None] + 4, 2 * c[None, :])
-        sc_hi, mn_hi = k_scale_min(blk[:, None] + 4, 2 * c[None, :] + 1)
+        d, dmin, a, b, cw = k_header(blk)
+        sc_lo, mn_lo = k_scale_min_words(a, b, cw, 2 * c[None, :])
+        sc_hi, mn_hi = k_scale_min_words(a, b, cw, 2 * c[None, :] + 1)
         scaled = tl.sum(sc_lo * s_lo + sc_hi * s_hi, axis=1)
         mins = tl.sum(mn_lo * tl.sum(x_lo, axis=1)[None, :] + mn_hi * tl.sum(x_hi, axis=1)[None, :], axis=1)
-        return f16_at(blk) * scaled - f16_at(blk + 2) * mins
+        return d * scaled - dmin * mins
     else:  # Q6_K: ql[128], qh[64], int8 scales[16], d
         tl.static_assert(FMT == 14)
         # Sixteen weights a scale: ql byte 16u + v (u < 8) holds, low nibble, weight 128h + 32t + 16(u%2) + v with
@@ -137,9 +144,10 @@ def block_weights(w_ptr, row_off, kb, K, FMT: tl.constexpr, BLOCK_N: tl.constexp
         if FMT == 13:
             qh = tl.load(blk[:, None, None] + 16 + v[None, None, :]).to(tl.int32)
             q = q | (((qh >> s[None, :, None]) & 1) << 4)
-        sc, mn = k_scale_min(blk[:, None] + 4, s[None, :])  # [BLOCK_N, 8]
-        scale = f16_at(blk)[:, None] * sc
-        offset = f16_at(blk + 2)[:, None] * mn
+        d, dmin, a, b, c = k_header(blk)
+        sc, mn = k_scale_min_words(a, b, c, s[None, :])  # [BLOCK_N, 8]
+        scale = d[:, None] * sc
+        offset = dmin[:, None] * mn
         w = scale[:, :, None] * q.to(tl.float32) - offset[:, :, None]
         return tl.reshape(w, (BLOCK_N, 256))
     else:  # Q6_K, sixteen columns a scale: column 16 sub + v
@@ -185,6 +193,7 @@ def gemm_tiles(m: int) -> tuple[int, int]:
 def gemm(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
     """x [M, cols] @ W.T -> [M, rows] for up to GEMM_MAX_ROWS rows of x; fmt one of BLOCK_FORMATS."""
     m = x.shape[0]
+    check_word_aligned((w, fmt))
     x = x.contiguous()
     out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
     if m:
@@ -234,6 +243,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_b
     m = x.shape[0]
     if not m:
         return torch.empty(0, rows, dtype=x.dtype, device=x.device)
+    check_word_aligned((w, fmt))
     cfg = config or gemv_config(rows)
     blocks = triton.cdiv(cols, 256)
     splits = min(cfg.splits, blocks)
@@ -286,6 +296,7 @@ def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
     top_k = topk_ids.shape[1]
     inter_size = wg.shape[1]
     pairs = tokens * top_k
+    check_word_aligned((wg, fmt_g), (wu, fmt_u), (wd, fmt_d))
     if tokens == 0:
         return torch.zeros_like(x)
     ids = topk_ids.flatten().contiguous()

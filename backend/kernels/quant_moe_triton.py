@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from backend.kernels.gguf_bytes_triton import check_word_aligned
 from backend.kernels.moe_triton import block_rows, moe_buffers, moe_tiles
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_weights, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
@@ -103,6 +104,8 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     # shared memory in fp32); the others decode each weight of the per-weight tiles.
     block_m, block_n, block_k = tiles or ((16, 32, 256) if block_formats else moe_tiles(tokens * top_k, num_experts))
     blockwise = block_formats and block_k == 256
+    if blockwise:
+        check_word_aligned((wg, fmt_g), (wu, fmt_u), (wd, fmt_d))
     sorted_pairs, block_expert, used, inter, out_pairs = moe_buffers(x, topk_ids, num_experts, inter_size, block_m)
     blocks = block_expert.numel()
     x = x.contiguous()

@@ -8,6 +8,7 @@ python -m tests.backend.compile_kernels   one JSON line per (case, kernel specia
 
 import json
 import os
+import re
 
 import torch
 import triton
@@ -42,16 +43,19 @@ class Recorder:
         return lambda *args, **kwargs: self.launches.append((args, kwargs))
 
 
-def signature(kernel, args, kwargs) -> tuple[dict, dict, dict]:
-    """Triton's signature and constants for a launch, specialised as its launcher does (ints equal to 1)."""
+def signature(kernel, args, kwargs) -> tuple[dict, dict, dict, dict]:
+    """Triton's signature, constants and attributes for a launch, specialised as its launcher does: ints equal to 1
+    become constants, and pointers and ints that are multiples of 16 are marked so (the vector loads it allows are
+    what runs on a device)."""
     values = dict(zip(kernel.arg_names, args)) | kwargs
     options = {k: values.pop(k) for k in ("num_warps", "num_stages") if k in values}
-    sig, consts = {}, {}
-    for p in kernel.params:
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(kernel.params):
         v = values[p.name]
         if p.is_constexpr or (type(v) is int and v == 1 and not p.do_not_specialize):
             sig[p.name], consts[p.name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):
+            continue
+        if isinstance(v, torch.Tensor):
             sig[p.name] = "*" + TYPES[v.dtype]
         elif isinstance(v, bool):
             sig[p.name] = "i1"
@@ -59,7 +63,16 @@ def signature(kernel, args, kwargs) -> tuple[dict, dict, dict]:
             sig[p.name] = "i32" if -2**31 <= v < 2**31 else "i64"
         else:
             sig[p.name] = "fp32"
-    return sig, consts, options
+        aligned = v.data_ptr() % 16 == 0 if isinstance(v, torch.Tensor) else type(v) is int and v % 16 == 0
+        if aligned and not p.do_not_specialize:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, options, attrs
+
+
+def global_loads(ptx: str) -> dict[str, int]:
+    """The kernel's loads from global memory in its PTX, counted by width ("b8", "v4.b32", ...)."""
+    widths = re.findall(r"ld\.global(?:\.[a-z]+)*?\.((?:v\d\.)?[busf]\d+)\s", ptx)
+    return {w: widths.count(w) for w in sorted(set(widths))}
 
 
 def launches(dtype, model, block_sizes=(16,)):
@@ -176,18 +189,18 @@ def main() -> None:
         capabilities.add(capability)
         seen = set()
         for kernel, args, kwargs in launches(dtype, model, sizes) + quant_launches(dtype, model, formats, moe_formats):
-            sig, consts, options = signature(kernel, args, kwargs)
-            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())))
+            sig, consts, options, attrs = signature(kernel, args, kwargs)
+            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())), str(sorted(attrs)))
             if key in seen:
                 continue
             seen.add(key)
             row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()},
                    "capability": capability}
             try:
-                binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+                binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
                                         target=GPUTarget("cuda", capability, 32), options=options or None)
                 row.update(cubin_bytes=len(binary.asm["cubin"]), shared=binary.metadata.shared,
-                           shared_limit=SHARED_LIMIT[capability])
+                           shared_limit=SHARED_LIMIT[capability], loads=global_loads(binary.asm["ptx"]))
             except Exception as e:  # reported, the test names the kernel and the case
                 row["error"] = f"{type(e).__name__}: {e}"[-3000:]
             print(json.dumps(row), flush=True)

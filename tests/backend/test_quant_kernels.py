@@ -55,6 +55,24 @@ def test_triton_kernels_match_dequantize_and_matmul(name, m):
     assert_exact(triton_matmul(x, torch.from_numpy(raw), name), ref)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_block_kernels_refuse_a_weight_their_word_loads_cannot_read(name):
+    """Q4_K/Q5_K headers are read as int32 words: a view starting off a 4-byte boundary is refused before any
+    kernel runs (on a GPU a misaligned load would end the CUDA context), and a copy of it is read."""
+    cols = cols_of(name)
+    raw = random_raw(name, ROWS, cols, seed=3)
+    fmt = BY_NAME[name]
+    buffer = torch.zeros(raw.size + 1, dtype=torch.uint8)
+    view = buffer[1:].view(ROWS, -1)
+    view.copy_(torch.from_numpy(raw))
+    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(0))
+    for m in (2, 9):  # the GEMV and the block product
+        with pytest.raises(ValueError, match="not a multiple of 4"):
+            quant_triton.qlinear(x[:1].expand(m, -1), view, fmt.ggml_type, ROWS, cols, row_bytes(fmt, cols))
+    ref = x @ gguf_dequant(raw, name).T
+    assert_exact(triton_matmul(x, view.clone(), name), ref)
+
+
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 def test_the_block_gemv_split_along_columns_matches_dequantize_and_matmul(name):
     """Launch shapes the device bench tries: partial sums over runs of blocks (three blocks in two runs), rows

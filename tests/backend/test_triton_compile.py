@@ -89,3 +89,16 @@ def test_every_accepted_block_size_compiles_within_the_cards_shared_memory(capab
         assert {int(r["constants"]["BS"]) for r in rows if r["kernel"] == kernel} == set(CUDA_BLOCK_SIZES)
     for row in rows:  # the shared-memory check itself is test_every_kernel_compiles_for_the_card's
         assert "error" not in row and row["shared"] <= row["shared_limit"], row
+
+
+def test_the_decode_kernels_read_q4_k_and_q5_k_blocks_without_byte_loads(compiled):
+    """Launched as the engine launches them (pointers and sizes multiples of 16, which the launcher tells the
+    compiler), the block-wise decode kernels read a Q4_K/Q5_K block's quants in 16-byte vectors and its header (d,
+    dmin, the packed scales) as words: no single-byte loads from global memory, whose number bounded the first
+    H200 runs (Q4_K at 400-640 GB/s where bf16 weights read 3,090)."""
+    rows = [r for case in compiled.values() for r in case
+            if r["kernel"] in ("_block_gemv_kernel", "_block_moe_up_kernel", "_block_moe_down_kernel")
+            and all(v in ("12", "13") for k, v in r["constants"].items() if k.startswith("FMT"))]
+    assert {r["kernel"] for r in rows} == {"_block_gemv_kernel", "_block_moe_up_kernel"}
+    for row in rows:
+        assert "b8" not in row["loads"] and row["loads"].get("v4.b32", 0) > 0, row
