@@ -43,6 +43,7 @@ class ModelRunner:
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype  # the KV cache's (kv_cache_dtype; the model's by default)
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
+        self.steps = {"replayed": 0, "eager": 0}  # forward passes run by a captured graph, and the others
         # Our C kernels run this runner's decode steps: verification runs as decode rows, and the one-call step
         self.cpu_kernels = device.type == "cpu" and dtype == torch.float32 and native.enabled()
         self.triton = use_triton(torch.empty(0, device=device))  # the CUDA path (or its interpreted twin in tests)
@@ -209,10 +210,12 @@ class ModelRunner:
         if self._replays(plan):
             inputs = lay_out(plan, self.block_size, lambda item: True)
             hidden = self._replay(inputs)
+            self.steps["replayed"] += 1
             if len(inputs.sample_rows) < hidden.shape[0]:  # a run that samples only its last row, or nothing
                 hidden = hidden[torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)]
             return StepOutput(self.model.compute_logits(hidden), inputs.logit_rows)
         every_row = any(item.pool or item.prompt_logprobs for item in plan)
+        self.steps["eager"] += 1
         input_ids, positions, meta, inputs = self.prepare(plan)
         if self.cpu_decoder is not None and not meta.prefills and not every_row \
                 and self.cpu_decoder.takes(input_ids.shape[0]):
