@@ -66,8 +66,8 @@ class GuidedDecoding:
         except Exception as e:  # xgrammar reports unsupported or malformed schemas as RuntimeError
             raise InvalidParameter("guided_json", f"guided_json: the JSON schema cannot be used: {e}") from None
 
-    def matcher(self, guided_json: dict | bool):
-        """A fresh matcher for one sequence; compiled grammars are shared between requests. Thread-safe."""
+    def _key(self, guided_json: dict | bool) -> str:
+        """The schema's key in the cache, once it is within the size and depth limits (InvalidParameter if not)."""
         # Not sorted: properties come out in the schema's order (a tool call's name before its arguments).
         key = "object" if guided_json is True else json.dumps(guided_json)
         if len(key) > self.max_schema_bytes:
@@ -77,6 +77,18 @@ class GuidedDecoding:
         if _depth(guided_json) > MAX_SCHEMA_DEPTH:
             raise InvalidParameter("guided_json", f"guided_json: the JSON schema nests more than {MAX_SCHEMA_DEPTH} "
                                    "levels of objects and arrays; flatten it")
+        return key
+
+    def compiled(self, guided_json: dict | bool) -> bool:
+        """Whether the schema's grammar is in the cache (a matcher then costs no compile); checks its limits first.
+        Thread-safe."""
+        key = self._key(guided_json)
+        with self._lock:
+            return key in self._grammars
+
+    def matcher(self, guided_json: dict | bool):
+        """A fresh matcher for one sequence; compiled grammars are shared between requests. Thread-safe."""
+        key = self._key(guided_json)
         with self._lock:
             grammar = self._grammars.get(key)
             if grammar is not None:

@@ -166,16 +166,20 @@ class LLMEngine:
         self.requests[request_id] = seqs
         self.prompts[request_id] = None
 
-    def guided_matcher(self, params: SamplingParams):
-        """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema.
-        Thread-safe: the server compiles schemas off the engine thread."""
-        if params.guided_json is None:
-            return None
+    def guided_decoding(self) -> GuidedDecoding:
+        """The engine's structured-output grammars (made on first use). Thread-safe: the server compiles schemas
+        off the engine thread."""
         with self._guided_lock:
             if self.sampler.guided is None:
                 self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size,
                                                      max_schema_bytes=self.config.max_schema_bytes)
-        return self.sampler.guided.matcher(params.guided_json)
+            return self.sampler.guided
+
+    def guided_matcher(self, params: SamplingParams):
+        """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema."""
+        if params.guided_json is None:
+            return None
+        return self.guided_decoding().matcher(params.guided_json)
 
     def abort_request(self, request_id: str) -> None:
         for seq in self.requests.pop(request_id, []):

@@ -71,12 +71,18 @@ async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict]
 
 async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "response_format") -> None:
     """Compile a structured-output schema up front (off the loop and off the engine thread, cached for the
-    request itself), so a bad one is a 400 and not an error mid-stream."""
+    request itself), so a bad one is a 400 and not an error mid-stream. The limits and the cache are looked at
+    first, off the grammar thread: a schema too large, or one compiled before, never waits behind another
+    request's compile."""
     if params.guided_json is None:
         return
     limit = engine.config.grammar_compile_timeout
-    compiling = asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.guided_matcher, params)
     try:
+        if await off_loop(lambda: engine.guided_decoding().compiled(params.guided_json)):  # made on first use
+            return
+        compiling = asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.guided_matcher, params)
+        # Read when it ends: after a timeout nobody awaits it, and an error left unread is logged as a fault.
+        compiling.add_done_callback(lambda done: done.cancelled() or done.exception())
         await asyncio.wait_for(asyncio.shield(compiling), limit)
     except InvalidParameter as e:
         message = str(e).replace("guided_json: ", f"{param}: ", 1) if param == "tools" else str(e)

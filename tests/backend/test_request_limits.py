@@ -56,24 +56,28 @@ def test_schemas_are_bounded_in_size_and_depth(tiny):
     assert "nests more than 32 levels" in str(refused.value)
 
 
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def slow_compile(tiny, seed: int, compiles: list[float]) -> None:
+    """A request whose schema takes long to compile (many patterns, under the size limit); appends its seconds."""
+    started = time.perf_counter()
+    # patterns of its own: neither our cache of grammars nor xgrammar's of rules has any of it
+    varied = {"type": "object", "properties": {
+        f"p{k}": {"type": "string", "pattern": f"^([a-z]{{1,{seed + 8}}}-){{0,20}}[0-9]{{2,{k % 7 + 9}}}$"}
+        for k in range(400)}, "required": ["p0"]}
+    tiny.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                 response_format=schema_format(varied))
+    compiles.append(time.perf_counter() - started)
+
+
 def test_slow_schema_compiles_do_not_hold_up_other_requests(tiny):
-    """Two requests whose schemas take long to compile (many patterns, under the size limit) beside a plain one:
-    the plain one's answer does not wait for them. The bound (a quarter of what the compiles take) is the
-    behaviour: before, they shared the tokenizing threads, and the plain request waited for both compiles."""
+    """Two requests whose schemas take long to compile beside a plain one: the plain one's answer does not wait
+    for them. The bound (a quarter of what the compiles take) is the behaviour: before, they shared the
+    tokenizing threads, and the plain request waited for both compiles."""
     compiles: list[float] = []
-
-    def slow(seed: int) -> None:
-        started = time.perf_counter()
-        # patterns of its own: neither our cache of grammars nor xgrammar's of rules has any of it
-        varied = {"type": "object", "properties": {
-            f"p{k}": {"type": "string", "pattern": f"^([a-z]{{1,{seed + 8}}}-){{0,20}}[0-9]{{2,{k % 7 + 9}}}$"}
-            for k in range(400)}, "required": ["p0"]}
-        tiny.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
-                                     response_format={"type": "json_schema",
-                                                      "json_schema": {"name": "x", "schema": varied}})
-        compiles.append(time.perf_counter() - started)
-
-    threads = [threading.Thread(target=slow, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=slow_compile, args=(tiny, i, compiles)) for i in range(2)]
     for t in threads:
         t.start()
     time.sleep(0.2)
@@ -83,3 +87,26 @@ def test_slow_schema_compiles_do_not_hold_up_other_requests(tiny):
     for t in threads:
         t.join()
     assert plain < max(compiles) / 4, (plain, compiles)
+
+
+def test_a_compiled_schema_and_an_oversized_one_do_not_wait_behind_a_compile(tiny):
+    """Schemas compile one at a time on the grammar thread. A schema compiled before (an agent's tools, sent every
+    turn) is answered from the cache, and one past the size limit refused, without waiting for another request's
+    slow compile (before, both queued behind it, and timed out as "took longer" when it outlasted the limit)."""
+    known = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    chat = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    tiny.chat.completions.create(**chat, response_format=schema_format(known))  # compiled and kept
+    compiles: list[float] = []
+    thread = threading.Thread(target=slow_compile, args=(tiny, 7, compiles))
+    thread.start()
+    time.sleep(0.2)
+    started = time.perf_counter()
+    tiny.chat.completions.create(**chat, response_format=schema_format(known))
+    cached = time.perf_counter() - started
+    huge = {"type": "object", "properties": {"pick": {"enum": [f"choice-{i}" for i in range(30000)]}}}
+    started = time.perf_counter()
+    with pytest.raises(openai.BadRequestError, match="--max-schema-bytes"):
+        tiny.chat.completions.create(**chat, response_format=schema_format(huge))
+    refused = time.perf_counter() - started
+    thread.join()
+    assert max(cached, refused) < compiles[0] / 4, (cached, refused, compiles)
