@@ -114,7 +114,9 @@ def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str
     if requested < 1:
         raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
     if prompt_len + requested > limit:
+        # vLLM's wording, which agent clients read to retry with what is left (Hermes does)
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                       f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} in the completion). "
-                       f"Reduce the prompt or {param}.", param=param, code="context_length_exceeded")
+                       f"{requested} output tokens and your prompt contains {prompt_len} input tokens, for a total "
+                       f"of {prompt_len + requested} tokens. Reduce the length of the prompt or {param} (at most "
+                       f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
     return requested
