@@ -23,7 +23,7 @@ from backend.server.embeddings import (
     tokenize,
     tokenizer_info,
 )
-from backend.server.errors import APIError
+from backend.server.errors import APIError, InternalErrors, error_body
 from backend.server.limits import BodyLimit
 from backend.server.messages import count_tokens, create_message
 from backend.server.messages_shapes import CountTokensRequest, MessagesRequest
@@ -63,14 +63,13 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
     app = FastAPI(title="Scriptorium backend", lifespan=lifespan)
     app.state.server = state  # the default model's
     app.state.registry = registry
+    app.add_middleware(InternalErrors)  # innermost of ours: what the routes raise unexpectedly
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(APIKey, key=api_key)
 
     def answer(request: Request, e: APIError) -> JSONResponse:
-        """The error in the shape of the API asked: Anthropic's on the Messages API, OpenAI's elsewhere."""
-        body = e.anthropic_body() if request.url.path.startswith("/v1/messages") else e.body()
-        return JSONResponse(body, status_code=e.status, headers=e.headers)
+        return JSONResponse(error_body(request.url.path, e), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -93,7 +92,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return answer(request, APIError(e.status_code, str(e.detail), type=kind))
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(Exception)  # an exception in a middleware (the routes': InternalErrors)
     async def internal_error(request: Request, e: Exception):
         log.exception("internal error")
         return answer(request, APIError(500, f"internal error: {e}", type="internal_error"))

@@ -167,7 +167,8 @@ def guided_json(req: CommonRequest) -> dict | str | bool | None:
     if kind == "json_object":
         return True
     if kind == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema")
+        wrapper = fmt.get("json_schema")
+        schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
         if not isinstance(schema, dict):
             raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
                            param="response_format")
@@ -205,9 +206,11 @@ def chat_messages(req: ChatRequest) -> list[dict]:
         if isinstance(content, list):
             texts = []
             for part in content:
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise APIError(400, f"messages[{i}].content: only text parts are supported, got {part.type!r}",
                                    param=f"messages[{i}].content")
+                if part.text is None:
+                    raise APIError(400, f"messages[{i}].content: a text part needs its text", param=f"messages[{i}].content")
                 texts.append(part.text)
             content = "".join(texts)
         message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}

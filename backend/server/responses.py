@@ -63,6 +63,8 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
             for key in needed:
                 if not isinstance(item.get(key), str):
                     raise APIError(400, f"{where}.{key} is required (a string)", param=f"{where}.{key}")
+            if not isinstance(item.get("namespace", ""), str | None):
+                raise APIError(400, f"{where}.namespace must be a string", param=f"{where}.namespace")
             name, arguments = history_call(item)
             call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}}
             if calls_open:
@@ -101,6 +103,8 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
 
 def _response_format(text: dict | None) -> dict | None:
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError(400, 'text.format must be an object such as {"type": "json_object"}', param="text.format")
     if fmt and fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
     return fmt

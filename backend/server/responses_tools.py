@@ -65,7 +65,11 @@ def _function(tool: dict, names: ToolNames, namespace: str | None) -> dict:
     return {"type": "function", "function": {"name": shown if shown is not None else tool.get("name"), **fn}}
 
 
-def _custom(tool: dict, names: ToolNames, namespace: str | None) -> dict:
+def _custom(tool: dict, names: ToolNames, namespace: str | None, where: str) -> dict:
+    for key, kinds, what in (("name", str, "a string"), ("description", str | None, "a string"),
+                             ("format", dict | None, "an object")):
+        if not isinstance(tool.get(key), kinds) or (key == "name" and not tool[key]):
+            raise APIError(400, f"{where}.{key} must be {what}", param=f"{where}.{key}")
     description = tool.get("description") or ""
     fmt = tool.get("format") or {}
     if fmt.get("type") == "grammar" and fmt.get("definition"):
@@ -88,7 +92,7 @@ def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, ToolNames]:
         if kind == "function":
             out.append(_function(tool, names, None))
         elif kind == "custom":
-            out.append(_custom(tool, names, None))
+            out.append(_custom(tool, names, None, f"tools[{i}]"))
         elif kind == "namespace":
             if not isinstance(tool.get("name"), str) or not isinstance(tool.get("tools"), list):
                 raise APIError(400, f"tools[{i}]: a namespace needs a name and a list of tools", param=f"tools[{i}]")
@@ -97,8 +101,10 @@ def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, ToolNames]:
                 if inner_kind not in ("function", "custom"):
                     raise APIError(400, f"tools[{i}].tools[{j}].type: a namespace holds function and custom tools, "
                                    f"got {inner_kind!r}", param=f"tools[{i}].tools[{j}].type")
-                make = _function if inner_kind == "function" else _custom
-                out.append(make(inner, names, tool["name"]))
+                if inner_kind == "function":
+                    out.append(_function(inner, names, tool["name"]))
+                else:
+                    out.append(_custom(inner, names, tool["name"], f"tools[{i}].tools[{j}]"))
         else:
             log.warning("tools[%d]: %r tools run on OpenAI's servers, not here; left out of the prompt", i, kind)
     log.debug("tools offered to the model: %s", ", ".join(names.by_model_name) or "none")

@@ -112,7 +112,8 @@ def check_tools(tools: list[ToolDef] | None, tool_choice, parallel_tool_calls: b
                            f"{tool_choice!r}", param="tool_choice")
         choice = tool_choice
     elif isinstance(tool_choice, dict):
-        function = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        named = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+        function = named.get("name") if isinstance(named, dict) else None
         if not isinstance(function, str):
             raise APIError(400, 'tool_choice must be {"type": "function", "function": {"name": ...}}',
                            param="tool_choice")

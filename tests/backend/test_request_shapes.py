@@ -1,0 +1,81 @@
+"""Fields of the wrong shape inside a request are 400s that name them, on a real server through one kept-alive
+connection; and an unexpected error is a 500 in the API's shape that leaves the connection usable (found by an
+attacker's probe: these crashed their handlers, and each crash reset the client's connection)."""
+
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from backend.config import EngineConfig
+from backend.server import app as server_app
+from tests.backend.server_process import free_port
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+RESPONSES = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {**CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": "x"}},
+     "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": -1}},
+     "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": "x"}},
+     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content"),
+    ("/v1/responses", {**RESPONSES, "text": {"format": "json_object"}}, "text.format"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "pat", "description": ["x"]}]},
+     "tools[0].description"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": None}]}, "tools[0].name"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": ["a"]}]}, "tools[0].name"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "c", "format": "x"}]}, "tools[0].format"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "namespace", "name": "ns", "tools": [
+        {"type": "custom", "name": 3}]}]}, "tools[0].tools[0].name"),
+    ("/v1/responses", {**RESPONSES, "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                              "arguments": "{}", "namespace": 5}]}, "input[0].namespace"),
+])
+def test_a_field_of_the_wrong_shape_is_a_400_naming_it(path, body, param, qwen_server):
+    with httpx.Client(base_url=qwen_server.url, timeout=60) as client:
+        r = client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+        assert client.get("/v1/models").status_code == 200  # the same connection, still open
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_dir):
+    """Our app on a real uvicorn server in this process, so that a test can make a route fail unexpectedly."""
+    app = server_app.build_app(EngineConfig(model=str(tiny_dir("llama")), block_size=8, max_model_len=128), "tiny")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    url = f"http://127.0.0.1:{server.config.port}"
+    deadline = time.monotonic() + 120
+    while not (server.started and httpx.get(f"{url}/health").status_code == 200):
+        assert time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.1)
+    yield url
+    server.should_exit = True
+
+
+def test_an_unexpected_error_is_a_500_in_the_apis_shape_and_the_connection_stays(in_process, monkeypatch):
+    async def broken(*args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(server_app, "create_chat_completion", broken)
+    monkeypatch.setattr(server_app, "create_message", broken)
+    with httpx.Client(base_url=in_process, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=CHAT)
+        assert r.status_code == 500
+        assert r.json()["error"] == {"message": "internal error: a bug", "type": "internal_error", "param": None,
+                                     "code": None}
+        r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 2,
+                                              "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 500
+        assert r.json() == {"type": "error", "error": {"type": "api_error", "message": "internal error: a bug"}}
+        # the kept-alive connection carries the next request (before, the server closed it: a reset)
+        assert client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1}).status_code == 200
