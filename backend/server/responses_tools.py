@@ -116,6 +116,9 @@ def chat_tool_choice(choice, names: ToolNames, tools: list[dict] | None):
     if tools is None:
         return None if choice in (None, "auto", "none") else choice
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        if not isinstance(choice.get("name"), str) or not isinstance(choice.get("namespace"), str | None):
+            raise APIError(400, 'tool_choice must be {"type": "function", "name": ...} (and a "namespace" string, '
+                           'if any)', param="tool_choice")
         return {"type": "function", "function": {"name": names.model_name(choice.get("name"), choice.get("namespace"))}}
     return choice
 

@@ -36,6 +36,10 @@ RESPONSES = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
     ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "c", "format": "x"}]}, "tools[0].format"),
     ("/v1/responses", {**RESPONSES, "tools": [{"type": "namespace", "name": "ns", "tools": [
         {"type": "custom", "name": 3}]}]}, "tools[0].tools[0].name"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "c"}],
+                       "tool_choice": {"type": "custom", "name": "c", "namespace": 5}}, "tool_choice"),
+    ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "c"}],
+                       "tool_choice": {"type": "function", "name": None}}, "tool_choice"),
     ("/v1/responses", {**RESPONSES, "input": [{"type": "function_call", "call_id": "c", "name": "f",
                                               "arguments": "{}", "namespace": 5}]}, "input[0].namespace"),
 ])

@@ -120,6 +120,25 @@ def test_native_template_gets_the_tools_and_the_history(tiny):
     assert again.usage.prompt_tokens > with_tools.usage.prompt_tokens
 
 
+def test_a_required_call_follows_schemas_with_references(tiny):
+    """Schemas that refer to their own $defs (as pydantic writes them) or to themselves ("#"): with tool_choice
+    "required" each call is held to its function's schema, references included (they were resolved from the
+    array of calls around them, and refused)."""
+    unit = {"type": "function", "function": {"name": "set_unit", "parameters": {
+        "$defs": {"Unit": {"enum": ["celsius", "fahrenheit"], "type": "string"}},
+        "type": "object", "properties": {"unit": {"$ref": "#/$defs/Unit"}, "hourly": {"type": "boolean"}},
+        "required": ["unit", "hourly"], "additionalProperties": False}}}
+    tree = {"type": "function", "function": {"name": "nest", "parameters": {
+        "type": "object", "properties": {"leaf": {"type": "boolean"}, "child": {"$ref": "#"}}, "required": ["leaf"],
+        "additionalProperties": False}}}
+    for tools in ([unit], [unit, tree]):
+        out = tiny.chat.completions.create(model="tiny", messages=ASK, tools=tools, tool_choice="required",
+                                           temperature=0, max_tokens=300, parallel_tool_calls=False)
+        name, arguments = call_of(out.choices[0].message)
+        jsonschema.validate(arguments, {"unit": unit, "tree": tree}["unit" if name == "set_unit" else "tree"]
+                            ["function"]["parameters"])
+
+
 def _tools_with(**function) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", **function}}]
 

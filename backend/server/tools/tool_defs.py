@@ -51,13 +51,27 @@ class ToolSpec:
             return self.parameters(self.function)
         if self.choice != "required":
             return None
-        calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                                   "arguments": self.parameters(t["function"]["name"])},
-                  "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]
-        array = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        # Each function's schema sits under the root's $defs, its own references ("#/$defs/Unit", "#") moved
+        # with it: inside the array of calls, a reference from the root would miss them.
+        names = [t["function"]["name"] for t in self.tools]
+        defs = {f"tool{i}": _moved_refs(self.parameters(name), f"#/$defs/tool{i}") for i, name in enumerate(names)}
+        calls = [{"type": "object", "properties": {"name": {"const": name}, "arguments": {"$ref": f"#/$defs/tool{i}"}},
+                  "required": ["name", "arguments"], "additionalProperties": False} for i, name in enumerate(names)]
+        array = {"$defs": defs, "type": "array", "minItems": 1,
+                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if not self.parallel:
             array["maxItems"] = 1
         return array
+
+
+def _moved_refs(schema, prefix: str):
+    """The schema with every local reference ("#..." JSON pointer) made relative to `prefix`, where it now sits."""
+    if isinstance(schema, dict):
+        return {key: prefix + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#")
+                else _moved_refs(value, prefix) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_moved_refs(value, prefix) for value in schema]
+    return schema
 
 
 def object_schema(parameters: dict | None) -> dict:
