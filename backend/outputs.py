@@ -34,6 +34,7 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # set when processing the request failed; its outputs end with finish_reason "error"
+    error_param: str | None = None  # with error: the request's setting at fault, when its own input made it fail
     # asked for (SamplingParams.prompt_logprobs): one entry per prompt token, the first None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: dict = field(default_factory=dict)

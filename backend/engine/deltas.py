@@ -38,6 +38,7 @@ class RequestDelta:
     embeddings: list[torch.Tensor] | None = None  # an embeddings request's vectors, in its last delta
     # asked for: the prompt's logprobs, once, in the delta of the step that finished computing the prompt
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    error_param: str | None = None  # the request's setting at fault, when its own input made it fail
 
 
 def add_logprob(seq: Sequence, token: int, entry: dict[int, Logprob]) -> None:
@@ -136,6 +137,7 @@ class OutputAssembler:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = None
         self.finished = False
         self.error: str | None = None
+        self.error_param: str | None = None
 
     def add(self, delta: RequestDelta) -> None:
         for d in delta.outputs:
@@ -147,7 +149,7 @@ class OutputAssembler:
             c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
             if d.cumulative_logprob is not None:
                 c.cumulative_logprob = d.cumulative_logprob
-        self.finished, self.error = delta.finished, delta.error
+        self.finished, self.error, self.error_param = delta.finished, delta.error, delta.error_param
         self.num_cached_tokens = delta.num_cached_tokens
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
@@ -158,4 +160,4 @@ class OutputAssembler:
             request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
             outputs=[replace(c, token_ids=list(c.token_ids)) for c in self.choices],
             finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error,
-            prompt_logprobs=self.prompt_logprobs)
+            prompt_logprobs=self.prompt_logprobs, error_param=self.error_param)

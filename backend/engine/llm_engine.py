@@ -34,7 +34,7 @@ from backend.engine_args import EngineArgs
 from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.weight_sizes import host_expert_bytes, module_bytes
-from backend.sampling_params import SamplingParams, as_sampling_params
+from backend.sampling_params import InvalidParameter, SamplingParams, as_sampling_params
 from backend.spec.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,10 @@ class LLMEngine:
             self.speculator.learn(plan, tokens)
         for seq, error in failed:
             log.error("request %s failed: %s: %s", seq.request_id, type(error).__name__, error)
-            self._fail(seq.request_id, f"{type(error).__name__}: {error}")
+            if isinstance(error, InvalidParameter):  # its settings contradict each other: the client's to change
+                self._fail(seq.request_id, str(error), error.param)
+            else:
+                self._fail(seq.request_id, f"{type(error).__name__}: {error}")
         deltas = (self._delta(rid) for rid in dict.fromkeys(item.seq.request_id for item in plan))
         return [d for d in deltas if d is not None]
 
@@ -230,10 +233,10 @@ class LLMEngine:
                 del self.assemblers[delta.request_id]
         return outputs
 
-    def _fail(self, request_id: str, error: str) -> None:
+    def _fail(self, request_id: str, error: str, param: str | None = None) -> None:
         for seq in self.requests.get(request_id, []):
             if not seq.finished:
-                self.scheduler.finish(seq, "error", error=error)
+                self.scheduler.finish(seq, "error", error=error, error_param=param)
 
     def _delta(self, request_id: str) -> RequestDelta | None:
         seqs = self.requests[request_id]
@@ -241,9 +244,10 @@ class LLMEngine:
             delta = embedding_delta(request_id, seqs)
         else:
             changed = [d for d in (take_delta(s) for s in seqs) if d is not None]
+            failed = next((s for s in seqs if s.error), None)
             delta = RequestDelta(request_id, changed, all(s.finished for s in seqs),
-                                 next((s.error for s in seqs if s.error), None), seqs[0].num_cached_tokens or 0,
-                                 prompt_logprobs=take_prompt_logprobs(seqs[0]))
+                                 failed and failed.error, seqs[0].num_cached_tokens or 0,
+                                 prompt_logprobs=take_prompt_logprobs(seqs[0]), error_param=failed and failed.error_param)
         if delta is not None and delta.finished:
             del self.requests[request_id]
             self.prompts.pop(request_id, None)

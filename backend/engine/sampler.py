@@ -12,7 +12,7 @@ import torch
 
 from backend.engine.sequence import Sequence
 from backend.outputs import Logprob
-from backend.sampling_params import SamplingParams
+from backend.sampling_params import InvalidParameter, SamplingParams
 
 LogprobEntry = dict[int, Logprob]  # a sampled token's logprob and rank, and the `logprobs` most likely tokens'
 
@@ -139,6 +139,7 @@ class Sampler:
         if self.guided is not None and any(s.matcher is not None for s in seqs):
             logits = logits.clone()
             self.guided.mask(logits, [s.matcher for s in seqs])
+            _check_some_token_left(logits, seqs)
         return logits
 
     def draw(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -155,6 +156,20 @@ class Sampler:
 
     def uniform(self, seq: Sequence, device: torch.device) -> float:
         return torch.rand(1, generator=self.generator_for(seq), device=device).item()
+
+
+def _check_some_token_left(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """A request whose allowed_token_ids leave none of the tokens its grammar allows next cannot go on: its own
+    settings contradict each other (an InvalidParameter, the client's to change), not a fault of the engine."""
+    rows = [i for i, s in enumerate(seqs) if s.matcher is not None and s.params.allowed_token_ids is not None]
+    if not rows:
+        return
+    for i, left in zip(rows, torch.isfinite(logits[rows]).any(dim=-1).tolist()):
+        if not left:
+            raise InvalidParameter("allowed_token_ids", f"allowed_token_ids leaves no token that the output's JSON "
+                                   f"schema (response_format, or a required tool call) allows after "
+                                   f"{seqs[i].num_output_tokens} generated tokens; allow the tokens the schema "
+                                   "needs, or drop one of the two")
 
 
 def logprob_entry(logprobs: torch.Tensor, token: int, top: int | None) -> LogprobEntry:

@@ -227,12 +227,12 @@ class Scheduler:
         return failed
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None,
-               error: str | None = None) -> None:
-        """Remove a finished, aborted or failed (reason "error", with the error's text) sequence and release its
-        blocks."""
+               error: str | None = None, error_param: str | None = None) -> None:
+        """Remove a finished, aborted or failed (reason "error", with the error's text, and the setting at fault
+        when the request's own input made it fail) sequence and release its blocks."""
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         if error is not None:
-            seq.error = error
+            seq.error, seq.error_param = error, error_param
         if seq.status == Status.RUNNING:
             self.running.remove(seq)
         else:

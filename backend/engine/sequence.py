@@ -42,6 +42,7 @@ class Sequence:
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | str | None = None
     error: str | None = None  # why processing this sequence failed (finish_reason "error")
+    error_param: str | None = None  # the request's setting at fault, when its own input made it fail (a 400)
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     # the request's prompt logprobs, on its first sequence (engine/prompt_logprobs.py): one entry per prompt token

@@ -246,8 +246,9 @@ class AsyncEngine:
                 if stream is None:
                     continue
                 if out.error is not None:  # processing this request failed; the others go on
-                    self._end(out.request_id, APIError(500, f"generating this request failed: {out.error}",
-                                                       type="internal_error"), "error")
+                    error = APIError(400, out.error, param=out.error_param) if out.error_param is not None else \
+                        APIError(500, f"generating this request failed: {out.error}", type="internal_error")
+                    self._end(out.request_id, error, "error")
                     continue
                 timing = stream[2]
                 self._record_timing(timing, out, now)

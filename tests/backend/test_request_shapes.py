@@ -83,3 +83,23 @@ def test_an_unexpected_error_is_a_500_in_the_apis_shape_and_the_connection_stays
         assert r.json() == {"type": "error", "error": {"type": "api_error", "message": "internal error: a bug"}}
         # the kept-alive connection carries the next request (before, the server closed it: a reset)
         assert client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1}).status_code == 200
+
+
+def test_allowed_token_ids_that_leave_the_schema_no_token_are_a_400(qwen_server):
+    """Settings that contradict each other only once generation starts (no allowed token is one the JSON schema
+    allows next) fail the request as the client's error, naming allowed_token_ids: a 400, or in a stream an error
+    event (before: a 500 "token 0 does not continue the output's grammar")."""
+    body = {**CHAT, "max_tokens": 8, "allowed_token_ids": [1, 2, 3], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}}
+    with httpx.Client(base_url=qwen_server.url, timeout=60) as client:
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "allowed_token_ids" and "leaves no token that the output's JSON schema" in \
+            error["message"] and "after 0 generated tokens" in error["message"]
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+            events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert "leaves no token that the output's JSON schema" in events[-2] and events[-1] == "data: [DONE]"
+        plain = client.post("/v1/chat/completions", json={**body, "allowed_token_ids": None})
+        assert plain.status_code == 200
