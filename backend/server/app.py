@@ -124,6 +124,12 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
             state.loaded_engine()  # 503 + Retry-After while the first model loads
         return {"object": "list", "data": [model_card(s) for s in registry.states]}
 
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):  # the SDKs' models.retrieve(); a 404 naming what is served otherwise
+        if not registry.ever_loaded:
+            state.loaded_engine()
+        return model_card(registry.find(name))  # an alias (--model-alias): the card of the model it maps onto
+
     @app.post("/sleep")
     async def sleep(level: int = 1, timeout: float = 30.0):
         if not allow_sleep:

@@ -43,6 +43,9 @@ def offline(model_dir):
 def test_models_lists_the_served_name(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    assert client.models.retrieve("tiny") == models.data[0]  # GET /v1/models/{id}, as the SDKs ask it
+    with pytest.raises(openai.NotFoundError, match="this server serves `tiny`"):
+        client.models.retrieve("gpt-9")
 
 
 def test_chat_streamed_equals_non_streamed_and_offline(client, offline):
