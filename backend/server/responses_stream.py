@@ -97,7 +97,8 @@ class _Output:
                                  name=item["name"], arguments=item["arguments"]))
         else:
             item = self.names.item(item["call_id"], self.new_id("ctc"), item["name"], item["arguments"], "in_progress")
-            out.append(self.emit("response.output_item.added", output_index=index, item=dict(item)))
+            # added with no input yet, as OpenAI sends it: a client that appends the deltas to it has it once
+            out.append(self.emit("response.output_item.added", output_index=index, item={**item, "input": ""}))
             out.append(self.emit("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
                                  delta=item["input"]))
             out.append(self.emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,

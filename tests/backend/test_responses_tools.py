@@ -83,6 +83,10 @@ def test_custom_tool_call_is_a_custom_tool_call_item(smol):
     events = list(smol.responses.create(stream=True, **kwargs))
     kinds = [e.type for e in events]
     assert "response.custom_tool_call_input.done" in kinds and "response.function_call_arguments.delta" not in kinds
+    # the item is added with no input; the deltas carry it, once (a client appending them to the item has it whole)
+    [added] = [e.item for e in events if e.type == "response.output_item.added"]
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert added.input == "" and added.input + deltas == call.input
     done = next(e for e in events if e.type == "response.custom_tool_call_input.done")
     assert done.input == call.input and events[-1].response.output[0].input == call.input
 
