@@ -139,6 +139,26 @@ def test_a_required_call_follows_schemas_with_references(tiny):
                             ["function"]["parameters"])
 
 
+def test_a_required_call_cut_short_is_a_call_streamed_or_not(tiny):
+    """max_tokens ends a required call inside its arguments: the answer is that call with the arguments written so
+    far and finish_reason "length", as OpenAI returns it, streamed or not (before, the whole answer was the
+    grammar's array as text, and only the stream had the call)."""
+    kwargs = dict(model="tiny", messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                  temperature=0, max_tokens=40)
+    out = tiny.chat.completions.create(**kwargs)
+    choice = out.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    written = call.function.arguments  # properties come in the schema's order: the city first
+    assert call.function.name == "get_weather" and (written.startswith('{"city": "') or '{"city": "'.startswith(written))
+    streamed = {"name": "", "arguments": ""}
+    for chunk in tiny.chat.completions.create(**kwargs, stream=True):
+        for piece in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            streamed["name"] += piece.function.name or ""
+            streamed["arguments"] += piece.function.arguments or ""
+    assert streamed == {"name": "get_weather", "arguments": call.function.arguments}
+
+
 def _tools_with(**function) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", **function}}]
 

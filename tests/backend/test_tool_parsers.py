@@ -95,9 +95,22 @@ def test_special_tokens_are_stripped_from_content_but_markers_kept():
     assert whole(MistralParser(("</s>", "[TOOL_CALLS]")), "Plain answer.</s>") == ("Plain answer.", [])
 
 
-def test_a_truncated_array_keeps_its_complete_calls():
-    content, calls = whole(JsonArrayParser(), '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu')
-    assert calls == [("a", {"x": 1})]
+@pytest.mark.parametrize("text, expected", [
+    ('[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "argu', [("a", '{"x": 1}'), ("b", "")]),
+    ('[{"name": "a", "arguments": {"x": 1', [("a", '{"x": 1')]),
+    ('[{"name": "', []),
+])
+def test_a_call_cut_short_by_max_tokens_stays_a_call_streamed_or_not(text, expected):
+    """A grammar's array of calls ends where max_tokens cut it: the calls begun, the last with the arguments written
+    so far (as OpenAI returns them), and none of the array's syntax as content; streamed and whole alike."""
+    content, calls = parse_message(JsonArrayParser(), text)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == expected
+    reader = ToolCallStream(JsonArrayParser())
+    deltas = [reader.feed(text[i:i + 3]) for i in range(0, len(text), 3)] + [reader.finish()]
+    assert "".join(d.content for d in deltas) == ""
+    assert [(c.name, c.arguments) for c in reader.calls.values()] == expected
+    content, calls = parse_message(NamedParser("f"), '{"city": "Par')
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("f", '{"city": "Par')]
 
 
 def test_named_parser_is_the_arguments():

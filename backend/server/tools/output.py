@@ -102,7 +102,7 @@ def parse_message(parser: ToolParser, text: str, parallel: bool = True) -> tuple
             calls[e.index] = ToolCall("", e.name)
         elif isinstance(e, CallArguments) and e.index in calls:
             calls[e.index].arguments += e.text
-        elif isinstance(e, CallEnd) and not e.valid:
+        elif isinstance(e, CallEnd) and not e.valid and not parser.forced:
             calls.pop(e.index, None)
             content += gate.add(e.raw)
     found = [calls[i] for i in sorted(calls)]

@@ -27,6 +27,9 @@ class ToolParser:
 
     name = "none"
     markers: tuple[str, ...] = ()  # special tokens this format needs to see in the text
+    # A grammar makes the whole output calls (tool_choice required or named): a call cut short by max_tokens stays
+    # a call with the arguments written so far, as OpenAI returns it, and the grammar's own syntax is never content.
+    forced = False
 
     def __init__(self, strip: tuple[str, ...] = ()):
         self.strip = tuple(s for s in strip if s and s not in self.markers)

@@ -11,10 +11,14 @@ class JsonArrayParser(ToolParser):
     """The whole output is `[{"name": ..., "arguments": {...}}, ...]`."""
 
     name = "json"
+    forced = True
 
     def __init__(self, strip: tuple[str, ...] = ()):
         super().__init__(strip)
         self.scanner: CallScanner | None = CallScanner(array=True)
+
+    def _content(self, text: str, events: list) -> None:
+        pass  # the array's own syntax (a call cut short before its name)
 
     def _advance(self, events: list) -> None:
         if self.scanner is None:
@@ -34,6 +38,7 @@ class NamedParser(ToolParser):
     """The whole output is the arguments of the one function tool_choice names."""
 
     name = "named"
+    forced = True
 
     def __init__(self, function: str, strip: tuple[str, ...] = ()):
         super().__init__(strip)
