@@ -109,16 +109,36 @@ class Limits:
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_template: str | None = None,
-                    add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+                    add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    continue_final_message: bool = False) -> list[int]:
     """A conversation through the model's chat template (or the one given), as token ids; tools (OpenAI's
     function definitions) are handed to the template as transformers' apply_chat_template takes them. The
     template writes any special tokens itself, so tokenizing must not add a second BOS. The template's own
-    checks (role order, ...) raise ValueError."""
+    checks (role order, ...) raise ValueError. continue_final_message: the last message, an assistant's, is left
+    open for the model to go on with (as transformers does it: the text is cut after that message's content)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"model {model_name!r} has no chat template; pass chat_template=..., or use completions")
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=chat_template,
-                                             add_generation_prompt=add_generation_prompt, tools=tools)
+                                             add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                             tools=tools)
     except Exception as e:  # jinja's TemplateError and the template's raise_exception
         raise ValueError(f"the chat template refused these messages: {e}") from None
+    if continue_final_message:
+        text = _open_final_message(text, messages[-1] if messages else {})
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _open_final_message(text: str, final: dict) -> str:
+    """The rendered conversation cut after the final message's content (templates may trim it: then after the
+    trimmed content), so that what the model writes next continues it."""
+    content = final.get("content")
+    if final.get("role") != "assistant" or not isinstance(content, str) or not content.strip():
+        raise ValueError("continuing the final message needs it to be an assistant message with text; end with "
+                         "such a message or do not ask to continue it")
+    for piece in (content, content.strip()):
+        at = text.rfind(piece)
+        if at >= 0:
+            return text[:at + len(piece)]
+    raise ValueError("the chat template does not write the final assistant message's text as it was given, so it "
+                     "cannot be continued; do not ask to continue it")

@@ -66,7 +66,7 @@ async def templated(engine: AsyncEngine, req: ChatRequest) -> tuple[ToolSpec | N
     check_history(messages)
     template = getattr(engine.engine.tokenizer, "chat_template", None)
     messages, template_tools = template_input(messages, spec, template)
-    return spec, await chat_prompt(engine.engine, messages, template_tools)
+    return spec, await chat_prompt(engine.engine, messages, template_tools, req.continue_final_message)
 
 
 async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = False):

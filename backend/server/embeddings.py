@@ -30,6 +30,7 @@ class TokenizeRequest(OpenAIBody):
     messages: list[ChatMessage] | None = None  # tokenized through the chat template
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(BaseModel):
@@ -76,7 +77,8 @@ def _tokenize(engine, req: TokenizeRequest) -> list[int]:
     if req.prompt is not None:
         check_length(engine, len(req.prompt), "prompt")
         return engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
-    return chat_ids(engine, chat_messages(req), add_generation_prompt=req.add_generation_prompt)
+    return chat_ids(engine, chat_messages(req), add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message)
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest):

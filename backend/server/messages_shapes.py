@@ -219,6 +219,8 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> tuple[dict, list[
     choice, parallel = chat_tool_choice(req.tool_choice, tools)
     chat = {"model": req.model, "messages": messages, "tools": tools, "tool_choice": choice,
             "parallel_tool_calls": parallel, "response_format": response_format(req)}
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        chat["continue_final_message"] = True  # a prefill: the answer goes on from it, and holds only what follows
     if isinstance(req, MessagesRequest):
         if req.temperature is not None and not 0 <= req.temperature <= 1:
             raise APIError(400, f"temperature: must be in [0, 1], got {req.temperature}", param="temperature")

@@ -58,7 +58,7 @@ class UnicodeBody(BaseModel):
 # request that sets one otherwise is refused, rather than answered as if it had not been sent.
 UNSUPPORTED = {"use_beam_search": False, "length_penalty": 1.0, "min_tokens": 0, "bad_words": [],
                "guided_regex": None, "guided_choice": None, "guided_grammar": None, "structural_tag": None,
-               "include_stop_str_in_output": False, "truncate_prompt_tokens": None, "continue_final_message": False,
+               "include_stop_str_in_output": False, "truncate_prompt_tokens": None,
                "prompt_embeds": None, "echo": False}
 _logged_extras: set[tuple[str, frozenset]] = set()
 
@@ -152,6 +152,7 @@ class ChatRequest(CommonRequest):
     tools: list[ToolDef] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
+    continue_final_message: bool = False  # vLLM's: the last message, an assistant's, is continued, not answered
 
 
 def new_id(prefix: str) -> str:

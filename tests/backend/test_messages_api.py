@@ -218,3 +218,33 @@ def test_pings_while_the_first_item_is_slow():
 
     got = asyncio.run(run())
     assert got[-2:] == ["a", "b"] and set(got[:-2]) == {None} and len(got) >= 2
+
+
+def test_a_final_assistant_message_is_continued(tiny, qwen_server):
+    """Anthropic's prefill: a conversation that ends with the assistant's words is answered by what follows them,
+    from the prompt the template writes up to those words (as transformers' continue_final_message cuts it), and
+    the answer holds only the continuation; chat completions take vLLM's continue_final_message for the same."""
+    asked = [{"role": "user", "content": "What is 2 + 2?"}]
+    prefill = asked + [{"role": "assistant", "content": "The answer is"}]
+
+    def tokenize(messages, **flags) -> list[int]:
+        r = httpx.post(f"{qwen_server.url}/tokenize", json={"model": "tiny", "messages": messages, **flags})
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    from transformers import AutoTokenizer
+
+    continued = tokenize(prefill, continue_final_message=True)
+    model_dir = qwen_server.proc.args[qwen_server.proc.args.index("--model") + 1]
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    oracle = hf(hf.apply_chat_template(prefill, continue_final_message=True, tokenize=False), add_special_tokens=False)
+    assert continued == oracle.input_ids and len(continued) < len(tokenize(prefill, add_generation_prompt=False))
+    out = tiny.messages.create(model="tiny", max_tokens=6, messages=prefill, extra_body=GREEDY)
+    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == len(continued)
+    assert tiny.messages.count_tokens(model="tiny", messages=prefill).input_tokens == len(continued)
+    chat = openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+        model="tiny", messages=prefill, max_tokens=6, temperature=0, extra_body={"continue_final_message": True})
+    assert out.content[0].text == chat.choices[0].message.content and chat.usage.prompt_tokens == len(continued)
+    r = httpx.post(f"{qwen_server.url}/v1/chat/completions", json={
+        "model": "tiny", "messages": asked, "max_tokens": 2, "continue_final_message": True})
+    assert r.status_code == 400 and "assistant message with text" in r.json()["error"]["message"]
