@@ -59,14 +59,16 @@ def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str 
             finish_reason(reason, True))
 
 
-async def templated(engine: AsyncEngine, req: ChatRequest) -> tuple[ToolSpec | None, list[int]]:
-    """The request's tools, checked, and its prompt's token ids through the chat template."""
+async def templated(engine: AsyncEngine, req: ChatRequest, add_generation_prompt: bool = True
+                    ) -> tuple[ToolSpec | None, list[int]]:
+    """The request's tools, checked, and its prompt's token ids through the chat template (/tokenize's too)."""
     spec = check_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
     messages = chat_messages(req)
     check_history(messages)
     template = getattr(engine.engine.tokenizer, "chat_template", None)
     messages, template_tools = template_input(messages, spec, template)
-    return spec, await chat_prompt(engine.engine, messages, template_tools, req.continue_final_message)
+    return spec, await chat_prompt(engine.engine, messages, template_tools, req.continue_final_message,
+                                   add_generation_prompt)
 
 
 async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = False):

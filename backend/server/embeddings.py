@@ -8,11 +8,13 @@ from pydantic import BaseModel
 
 from backend.engine.admission import AdmittedEmbedding
 from backend.sampling_params import InvalidParameter
+from backend.server.chat import templated
 from backend.server.errors import APIError
-from backend.server.prompts import chat_ids, check_length, off_loop, token_lists
-from backend.server.protocol import ChatMessage, OpenAIBody, chat_messages, new_id
+from backend.server.prompts import check_length, off_loop, token_lists
+from backend.server.protocol import ChatMessage, ChatRequest, OpenAIBody, new_id
 from backend.server.state import ServerState
 from backend.server.streams import until_disconnect
+from backend.server.tools.tool_defs import ToolDef
 
 MAX_INPUTS = 2048  # as OpenAI's API
 
@@ -31,6 +33,7 @@ class TokenizeRequest(OpenAIBody):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: list[ToolDef] | None = None  # with messages: written into the prompt as chat completions write them
 
 
 class DetokenizeRequest(BaseModel):
@@ -71,19 +74,25 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest, request: 
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def _tokenize(engine, req: TokenizeRequest) -> list[int]:
-    if (req.prompt is None) == (req.messages is None):
-        raise APIError(400, "give prompt or messages (one of them)", param="prompt")
-    if req.prompt is not None:
-        check_length(engine, len(req.prompt), "prompt")
-        return engine.tokenizer(req.prompt, add_special_tokens=req.add_special_tokens).input_ids
-    return chat_ids(engine, chat_messages(req), add_generation_prompt=req.add_generation_prompt,
-                    continue_final_message=req.continue_final_message)
+def _tokenize(engine, prompt: str, add_special_tokens: bool) -> list[int]:
+    check_length(engine, len(prompt), "prompt")
+    return engine.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest):
-    engine = state.loaded_engine().engine
-    ids = await off_loop(_tokenize, engine, req)
+    """A prompt's token ids, or a conversation's (and its tools') exactly as chat completions would send it."""
+    if (req.prompt is None) == (req.messages is None):
+        raise APIError(400, "give prompt or messages (one of them)", param="prompt")
+    if req.messages == []:
+        raise APIError(400, "messages is empty", param="messages")
+    async_engine = state.loaded_engine()
+    engine = async_engine.engine
+    if req.prompt is not None:
+        ids = await off_loop(_tokenize, engine, req.prompt, req.add_special_tokens)
+    else:
+        chat = ChatRequest(model=req.model, messages=req.messages, tools=req.tools,
+                           continue_final_message=req.continue_final_message)
+        _, ids = await templated(async_engine, chat, req.add_generation_prompt)
     return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
 
 

@@ -67,8 +67,8 @@ async def completion_prompts(prompt, engine: LLMEngine) -> list[tuple[list[int],
 
 
 async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None,
-                      continue_final_message: bool = False) -> list[int]:
-    return await off_loop(chat_ids, engine, messages, tools, True, continue_final_message)
+                      continue_final_message: bool = False, add_generation_prompt: bool = True) -> list[int]:
+    return await off_loop(chat_ids, engine, messages, tools, add_generation_prompt, continue_final_message)
 
 
 async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "response_format") -> None:

@@ -159,6 +159,20 @@ def test_a_required_call_cut_short_is_a_call_streamed_or_not(tiny):
     assert streamed == {"name": "get_weather", "arguments": call.function.arguments}
 
 
+def test_tokenize_counts_a_tool_conversation_as_chat_sends_it(tiny, qwen_server):
+    """/tokenize with messages and tools gives the prompt chat completions use: the tools written in, a call in
+    the history and its result as the template writes them (before, tools were ignored and calls left empty)."""
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                         "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+    chat = tiny.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], max_tokens=1)
+    r = httpx.post(f"{qwen_server.url}/tokenize", json={"model": "tiny", "messages": history, "tools": [WEATHER]})
+    assert r.status_code == 200 and r.json()["count"] == chat.usage.prompt_tokens
+    without = httpx.post(f"{qwen_server.url}/tokenize", json={"model": "tiny", "messages": history}).json()["count"]
+    assert without < chat.usage.prompt_tokens
+
+
 def _tools_with(**function) -> list[dict]:
     return [{"type": "function", "function": {"name": "f", **function}}]
 
