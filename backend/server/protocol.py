@@ -204,6 +204,9 @@ def chat_messages(req: ChatRequest) -> list[dict]:
     messages = []
     for i, m in enumerate(req.messages):
         content = m.content
+        if content is None and m.role != "assistant":  # an assistant's turn may be calls alone
+            raise APIError(400, f"messages[{i}].content is required for a {m.role} message",
+                           param=f"messages[{i}].content")
         if isinstance(content, list):
             texts = []
             for part in content:

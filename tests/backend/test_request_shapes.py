@@ -28,6 +28,7 @@ RESPONSES = {"model": "tiny", "input": "hi", "max_output_tokens": 2}
      "response_format"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}, "messages[0].content"),
     ("/v1/responses", {**RESPONSES, "text": {"format": "json_object"}}, "text.format"),
     ("/v1/responses", {**RESPONSES, "tools": [{"type": "custom", "name": "pat", "description": ["x"]}]},
      "tools[0].description"),
