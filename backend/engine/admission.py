@@ -118,27 +118,35 @@ def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_templ
     open for the model to go on with (as transformers does it: the text is cut after that message's content)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"model {model_name!r} has no chat template; pass chat_template=..., or use completions")
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=chat_template,
-                                             add_generation_prompt=add_generation_prompt and not continue_final_message,
-                                             tools=tools)
-    except Exception as e:  # jinja's TemplateError and the template's raise_exception
-        raise ValueError(f"the chat template refused these messages: {e}") from None
+    def render(conversation: list[dict]) -> str:
+        try:
+            return tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template, tools=tools,
+                                                 add_generation_prompt=add_generation_prompt and not continue_final_message)
+        except Exception as e:  # jinja's TemplateError and the template's raise_exception
+            raise ValueError(f"the chat template refused these messages: {e}") from None
+
+    text = render(messages)
     if continue_final_message:
-        text = _open_final_message(text, messages[-1] if messages else {})
+        text = _open_final_message(text, messages, render)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def _open_final_message(text: str, final: dict) -> str:
-    """The rendered conversation cut after the final message's content (templates may trim it: then after the
-    trimmed content), so that what the model writes next continues it."""
+CONTINUE_MARK = "@@SCRIPTORIUM-FINAL-MESSAGE@@"  # no whitespace: a template's trim leaves it whole
+
+
+def _open_final_message(text: str, messages: list[dict], render) -> str:
+    """The rendered conversation cut right after the final message's content, as the template writes it, so that
+    what the model writes next continues it. Where that content ends is found by rendering the final message as a
+    mark instead: the text before the mark is the same, and the content is as long as the two renderings differ
+    (a search for the content itself can meet it in an earlier turn, or in the closing marker)."""
+    final = messages[-1] if messages else {}
     content = final.get("content")
     if final.get("role") != "assistant" or not isinstance(content, str) or not content.strip():
         raise ValueError("continuing the final message needs it to be an assistant message with text; end with "
                          "such a message or do not ask to continue it")
-    for piece in (content, content.strip()):
-        at = text.rfind(piece)
-        if at >= 0:
-            return text[:at + len(piece)]
-    raise ValueError("the chat template does not write the final assistant message's text as it was given, so it "
-                     "cannot be continued; do not ask to continue it")
+    marked = render([*messages[:-1], {**final, "content": CONTINUE_MARK}])
+    at = marked.find(CONTINUE_MARK)
+    if at < 0 or marked.count(CONTINUE_MARK) != 1 or text[:at] != marked[:at]:
+        raise ValueError("the chat template does not write the final assistant message's text once, as given, so "
+                         "it cannot be continued; do not ask to continue it")
+    return text[:at + len(text) - len(marked) + len(CONTINUE_MARK)]

@@ -23,6 +23,11 @@ SHORT_CONTEXT = 256
 # it has not read, a prompt's uncached tail) replays a captured decode step as decode rows: each row then attends
 # alone, which at this length costs far less than launching every kernel of an eager step.
 GRAPH_RUN_ROWS = 8
+# On the CUDA path several rows of one sequence (a verification, a short run) attend as decode rows only up to this
+# context: each row reads the sequence's whole cache, (1 + k) times the prompt kernel's reads, which at long contexts
+# outweighs the launches a graph saves (on paper: Llama-3-8B at 32k, 5 rows read 20 GB of cache against 16 GB of
+# weights; not measured on a device yet).
+DECODE_ROWS_CONTEXT = 4096
 
 
 @dataclass
@@ -110,6 +115,7 @@ class ModelRunner:
         """The inputs a captured decode step reads: a batch of `largest` rows, padded rows write nothing."""
         width = (max_model_len + self.block_size - 1) // self.block_size
         dev = self.device
+        self.static_positions = width * self.block_size  # rows at or past it have no table to replay with
         self.static = {
             "input_ids": torch.zeros(largest, dtype=torch.long, device=dev),
             "positions": torch.zeros(largest, dtype=torch.long, device=dev),
@@ -152,8 +158,12 @@ class ModelRunner:
     def _replays(self, plan: StepPlan) -> bool:
         """Whether a captured graph runs this step: every item decodes, verifies its drafts or is a short run, its
         rows as decode rows, and none reads rows other than the sampled ones (embeddings, prompt logprobs)."""
-        if not self.graphs or any(item.pool or item.prompt_logprobs or item.num_scheduled_tokens >
-                                  max(GRAPH_RUN_ROWS, item.num_draft + 1) for item in plan):
+        if not self.graphs or any(
+                item.pool or item.prompt_logprobs
+                or item.num_scheduled_tokens > max(GRAPH_RUN_ROWS, item.num_draft + 1)
+                or (item.num_scheduled_tokens > 1 and item.seq.num_computed_tokens > DECODE_ROWS_CONTEXT)
+                or item.seq.num_computed_tokens + item.num_scheduled_tokens > self.static_positions
+                for item in plan):
             return False
         return sum(item.num_scheduled_tokens for item in plan) <= max(self.graphs)
 
@@ -161,7 +171,8 @@ class ModelRunner:
         # With our CPU kernels or the Triton ones a verification run is decode rows too (each row attending exactly as
         # it would decoding, so greedy speculation keeps plain decoding's tokens), and so is a short prompt chunk with
         # the one-call step: the step stays a decode step.
-        return item.num_scheduled_tokens == 1 or ((self.cpu_kernels or self.triton) and item.num_draft > 0) or (
+        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
+            self.triton and item.num_draft > 0 and item.seq.num_computed_tokens <= DECODE_ROWS_CONTEXT) or (
             self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
             and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
 

@@ -164,7 +164,8 @@ def _check_some_token_left(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     rows = [i for i, s in enumerate(seqs) if s.matcher is not None and s.params.allowed_token_ids is not None]
     if not rows:
         return
-    for i, left in zip(rows, torch.isfinite(logits[rows]).any(dim=-1).tolist()):
+    # masked tokens are -inf; a NaN row is a numerical fault, not the request's, and is left to fail as one
+    for i, left in zip(rows, (~torch.isneginf(logits[rows])).any(dim=-1).tolist()):
         if not left:
             raise InvalidParameter("allowed_token_ids", f"allowed_token_ids leaves no token that the output's JSON "
                                    f"schema (response_format, or a required tool call) allows after "

@@ -118,7 +118,8 @@ def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str
     if prompt_len + requested > limit:
         # vLLM's wording, which agent clients read to retry with what is left (Hermes does)
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                       f"{requested} output tokens and your prompt contains {prompt_len} input tokens, for a total "
-                       f"of {prompt_len + requested} tokens. Reduce the length of the prompt or {param} (at most "
-                       f"{limit - prompt_len} here).", param=param, code="context_length_exceeded")
+                       f"{requested} output tokens and your prompt contains at least {prompt_len} input tokens, for a "
+                       f"total of at least {prompt_len + requested} tokens. Please reduce the length of the input "
+                       f"prompt or the number of requested output tokens ({param}: at most {limit - prompt_len} here).",
+                       param=param, code="context_length_exceeded")
     return requested

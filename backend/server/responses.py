@@ -164,7 +164,7 @@ def output_items(tools: ChatTools, names: ToolNames, text: str, reason: str | No
         items.append(message_item(new_item_id("msg"), msg["content"], status))
     for call in msg.get("tool_calls") or []:
         fn = call["function"]
-        items.append(names.item(call["id"], new_item_id("fc"), fn["name"], fn["arguments"], "completed"))
+        items.append(names.item(call["id"], new_item_id("fc"), fn["name"], fn["arguments"], status))
     return items
 
 

@@ -248,3 +248,22 @@ def test_a_final_assistant_message_is_continued(tiny, qwen_server):
     r = httpx.post(f"{qwen_server.url}/v1/chat/completions", json={
         "model": "tiny", "messages": asked, "max_tokens": 2, "continue_final_message": True})
     assert r.status_code == 400 and "assistant message with text" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("final", ["The answer is", "d", "```json\n", "  padded  "])
+@pytest.mark.parametrize("trim", [False, True])
+def test_the_final_message_is_opened_where_its_turn_writes_it(final, trim, tmp_path):
+    """The cut is after the final turn's own content, though the same text is in an earlier turn or the closing
+    marker ("d" of "<|im_end|>"), and though the template trims it (Llama 3's and Gemma's do)."""
+    from transformers import AutoTokenizer
+
+    from backend.engine.admission import chat_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(build_model("qwen2", tmp_path / "m"))
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim if " + str(trim) + " else m.content }}" \
+               "</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    messages = [{"role": "user", "content": "Fix this:\n```json\n{} d The answer is  padded  "},
+                {"role": "assistant", "content": final}]
+    ids = chat_prompt_ids(tokenizer, messages, "m", chat_template=template, continue_final_message=True)
+    user = messages[0]["content"].strip() if trim else messages[0]["content"]
+    assert tokenizer.decode(ids) == f"<user>{user}</user><assistant>{final.strip() if trim else final}"

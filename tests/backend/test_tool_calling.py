@@ -206,3 +206,15 @@ def test_bad_tool_inputs_are_400_with_param(qwen_server, payload, param):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_a_moved_schema_keeps_its_data_and_its_names():
+    """Only "#" and "#/..." references move; values of const, enum, default and examples are data, a property
+    may be called "enum", an anchor reference stays, and an $id goes (references would resolve against it)."""
+    from backend.server.tools.tool_defs import _moved_refs
+
+    schema = {"$id": "urn:x", "properties": {"enum": {"$ref": "#/$defs/A"}, "c": {"const": {"$ref": "#/kept"}}},
+              "$defs": {"A": {"$ref": "#"}}, "x": {"$ref": "#anchor"}, "enum": [{"$ref": "#/data"}]}
+    assert _moved_refs(schema, "#/$defs/tool0") == {
+        "properties": {"enum": {"$ref": "#/$defs/tool0/$defs/A"}, "c": {"const": {"$ref": "#/kept"}}},
+        "$defs": {"A": {"$ref": "#/$defs/tool0"}}, "x": {"$ref": "#anchor"}, "enum": [{"$ref": "#/data"}]}

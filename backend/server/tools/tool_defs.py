@@ -64,14 +64,30 @@ class ToolSpec:
         return array
 
 
+LITERALS = ("const", "enum", "default", "examples")  # values, not schemas: a "$ref" inside one is data
+NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema maps
+
+
 def _moved_refs(schema, prefix: str):
-    """The schema with every local reference ("#..." JSON pointer) made relative to `prefix`, where it now sits."""
-    if isinstance(schema, dict):
-        return {key: prefix + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#")
-                else _moved_refs(value, prefix) for key, value in schema.items()}
+    """The schema with every local reference (a "#" or "#/..." JSON pointer) made relative to `prefix`, where it now
+    sits; an "$id" is dropped, as references would resolve against it rather than against the new root."""
     if isinstance(schema, list):
         return [_moved_refs(value, prefix) for value in schema]
-    return schema
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$id":
+            continue
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = prefix + value[1:]
+        elif key in LITERALS:
+            out[key] = value
+        elif key in NAMED and isinstance(value, dict):  # its keys are names (a property called "enum"), not keywords
+            out[key] = {name: _moved_refs(sub, prefix) for name, sub in value.items()}
+        else:
+            out[key] = _moved_refs(value, prefix)
+    return out
 
 
 def object_schema(parameters: dict | None) -> dict:
