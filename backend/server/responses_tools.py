@@ -46,7 +46,7 @@ class ToolNames:
             try:
                 text = json.loads(arguments).get("input", "")
             except (json.JSONDecodeError, AttributeError):
-                text = arguments
+                text = partial_input(arguments)
             return {"type": "custom_tool_call", "id": item_id, "call_id": call_id, "name": name,
                     "input": text if isinstance(text, str) else json.dumps(text), "status": status}
         out = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
@@ -57,6 +57,21 @@ class ToolNames:
 
     def is_custom(self, model_name: str) -> bool:
         return self.by_model_name.get(model_name, ("function",))[0] == "custom"
+
+
+def partial_input(arguments: str) -> str:
+    """A custom call's input from `{"input": "...` that max_tokens cut short: the string written so far (what the
+    model wrote, whole, when it is not that)."""
+    head = '{"input": "'
+    if not arguments.startswith(head):
+        return arguments
+    body = arguments[len(head):]
+    for end in range(len(body), max(len(body) - 6, -1), -1):  # a cut escape (\u00e) takes up to 6 characters
+        try:
+            return json.loads('"' + body[:end] + '"')
+        except json.JSONDecodeError:
+            continue
+    return arguments
 
 
 def _function(tool: dict, names: ToolNames, namespace: str | None) -> dict:

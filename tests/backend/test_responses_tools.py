@@ -102,3 +102,12 @@ def test_a_namespace_holding_something_else_is_refused(tiny):
     with pytest.raises(openai.BadRequestError) as e:
         tiny.responses.create(model="tiny", input=ASK, tools=[{**NAMESPACE, "tools": [HOSTED[0]]}])
     assert "tools[0].tools[0].type" in str(e.value)
+
+
+def test_a_custom_call_cut_short_keeps_the_input_written_so_far():
+    from backend.server.responses_tools import partial_input
+
+    assert partial_input('{"input": "*** Begin Patch\\nab') == "*** Begin Patch\nab"
+    assert partial_input('{"input": "caf\\u00e') == "caf"  # a cut escape is left out
+    assert partial_input('{"input": "tab\\') == "tab"
+    assert partial_input("not the wrapper") == "not the wrapper"
