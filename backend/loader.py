@@ -165,21 +165,23 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
-        _pack_for_cpu(model, products, source.gguf_file)
+        _pack_for_cpu(model, products, reader if source.gguf_file is not None else None)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device, moe_cpu_compute)
     return model.to(device).eval()
 
 
-def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
-    """Repack quantized weights for our CPU kernel, or map a GGUF's earlier repack (backend/quant/pack_cache.py)."""
+def _pack_for_cpu(model: CausalLM, products: str, reader) -> None:
+    """Repack quantized weights for our CPU kernel, or map a GGUF's earlier repack (backend/quant/pack_cache.py).
+    reader: the GGUF file's (its identity and tensor table mark the repack kept), None for other models."""
     from backend.quant import cpu_layout, pack_cache
     from backend.quant.modules import QuantWeight
 
     if not cpu_layout.enabled():
         return
-    entry = pack_cache.entry_path(gguf, products) if gguf is not None else None
-    if entry is not None and pack_cache.load(model, entry):
+    entry = pack_cache.entry_path(reader.path, products) if reader is not None else None
+    origin = pack_cache.made_from(reader, products) if reader is not None else {}
+    if entry is not None and pack_cache.load(model, entry, origin):
         return
     from rich.progress import Progress
 
@@ -194,8 +196,7 @@ def _pack_for_cpu(model: CausalLM, products: str, gguf: Path | None) -> None:
         with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8))) as pool:
             for _ in pool.map(lambda m: m.pack_for_cpu(products), weights):
                 progress.advance(task)
-    if entry is not None:
-        pack_cache.save(model, entry)
+    if entry is not None and pack_cache.save(model, entry, origin):
         log.info("repacked in %.1f s; the next start maps %s", time.monotonic() - started, entry.name)
 
 
