@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from common.files import atomic_write_text
-from common.procs import ProcessIdentity, cmdline, pid_alive, start_time
+from common.procs import ProcessIdentity, boot_id, cmdline, pid_alive, start_time
 
 __all__ = ["Record", "State", "now", "pid_alive", "boot_id", "same_process", "identify"]
 
@@ -33,14 +33,6 @@ class Record:
     def from_dict(cls, data: dict) -> "Record":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
 
 
 def _runs(command: list[str], running: list[str]) -> bool:

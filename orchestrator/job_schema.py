@@ -13,7 +13,9 @@ CREATE TABLE IF NOT EXISTS runs (
     message TEXT,
     error TEXT,
     result TEXT,
-    pid INTEGER,
+    pid INTEGER,                    -- the process working on it, named by pid_start and pid_boot with it
+    pid_start INTEGER,              -- its start time (clock ticks since boot): a reused pid has another
+    pid_boot TEXT,                  -- the boot it ran in; both NULL: recorded before they were (the pid decides)
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
     updated REAL NOT NULL,
@@ -46,9 +48,11 @@ CREATE TABLE IF NOT EXISTS history (
     PRIMARY KEY (run_id, part, version)
 );
 """
-SCHEMA_VERSION = 3  # 1: steps without files/inputs (their outputs are checked for presence only); 2: no queue
+# 1: steps without files/inputs (their outputs are checked for presence only); 2: no queue; 3: a run's process
+# named by its pid alone
+SCHEMA_VERSION = 4
 STEP_COLUMNS = {"files": "TEXT", "inputs": "TEXT"}
-RUN_COLUMNS = {"client": "TEXT", "queued_at": "REAL"}
+RUN_COLUMNS = {"client": "TEXT", "queued_at": "REAL", "pid_start": "INTEGER", "pid_boot": "TEXT"}
 
 
 def migrate(db: sqlite3.Connection) -> None:

@@ -1,17 +1,17 @@
 """Runs and their steps in SQLite, so a job outlives the process that started it."""
 
-import hashlib
 import json
 import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from common.procs import pid_alive
+from orchestrator.job_rows import Run, Step, run_from, step_digest, step_from, worker_columns
 from orchestrator.job_schema import SCHEMA, migrate
 from orchestrator.store_errors import describe
+
+__all__ = ["ACTIVE", "JobError", "JobStore", "Run", "Step", "StoreError", "UnknownRun", "step_digest"]
 
 ACTIVE = ("queued", "running")
 
@@ -26,65 +26,6 @@ class UnknownRun(JobError):
 
 class StoreError(JobError):
     """The job database cannot be opened or written (a full disk, a read-only data directory)."""
-
-
-@dataclass
-class Run:
-    id: str
-    kind: str
-    params: dict
-    status: str
-    stage: str | None
-    progress: float
-    message: str | None
-    error: str | None
-    result: dict | None
-    pid: int | None
-    cancel_requested: bool
-    created: float
-    updated: float
-    finished: float | None
-    client: str | None = None
-    queued_at: float | None = None
-    queue_position: int | None = None  # 1 for the next job to start; None when it is not waiting (pool.py)
-
-    @property
-    def worker_alive(self) -> bool:
-        return self.pid is not None and pid_alive(self.pid)
-
-    @property
-    def interrupted(self) -> bool:
-        """Marked running, but the process running it is gone: `resume` picks it up."""
-        return self.status == "running" and not self.worker_alive
-
-    def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d["interrupted"] = self.interrupted
-        return d
-
-
-@dataclass
-class Step:
-    name: str
-    status: str
-    output: object
-    error: str | None
-    started: float | None
-    finished: float | None
-    files: dict | None = None  # None: recorded before hashes were (presence is all that can be checked)
-    inputs: dict | None = None
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    @property
-    def digest(self) -> str:
-        """What a consumer of this step depends on: its output and the content of its files."""
-        return step_digest(self.output, self.files)
-
-
-def step_digest(output, files: dict | None) -> str:
-    return hashlib.sha256(json.dumps([output, files], sort_keys=True).encode()).hexdigest()
 
 
 class JobStore:
@@ -140,12 +81,14 @@ class JobStore:
         db: a connection inside a transaction to insert it with (pool.py checks the queue in the same one)."""
         now = time.time()
         run_id = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-" + uuid.uuid4().hex[:6]
-        row = (run_id, kind, json.dumps(params), status, now, now, client, pid, now if status == "queued" else None)
-        sql = "INSERT INTO runs (id, kind, params, status, created, updated, client, pid, queued_at) " \
-              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        worker = worker_columns(pid)
+        row = (run_id, kind, json.dumps(params), status, now, now, client, worker["pid"], worker["pid_start"],
+               worker["pid_boot"], now if status == "queued" else None)
+        sql = "INSERT INTO runs (id, kind, params, status, created, updated, client, pid, pid_start, pid_boot, " \
+              "queued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         if db is not None:
             db.execute(sql, row)
-            return _run(db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
+            return run_from(db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone())
         with self._connect() as conn:
             conn.execute(sql, row)
         return self.get(run_id)
@@ -156,7 +99,7 @@ class JobStore:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise UnknownRun(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
-        return _run(row)
+        return run_from(row)
 
     def find(self, typed: str) -> Run:
         """The run with this id or, for people typing ids from `list` at the CLI, the one run it is a prefix of."""
@@ -171,7 +114,7 @@ class JobStore:
                 row = rows[0] if rows else None
         if row is None:
             raise UnknownRun(f"no run {typed!r}; `python -m orchestrator list` shows the runs")
-        return _run(row)
+        return run_from(row)
 
     def active(self, kinds: tuple[str, ...], db: sqlite3.Connection | None = None,
                finished_since: float | None = None) -> list[Run]:
@@ -181,14 +124,14 @@ class JobStore:
                "AND (status IN ('queued', 'running') OR finished > ?) ORDER BY COALESCE(queued_at, created), id")
         args = (*kinds, time.time() + 1 if finished_since is None else finished_since)
         if db is not None:
-            return [_run(r) for r in db.execute(sql, args).fetchall()]
+            return [run_from(r) for r in db.execute(sql, args).fetchall()]
         with self._connect() as conn:
-            return [_run(r) for r in conn.execute(sql, args).fetchall()]
+            return [run_from(r) for r in conn.execute(sql, args).fetchall()]
 
     def recent(self, limit: int = 50) -> list[Run]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM runs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
-        return [_run(r) for r in rows]
+        return [run_from(r) for r in rows]
 
     def page(self, limit: int, before: tuple[float, str] | None = None) -> list[Run]:
         """Runs newest first, starting after `before` (the created time and id of the last one already seen)."""
@@ -199,9 +142,13 @@ class JobStore:
                 rows = db.execute("SELECT * FROM runs WHERE created < ? OR (created = ? AND id < ?) "
                                   "ORDER BY created DESC, id DESC LIMIT ?",
                                   (before[0], before[0], before[1], limit)).fetchall()
-        return [_run(r) for r in rows]
+        return [run_from(r) for r in rows]
 
     def update(self, run_id: str, **fields) -> None:
+        """Set these columns. A pid is recorded with the identity of the process that has it now (worker_columns):
+        this process, or a child not yet reaped, so that it is the process meant."""
+        if "pid" in fields:
+            fields.update(worker_columns(fields["pid"]))
         for key in ("result", "params"):
             if key in fields and fields[key] is not None:
                 fields[key] = json.dumps(fields[key])
@@ -220,15 +167,17 @@ class JobStore:
             if row is None:
                 db.execute("ROLLBACK")
                 raise JobError(f"no run {run_id!r}")
-            run = _run(row)
+            run = run_from(row)
             if run.status in ("done", "cancelled"):
                 db.execute("ROLLBACK")
                 raise JobError(f"run {run_id} is {run.status}; nothing to resume")
             if run.pid is not None and run.pid != pid and run.worker_alive and run.status == "running":
                 db.execute("ROLLBACK")
                 raise JobError(f"run {run_id} is being worked on by process {run.pid}")
-            db.execute("UPDATE runs SET status = 'running', pid = ?, error = NULL, updated = ? WHERE id = ?",
-                       (pid, time.time(), run_id))
+            worker = worker_columns(pid)
+            db.execute("UPDATE runs SET status = 'running', pid = ?, pid_start = ?, pid_boot = ?, error = NULL, "
+                       "updated = ? WHERE id = ?",
+                       (worker["pid"], worker["pid_start"], worker["pid_boot"], time.time(), run_id))
             db.execute("COMMIT")
         return self.get(run_id)
 
@@ -240,7 +189,7 @@ class JobStore:
             row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None:
                 raise UnknownRun(f"no run {run_id!r}; `python -m orchestrator list` shows the runs")
-            run, now = _run(row), time.time()
+            run, now = run_from(row), time.time()
             if run.status in ("done", "failed", "cancelled", "open"):  # an open run: its stage jobs are cancelled
                 return run
             if run.status == "queued" and not run.worker_alive or run.interrupted:
@@ -260,12 +209,12 @@ class JobStore:
     def steps(self, run_id: str) -> list[Step]:
         with self._connect() as db:
             rows = db.execute("SELECT * FROM steps WHERE run_id = ? ORDER BY started, name", (run_id,)).fetchall()
-        return [_step(r) for r in rows]
+        return [step_from(r) for r in rows]
 
     def step(self, run_id: str, name: str) -> Step | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM steps WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
-        return _step(row) if row else None
+        return step_from(row) if row else None
 
     def start_step(self, run_id: str, name: str) -> None:
         with self._connect() as db:
@@ -287,20 +236,3 @@ class JobStore:
         with self._connect() as db:
             db.execute("UPDATE steps SET status = 'failed', error = ?, finished = ? WHERE run_id = ? AND name = ?",
                        (error, time.time(), run_id, name))
-
-
-def _run(row: sqlite3.Row) -> Run:
-    return Run(
-        id=row["id"], kind=row["kind"], params=json.loads(row["params"]), status=row["status"], stage=row["stage"],
-        progress=row["progress"], message=row["message"], error=row["error"],
-        result=json.loads(row["result"]) if row["result"] else None, pid=row["pid"],
-        cancel_requested=bool(row["cancel_requested"]), created=row["created"], updated=row["updated"],
-        finished=row["finished"], client=row["client"], queued_at=row["queued_at"],
-    )
-
-
-def _step(row: sqlite3.Row) -> Step:
-    return Step(name=row["name"], status=row["status"], output=json.loads(row["output"]) if row["output"] else None,
-                error=row["error"], started=row["started"], finished=row["finished"],
-                files=json.loads(row["files"]) if row["files"] else None,
-                inputs=json.loads(row["inputs"]) if row["inputs"] else None)

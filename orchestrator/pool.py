@@ -3,11 +3,16 @@
 
 There is no pool process to die: the queue is the job store, and whoever changes it moves it on. Starting a job,
 listing jobs and a worker finishing its job all call `dispatch`, which in one BEGIN IMMEDIATE transaction counts
-the pooled jobs whose process lives and marks the next waiting one as taken (its pid: the dispatching process,
-until the worker it starts writes its own). SQLite serializes two processes dispatching at once, so no job starts
-twice and no more than max_jobs run; a dispatcher that dies between marking and starting leaves a pid that is gone,
-and the job waits again. A worker whose job is over becomes the worker of the next waiting one (exec: the same
-pid, a fresh interpreter), so there are never more than max_jobs worker processes, not even for a moment.
+the pooled jobs whose process lives and marks the next waiting one as taken (its process: the dispatching one,
+until the worker it starts is written in its place). SQLite serializes two processes dispatching at once, so no job
+starts twice and no more than max_jobs run; a dispatcher that dies between marking and starting leaves a process
+that is gone, and the job waits again. A worker whose job is over becomes the worker of the next waiting one (exec:
+the same pid and start time, a fresh interpreter), so there are never more than max_jobs worker processes, not
+even for a moment.
+
+A process is its pid with its start time and boot (common.procs, recorded by the job store with every pid): a pid
+that another process got after the worker died is not the worker, so it holds no place, its running job reads
+as interrupted (`resume` continues it, `cancel` ends it at once) and a job it had taken waits again.
 """
 
 import contextlib
@@ -17,6 +22,7 @@ import sys
 import time
 
 from common.settings import Settings
+from orchestrator.job_rows import worker_columns
 from orchestrator.jobs import JobError, JobStore, Run, StoreError
 
 # Image jobs too: each waits on ComfyUI's own queue, but in a worker process of its own (~40 MB) that must be bounded
@@ -51,7 +57,7 @@ def split(runs: list[Run]) -> tuple[int, list[Run]]:
     waiting for a worker, in queue order). This process's own ended jobs take no place: it is the one moving on."""
     active = [r for r in runs if r.status in ("queued", "running")]
     live = sum(1 for r in active if r.worker_alive)
-    working = {r.pid for r in active}
+    working = {r.pid for r in active if r.worker_alive}  # the processes behind these pids, not others with them
     leaving = {r.pid for r in runs if r.status not in ("queued", "running") and r.pid not in working
                and r.pid != os.getpid() and r.worker_alive}
     return live + len(leaving), [r for r in active if r.status == "queued" and not r.worker_alive]
@@ -102,7 +108,9 @@ def _take(store: JobStore, settings: Settings, skip: set[str]) -> str | None:
         waiting = [r for r in waiting if r.id not in skip]
         if not waiting or live >= settings.max_jobs:
             return None
-        db.execute("UPDATE runs SET pid = ? WHERE id = ?", (os.getpid(), waiting[0].id))
+        me = worker_columns(os.getpid())
+        db.execute("UPDATE runs SET pid = ?, pid_start = ?, pid_boot = ? WHERE id = ?",
+                   (me["pid"], me["pid_start"], me["pid_boot"], waiting[0].id))
         return waiting[0].id
 
 
