@@ -8,21 +8,22 @@ the backup's directory is renamed into place, so a backup that is listed survive
 Nothing is read through a link, and links and special files are listed as skipped (ops/backup_fs.py).
 """
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
+import secrets
 import socket
 import sqlite3
 import stat
-import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
-from common.files import atomic_write_text, fsync_dir
 from common.hashing import sha256_file
-from ops import backup_fs
+from ops import backup_database, backup_fs
 from ops.backup_prune import prune, prune_plan
 from ops.backup_restore import restore, verify
 from ops.backup_store import (
@@ -48,37 +49,71 @@ def root_for(home: Path, to: str | None) -> Path:
     return Path(to).expanduser() if to else home / "backups"
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+@dataclass
+class _Partial:
+    """The backup being written, <root>/.<id>.partial: every directory opened from the root down without
+    following a link, every file made anew (O_EXCL|O_NOFOLLOW), so a link swapped into the tree meanwhile
+    fails the backup instead of sending a write outside."""
+
+    root: Path
+    name: str
+    dirs: set[str] = field(default_factory=lambda: {""})  # made so far, "" for the partial directory itself
+
+    def open_dir(self, relative: str, create: bool = False) -> int:
+        try:
+            return backup_fs.open_dirs(self.root, [self.name, *filter(None, relative.split("/"))], create)
+        except backup_fs.Unsafe as e:
+            raise BackupError(f"the backup being written in {self.root} was changed under it: {e}") from None
+
+    def new_file(self, relative: str) -> BinaryIO:
+        directory, _, name = relative.rpartition("/")
+        dir_fd = self.open_dir(directory, create=True)
+        try:
+            parts = directory.split("/") if directory else []
+            self.dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+            return backup_fs.new_file(name, dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def write_manifest(self, text: str) -> None:
+        """Written beside its final name, fsynced, then renamed into it relative to the directory's fd."""
+        with self.new_file(f".{MANIFEST}.tmp") as f:
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        dir_fd = self.open_dir("")
+        try:
+            os.replace(f".{MANIFEST}.tmp", MANIFEST, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def sync_dirs(self) -> None:
+        for directory in sorted(self.dirs, key=lambda d: d.count("/") + bool(d), reverse=True):
+            dir_fd = self.open_dir(directory)
+            try:
+                os.fsync(dir_fd)  # every entry is on disk before the backup becomes visible
+            finally:
+                os.close(dir_fd)
 
 
-def _sqlite_copy(source: Path, target: Path) -> None:
-    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-    dst = sqlite3.connect(target)
-    try:
-        src.backup(dst)  # page by page, restarting if a writer changes the database meanwhile
-    finally:
-        dst.close()
-        src.close()
-    _fsync_file(target)
-
-
-def _store_object(objects: Path, source: int) -> dict:
+def _store_object(objects_fd: int, source: int) -> dict:
     """Put a model file (an open descriptor) into the content-addressed store, once per distinct content."""
     digest = backup_fs.sha256_fd(source)
-    if (objects / digest).exists():
-        return {"sha256": digest, "size": os.fstat(source).st_size, "object": digest}
-    fd, tmp = tempfile.mkstemp(dir=objects, prefix=f".{digest}.", suffix=".partial")
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.stat(digest, dir_fd=objects_fd, follow_symlinks=False).st_mode):
+            return {"sha256": digest, "size": os.fstat(source).st_size, "object": digest}
+    tmp = f".{digest}.{secrets.token_hex(4)}.partial"
     try:
-        with os.fdopen(fd, "wb") as dst:
+        with backup_fs.new_file(tmp, objects_fd) as dst:
             copied = backup_fs.copy_fd(source, dst)
         # Named by what was copied: if the file changed meanwhile, the name still matches the bytes stored.
-        os.replace(tmp, objects / copied["sha256"])
+        # A link at that name is replaced itself, never written through.
+        os.replace(tmp, copied["sha256"], src_dir_fd=objects_fd, dst_dir_fd=objects_fd)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=objects_fd)
         raise
-    fsync_dir(objects)
+    os.fsync(objects_fd)
     return {**copied, "object": copied["sha256"]}
 
 
@@ -92,23 +127,37 @@ def create(home: Path, root: Path, configs: list[Path], include_models: bool = F
             return _create(home, root, configs, include_models, docker_images or [])
     except (OSError, sqlite3.Error) as e:
         raise failure(e, root, "write the backup") from None
+    except backup_fs.Unsafe as e:  # a link where the store has a directory (objects/): never followed
+        raise BackupError(f"cannot write the backup to {root}: {root}/{e}; remove or move it") from None
 
 
 def _create(home: Path, root: Path, configs: list[Path], include_models: bool,
             docker_images: list[tuple[str, object]]) -> Backup:
     backup_id = datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
-    partial = root / f".{backup_id}.partial"
-    final = root / backup_id
-    partial.mkdir()
+    partial = _Partial(root, f".{backup_id}.partial")
+    root_fd = backup_fs.open_dirs(root, [])
+    try:
+        os.mkdir(partial.name, dir_fd=root_fd)
+        try:
+            manifest = _fill(home, root, partial, backup_id, configs, include_models, docker_images)
+            partial.sync_dirs()
+            # The backup appears only now, complete.
+            os.rename(partial.name, backup_id, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            os.fsync(root_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                backup_fs.remove_tree(root_fd, partial.name)
+            raise
+    finally:
+        os.close(root_fd)
+    return Backup(backup_id, root / backup_id, manifest["created"], manifest["files"],
+                  skipped=manifest["skipped"])
+
+
+def _fill(home: Path, root: Path, partial: _Partial, backup_id: str, configs: list[Path],
+          include_models: bool, docker_images: list[tuple[str, object]]) -> dict:
+    """Copy everything into the partial backup and write its manifest; returns the manifest."""
     files: list[dict] = []
-    dirs = {partial}
-
-    def place(relative: str) -> Path:
-        target = partial / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        dirs.update(p for p in target.parents if p.is_relative_to(partial))
-        return target
-
     skipped: list[dict] = []
 
     def copy(base: Path, found: backup_fs.Found, store, entry: dict) -> None:
@@ -127,73 +176,63 @@ def _create(home: Path, root: Path, configs: list[Path], include_models: bool,
                 skipped.append({**entry, "note": f"has {links} hard links, some outside: not copied"})
                 return
             files.append({**entry, **store(fd)})
+        except backup_fs.Unsafe as e:  # the job database, replaced after it was opened
+            skipped.append({**entry, "note": f"{e}: not copied"})
         finally:
             os.close(fd)
 
     def into_backup(relative: str):
         def store(fd: int) -> dict:
-            with open(place(relative), "wb") as dst:
+            with partial.new_file(relative) as dst:
                 return backup_fs.copy_fd(fd, dst)
         return store
 
-    try:
-        for config in configs:
-            relative = f"configs/{config.name}"
-            copy(config.parent, backup_fs.Found(config.name, 1), into_backup(relative),
-                 {"path": relative, "source": str(config)})
-        jobs = home / "jobs.db"
-        st = jobs.lstat() if jobs.exists() or jobs.is_symlink() else None
-        if st and not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
-            note = backup_fs.skip_note(st.st_mode) if not stat.S_ISREG(st.st_mode) else \
-                f"has {st.st_nlink} hard links: not copied"
-            skipped.append({"path": "jobs.db", "note": note})
-        elif st:
-            _sqlite_copy(jobs, place("jobs.db"))
-            files.append({"path": "jobs.db", "sha256": sha256(partial / "jobs.db"),
-                          "size": (partial / "jobs.db").stat().st_size})
-        runs = backup_fs.scan(home, "runs", ignore=lambda name: name.endswith(".partial"))
-        skipped += runs.skipped
-        for found in runs.files:
-            copy(home, found, into_backup(found.path), {"path": found.path})
-        if include_models:
-            models = backup_fs.scan(home, "models")
-            skipped += models.skipped
-            objects = root / OBJECTS
-            objects.mkdir(exist_ok=True)
+    def database(fd: int) -> dict:
+        with backup_database.snapshot(fd, "jobs.db") as copied:
+            return into_backup("jobs.db")(copied)
+
+    for config in configs:
+        relative = f"configs/{config.name}"
+        copy(config.parent, backup_fs.Found(config.name, 1), into_backup(relative),
+             {"path": relative, "source": str(config)})
+    copy(home, backup_fs.Found("jobs.db", 1), database, {"path": "jobs.db"})
+    runs = backup_fs.scan(home, "runs", ignore=lambda name: name.endswith(".partial"))
+    skipped += runs.skipped
+    for found in runs.files:
+        copy(home, found, into_backup(found.path), {"path": found.path})
+    if include_models:
+        models = backup_fs.scan(home, "models")
+        skipped += models.skipped
+        objects_fd = backup_fs.open_dirs(root, [OBJECTS], create=True)
+        try:
             for found in models.files:
-                copy(home, found, lambda fd: _store_object(objects, fd), {"path": found.path})
-        for service, image_stream in docker_images:
-            files.append({"path": f"docker/{service}.tar", **_save_image(service, image_stream,
-                                                                         place(f"docker/{service}.tar"))})
-        manifest = {"id": backup_id, "created": time.time(), "host": socket.gethostname(), "home": str(home),
-                    "include_models": include_models, "files": files, "skipped": skipped}
-        atomic_write_text(partial / MANIFEST, json.dumps(manifest, indent=2))
-        for directory in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-            fsync_dir(directory)  # every entry is on disk before the backup becomes visible
-        partial.rename(final)  # the backup appears only now, complete
-        fsync_dir(root)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return Backup(backup_id, final, manifest["created"], files, skipped=skipped)
+                copy(home, found, lambda fd: _store_object(objects_fd, fd), {"path": found.path})
+        finally:
+            os.close(objects_fd)
+    for service, image_stream in docker_images:
+        with partial.new_file(f"docker/{service}.tar") as out:
+            files.append({"path": f"docker/{service}.tar", **_save_image(service, image_stream, out)})
+    manifest = {"id": backup_id, "created": time.time(), "host": socket.gethostname(), "home": str(home),
+                "include_models": include_models, "files": files, "skipped": skipped}
+    partial.write_manifest(json.dumps(manifest, indent=2))
+    return manifest
 
 
-def _save_image(service: str, image_stream, target: Path) -> dict:
+def _save_image(service: str, image_stream, f: BinaryIO) -> dict:
     digest, size = hashlib.sha256(), 0
-    with open(target, "wb") as f:
-        stream = iter(image_stream)
-        while True:
-            try:
-                chunk = next(stream, None)
-            except Exception as e:  # noqa: BLE001 the docker SDK's errors: name the container, not a traceback
-                raise BackupError(f"cannot save {service}'s container image: {e}") from None
-            if chunk is None:
-                break
-            f.write(chunk)  # the image is streamed to disk, never held in memory
-            digest.update(chunk)
-            size += len(chunk)
-        f.flush()
-        os.fsync(f.fileno())
+    stream = iter(image_stream)
+    while True:
+        try:
+            chunk = next(stream, None)
+        except Exception as e:  # noqa: BLE001 the docker SDK's errors: name the container, not a traceback
+            raise BackupError(f"cannot save {service}'s container image: {e}") from None
+        if chunk is None:
+            break
+        f.write(chunk)  # the image is streamed to disk, never held in memory
+        digest.update(chunk)
+        size += len(chunk)
+    f.flush()
+    os.fsync(f.fileno())
     return {"sha256": digest.hexdigest(), "size": size}
 
 

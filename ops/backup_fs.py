@@ -5,7 +5,9 @@ opened one component at a time with O_NOFOLLOW, so a symbolic link anywhere belo
 in while a backup runs, is refused rather than followed. The base itself may be a link: the person named it.
 Fifos, sockets and devices are never opened (opening one can block or act on hardware). A regular file with
 more hard links than names inside the tree being copied shares its bytes with a file outside it, which a
-backup must not carry off either.
+backup must not carry off either. What the backup code writes, renames or deletes below such a base is
+reached the same way: new files made with O_EXCL|O_NOFOLLOW in a directory opened without following links,
+trees deleted by walking directory descriptors, where a link is removed itself and never followed.
 """
 
 import contextlib
@@ -16,9 +18,11 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a fifo", stat.S_IFSOCK: "a socket",
           stat.S_IFBLK: "a block device", stat.S_IFCHR: "a character device", stat.S_IFDIR: "a directory",
           stat.S_IFREG: "a regular file"}
@@ -62,6 +66,34 @@ def open_dirs(base: Path, parts: list[str], create: bool = False) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def new_file(name: str, dir_fd: int) -> BinaryIO:
+    """A new regular file `name` in the directory open as dir_fd, for writing: made with O_EXCL, so never an
+    existing file nor the target of a link planted at that name."""
+    return os.fdopen(os.open(name, _NEW, 0o600, dir_fd=dir_fd), "wb")
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Delete `name` from the directory open as dir_fd and, if it is a directory, everything below it, walking
+    by directory descriptors: a link met anywhere is removed itself, never followed, so nothing outside is
+    touched even if the tree changes meanwhile."""
+    try:
+        fd = os.open(name, _DIR, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)  # a file, a link or a fifo: unlink removes the name, never a target
+        return
+    try:
+        for inner in os.listdir(fd):
+            remove_tree(fd, inner)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
 
 
 def open_file(base: Path, relative: str) -> int:

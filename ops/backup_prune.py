@@ -1,12 +1,17 @@
-"""Retention: which backups to keep, and removing the rest along with the objects nothing uses any more."""
+"""Retention: which backups to keep, and removing the rest along with the objects nothing uses any more.
+
+Everything is deleted relative to descriptors of the root and of objects/, walking directories by
+descriptor (backup_fs.remove_tree), so only entries proven inside the backups are removed: a link found
+inside is removed itself, never followed. An objects folder that is a link stops prune before it removes
+anything, naming it; a backup id that is a link is kept and noted like any broken backup.
+"""
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from common.files import fsync_dir
+from ops import backup_fs
 from ops.backup_store import OBJECTS, Backup, BackupError, scan, store_lock
 
 
@@ -55,41 +60,53 @@ def prune_report(root: Path, keep_last: int, keep_daily: int, keep_weekly: int) 
             return _prune(root, keep_last, keep_daily, keep_weekly)
     except OSError as e:
         raise BackupError(f"cannot prune the backups in {root}: {e.filename or root}: {e.strerror}") from None
+    except backup_fs.Unsafe as e:
+        raise BackupError(f"cannot prune the backups in {root}: {root}/{e}; nothing was pruned") from None
 
 
 def _prune(root: Path, keep_last: int, keep_daily: int, keep_weekly: int) -> Pruned:
+    root_fd = backup_fs.open_dirs(root, [])
+    objects_fd = None
+    try:
+        if os.path.lexists(root / OBJECTS):  # opened before anything is removed: a link there stops prune
+            objects_fd = backup_fs.open_dirs(root, [OBJECTS])
+        return _remove(root, root_fd, objects_fd, keep_last, keep_daily, keep_weekly)
+    finally:
+        os.close(root_fd)
+        if objects_fd is not None:
+            os.close(objects_fd)
+
+
+def _remove(root: Path, root_fd: int, objects_fd: int | None, keep_last: int, keep_daily: int,
+            keep_weekly: int) -> Pruned:
     result = Pruned()
     backups, broken = scan(root)
     keep = prune_plan(backups, keep_last, keep_daily, keep_weekly)
     for b in backups:
         if b.id not in keep:
             # Hidden first (one rename), then deleted: a crash halfway never leaves a listed backup with holes.
-            doomed = root / f".{b.id}.deleting"
-            b.path.rename(doomed)
-            shutil.rmtree(doomed)
+            doomed = f".{b.id}.deleting"
+            os.rename(b.id, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            backup_fs.remove_tree(root_fd, doomed)
             result.removed.append(b.id)
     for b in broken:
         result.notes.append(f"kept {b.id}: {b.problem}; fix or remove it by hand")
-    for leftover in root.iterdir():  # under the exclusive lock no create runs: these are from crashes
-        if leftover.name.startswith(".") and leftover.name.endswith((".partial", ".deleting")) and leftover.is_dir():
-            shutil.rmtree(leftover)
-    fsync_dir(root)
-    objects = root / OBJECTS
-    if not objects.is_dir():
+    for name in os.listdir(root_fd):  # under the exclusive lock no create runs: these are from crashes
+        if name.startswith(".") and name.endswith((".partial", ".deleting")):
+            backup_fs.remove_tree(root_fd, name)
+    os.fsync(root_fd)
+    if objects_fd is None:
         return result
     if broken:
         # A manifest that cannot be read may refer to any object, and what survives of its text cannot say
         # which (a truncated file lost the rest): deleting none is the only choice that loses no model.
-        result.notes.append(f"kept every object in {objects}: the objects of {', '.join(b.id for b in broken)} "
-                            "are unknown")
+        result.notes.append(f"kept every object in {root / OBJECTS}: the objects of "
+                            f"{', '.join(b.id for b in broken)} are unknown")
         return result
     used = set().union(*(b.objects for b in scan(root)[0]))
-    for stored in objects.iterdir():
-        if stored.name not in used:  # unused objects, and temporaries (.<sha>.*.partial) of crashed backups
-            if stored.is_dir():
-                shutil.rmtree(stored)
-            else:
-                os.unlink(stored)
+    for name in os.listdir(objects_fd):
+        if name not in used:  # unused objects, and temporaries (.<sha>.*.partial) of crashed backups
+            backup_fs.remove_tree(objects_fd, name)
             result.objects_removed += 1
-    fsync_dir(objects)
+    os.fsync(objects_fd)
     return result

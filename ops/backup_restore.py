@@ -3,7 +3,9 @@
 verify re-hashes every stored file, read without following any link, and flags one that is a link, a special
 file or has more than one hard link (another name, perhaps outside the backup, can change its bytes). restore
 writes only when every entry verifies and every destination is a plain path under the target: no component
-of it a link, nothing but a regular file where the file goes.
+of it a link, nothing but a regular file where the file goes. Stored files are read from the backups root
+down (objects/<sha256>, <id>/<path>), so a backup id or an objects folder that is a link is refused too, and
+every write is made in a directory opened without following links and renamed relative to it.
 """
 
 import contextlib
@@ -13,12 +15,11 @@ from pathlib import Path
 from ops import backup_fs
 from ops.backup_store import MANIFEST, OBJECTS, Backup, BackupError, Broken, failure, store_lock
 
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
 
 def _stored(root: Path, backup: Backup, entry: dict) -> tuple[Path, str]:
-    """(base, path below it) of an entry's stored bytes: the shared object store or the backup's directory."""
-    return (root / OBJECTS, entry["object"]) if entry.get("object") else (backup.path, entry["path"])
+    """(base, path below it) of an entry's stored bytes: the shared object store or the backup's directory,
+    both below the root, so that neither is followed if it is a link."""
+    return root, f"{OBJECTS}/{entry['object']}" if entry.get("object") else f"{backup.id}/{entry['path']}"
 
 
 def verify(root: Path, backup: Backup | Broken) -> list[str]:
@@ -62,6 +63,8 @@ def restore(root: Path, backup: Backup, target: Path, force: bool = False) -> li
             return _restore(root, backup, target, force)
     except OSError as e:
         raise failure(e, target, "restore the backup") from None
+    except backup_fs.Unsafe as e:  # a link swapped in after the checks: refused, never written through
+        raise BackupError(f"cannot restore the backup to {target}: {e}") from None
 
 
 def _restore(root: Path, backup: Backup, target: Path, force: bool) -> list[Path]:
@@ -88,7 +91,6 @@ def _write(root: Path, backup: Backup, entry: dict, target: Path, done: int) -> 
     """One entry: into a temporary made beside it (in a directory opened without following links), then
     renamed over the destination, so readers see the old file or the whole new one."""
     *dirs, name = entry["path"].split("/")
-    directory = target.joinpath(*dirs)
     dir_fd = backup_fs.open_dirs(target, dirs, create=True)
     tmp = f".{name}.restoring"
     try:
@@ -96,7 +98,7 @@ def _write(root: Path, backup: Backup, entry: dict, target: Path, done: int) -> 
             os.unlink(tmp, dir_fd=dir_fd)
         source = backup_fs.open_file(*_stored(root, backup, entry))
         try:
-            with os.fdopen(os.open(tmp, _CREATE, 0o600, dir_fd=dir_fd), "wb") as out:
+            with backup_fs.new_file(tmp, dir_fd) as out:
                 copied = backup_fs.copy_fd(source, out)
         finally:
             os.close(source)
@@ -107,9 +109,8 @@ def _write(root: Path, backup: Backup, entry: dict, target: Path, done: int) -> 
             for suffix in ("-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name + suffix, dir_fd=dir_fd)
-        if not os.path.samestat(os.stat(directory), os.fstat(dir_fd)):
-            raise BackupError(f"{directory} was replaced while the backup was restored; {done} files were restored")
-        os.replace(directory / tmp, directory / name)  # by path: the check above makes it the same directory
+        # Relative to the directory opened above: whatever its path has become meanwhile, never through a link.
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         os.fsync(dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -117,4 +118,4 @@ def _write(root: Path, backup: Backup, entry: dict, target: Path, done: int) -> 
         raise
     finally:
         os.close(dir_fd)
-    return directory / name
+    return target.joinpath(*dirs, name)

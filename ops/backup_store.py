@@ -3,23 +3,30 @@
 <root>/<id>/manifest.json lists a backup's files; <root>/objects/<sha256> holds model files shared by
 backups; <root>/.<id>.partial is a backup being written; <root>/.lock is flocked by every create (shared)
 and by prune (exclusive). A manifest is data from disk, not trusted: every entry must name a plain
-relative path and, for objects, a bare sha256, or the backup is not used.
+relative path and, for objects, a bare sha256, or the backup is not used. Nothing below the root is reached
+through a link: a backup id that is a link is listed as broken and never used, a manifest is read with
+O_NOFOLLOW, and the lock is opened with O_NOFOLLOW|O_CREAT relative to the root's descriptor.
 """
 
 import contextlib
 import errno
 import fcntl
 import json
+import os
 import re
 import sqlite3
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from ops import backup_fs
 
 MANIFEST = "manifest.json"
 OBJECTS = "objects"
 LOCK = ".lock"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _BACKUP_ID = re.compile(r"\d{8}-\d{6}-\d{3}")  # what create names them: 20260101-030000-000
+_LOCK_OPEN = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a fifo never blocks it
 
 
 class BackupError(Exception):
@@ -108,7 +115,8 @@ def _name(entry) -> str:
 def load(path: Path) -> Backup:
     """Read <path>/manifest.json. Raises ValueError or OSError when the manifest as a whole is unusable;
     problems of single entries are kept in Backup.problems."""
-    data = json.loads((path / MANIFEST).read_text())
+    with os.fdopen(backup_fs.open_file(path.parent, f"{path.name}/{MANIFEST}"), "rb") as f:
+        data = json.loads(f.read().decode())
     if not isinstance(data, dict):
         raise ValueError("the manifest is not a JSON object")
     created, entries = data.get("created"), data.get("files")
@@ -145,7 +153,15 @@ def scan(root: Path) -> tuple[list[Backup], list[Broken]]:
     if not root.is_dir():
         return good, broken
     for path in sorted(root.iterdir()):
-        if path.name.startswith(".") or path.name == OBJECTS or not path.is_dir():
+        if path.name.startswith(".") or path.name == OBJECTS:
+            continue
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        if stat.S_ISLNK(mode) and _BACKUP_ID.fullmatch(path.name):
+            broken.append(Broken(path.name, path, "a symbolic link, not followed (a backup is a directory)"))
+        if not stat.S_ISDIR(mode):
             continue
         try:
             good.append(load(path))
@@ -153,7 +169,7 @@ def scan(root: Path) -> tuple[list[Backup], list[Broken]]:
             # Named like a backup, it lost its manifest; anything else (lost+found, a user's folder) is not ours.
             if _BACKUP_ID.fullmatch(path.name):
                 broken.append(Broken(path.name, path, f"{MANIFEST} is missing"))
-        except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        except (OSError, ValueError, backup_fs.Unsafe) as e:  # JSONDecodeError, UnicodeDecodeError: ValueError
             broken.append(Broken(path.name, path, f"{MANIFEST} cannot be read: {e}"))
     return good, broken
 
@@ -168,20 +184,43 @@ def store_lock(root: Path, exclusive: bool, wait: bool = True, required: bool = 
     it when its process dies, so a crashed create never blocks prune. Yields whether the lock is held
     (False only when wait is False and it is busy, or required is False and the store is read-only)."""
     try:
-        handle = open(root / LOCK, "a")  # noqa: SIM115 closed by the with below, after the error check
+        fd = _open_lock(root)
     except OSError as e:
         if not required and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT):
             yield False  # a read-only store: nobody prunes it under us from here
             return
         raise BackupError(f"cannot lock the backups in {root}: {e.strerror}") from None
-    with handle:
+    try:
         flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
         try:
-            fcntl.flock(handle, flags)
+            fcntl.flock(fd, flags)
         except BlockingIOError:
             yield False
             return
         try:
             yield True
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _open_lock(root: Path) -> int:
+    """<root>/.lock, made if missing, relative to the root's descriptor and never through a link: a link
+    planted there is refused, naming it, so no file outside the backups is ever created or opened."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(LOCK, _LOCK_OPEN, 0o666, dir_fd=root_fd)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise BackupError(f"cannot lock the backups in {root}: {root / LOCK} is a symbolic link; "
+                          "remove it (it is made anew)") from None
+    finally:
+        os.close(root_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise BackupError(f"cannot lock the backups in {root}: {root / LOCK} is {backup_fs.kind(mode)}, "
+                          "not a regular file; remove it (it is made anew)")
+    return fd

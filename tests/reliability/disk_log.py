@@ -5,7 +5,8 @@ from pathlib import Path
 
 
 class DiskLog:
-    """What reached the disk and in which order: fsyncs (by the path the descriptor had) and renames."""
+    """What reached the disk and in which order: fsyncs (by the path the descriptor had) and renames (by full
+    path, also when made relative to directory descriptors)."""
 
     def __init__(self, monkeypatch):
         self.events: list[tuple] = []
@@ -15,13 +16,16 @@ class DiskLog:
             self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}")))
             return real_fsync(fd)
 
-        def replace(src, dst, *args, **kwargs):
-            self.events.append(("rename", str(src), str(dst)))
-            return real_replace(src, dst, *args, **kwargs)
+        def named(path, dir_fd) -> str:
+            return str(path) if dir_fd is None else os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
 
-        def rename(src, dst, *args, **kwargs):
-            self.events.append(("rename", str(src), str(dst)))
-            return real_rename(src, dst, *args, **kwargs)
+        def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+            self.events.append(("rename", named(src, src_dir_fd), named(dst, dst_dir_fd)))
+            return real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+        def rename(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+            self.events.append(("rename", named(src, src_dir_fd), named(dst, dst_dir_fd)))
+            return real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "replace", replace)
