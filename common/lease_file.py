@@ -105,9 +105,9 @@ FREE_MARGIN = 512 << 20  # what ComfyUI may keep after /free (allocator cache) a
 
 
 async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | None, memory_timeout: float,
-                          reason: str) -> None:
+                          reason: str, api_key: str | None = None) -> None:
     """ComfyUI frees its models (polled until the memory is back), then the LLM wakes through the sleep API the
-    lease says it was put to sleep with (backend_client); the lease ends.
+    lease says it was put to sleep with (backend_client), with the server's API key if it has one; the lease ends.
 
     The memory is back once the card is as free as when it was lent (the lease's `lent_free`): a holder
     killed before ComfyUI loaded anything gives back at once rather than after the timeout. Leases written
@@ -132,7 +132,7 @@ async def give_back_async(file: LeaseFile, backend: str | None, comfyui: str | N
                 file.event("free-failed", error=str(e))
         if backend:
             try:
-                response = await backend_client.wake_up(http, backend, api)
+                response = await backend_client.wake_up(http, backend, api, api_key)
                 if response.status_code >= 400:
                     raise httpx.HTTPStatusError(f"{response.status_code}: {response.text[:200]}",
                                                 request=response.request, response=response)

@@ -12,9 +12,10 @@ from common.lease_file import LeaseError, LeaseFile, give_back_async, holder_ali
 __all__ = ["LeaseError", "LeaseFile", "describe", "repair"]
 
 
-def repair(home: Path, llm_url: str | None) -> list[str]:
+def repair(home: Path, llm_url: str | None, api_key: str | None = None) -> list[str]:
     """For `ops health`: end a lease that expired or whose holders are gone, and wake a backend left asleep
-    with no lease at all. Returns what was repaired."""
+    with no lease at all, sending api_key (SCRIPTORIUM_LLM_API_KEY) to a server that wants one. Returns what
+    was repaired."""
     file = LeaseFile(home)
     repaired = []
     with file.locked():
@@ -27,13 +28,14 @@ def repair(home: Path, llm_url: str | None) -> list[str]:
                 time.time() - lease["last_job_end"] > 300  # its giver-back died during the idle wait
             if expired or abandoned or stale:
                 why = "expired" if expired else "held by processes that are gone"
-                asyncio.run(give_back_async(file, lease.get("backend"), lease.get("comfyui"), 30, f"repair: {why}"))
+                asyncio.run(give_back_async(file, lease.get("backend"), lease.get("comfyui"), 30, f"repair: {why}",
+                                             api_key))
                 repaired.append(f"the GPU lease was {why}: ComfyUI freed and the LLM woken")
                 return repaired
         if lease is None and llm_url:
             backend = backend_client.root(llm_url)
-            if backend_client.is_sleeping(backend):
-                backend_client.wake_up_now(backend)
+            if backend_client.is_sleeping(backend, api_key=api_key):
+                backend_client.wake_up_now(backend, api_key=api_key)
                 file.event("wake", reason="repair: asleep without a lease")
                 repaired.append(f"the LLM at {backend} was asleep with no lease: woken")
     return repaired

@@ -156,7 +156,8 @@ def health_command(args) -> int:
     from common.settings import Settings
     from ops.lease_repair import repair
 
-    repaired = repair(lifecycle.home(), Settings.from_env().llm_urls[0])
+    settings = Settings.from_env()
+    repaired = repair(lifecycle.home(), settings.llm_urls[0], settings.llm_api_key)
     report = health_report(stack, args.profile, every=args.all)
     if repaired:  # something was wrong, even if it is mended now
         report["problems"] = repaired + report["problems"]

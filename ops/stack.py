@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.settings import SLEEP_APIS
 from common.sizes import SizeError, in_bytes, parse_memory
+from ops.env_file import EnvFileError, read_env_file
 from ops.interpolation import InterpolationError, substitute
 
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
@@ -97,14 +98,30 @@ def _environment(value) -> dict[str, str]:
     return env
 
 
-_PLACEHOLDER = re.compile(r"\{(python|port|home)\}")
+_COMMANDS = ("native", "prepare")  # x-ops commands, whose {python}, {port} and {home} ops fills in
 
 
-def _expand(parts, context: dict[str, str]) -> list[str]:
-    """The file's {python}, {port} and {home} filled in. Not str.format: a value from the environment may hold
-    braces ("{", "{0}"), which must stay characters, not fail or pick up other fields."""
-    context = {**context, "python": sys.executable}
-    return [_PLACEHOLDER.sub(lambda m: context[m.group(1)], str(p)) for p in parts]
+def _commands_apart(data) -> dict[tuple[str, str], object]:
+    """Each service's x-ops commands, taken out of the parsed file before its variables are substituted: they are
+    interpolated with their placeholders in one pass once the service is resolved (_command), so a value from the
+    environment or .env that holds "{home}" stays those characters."""
+    apart = {}
+    services = data.get("services") if isinstance(data, dict) else None
+    for name, spec in services.items() if isinstance(services, dict) else ():
+        ops = spec.get("x-ops") if isinstance(spec, dict) else None
+        for key in _COMMANDS if isinstance(ops, dict) else ():
+            if key in ops:
+                apart[name, key] = ops.pop(key)
+    return apart
+
+
+def _command(parts, env: dict[str, str], context: dict[str, str], path: Path, where: str) -> list[str]:
+    """A command as written in x-ops, its ${VAR}s and placeholders filled in."""
+    try:
+        filled = substitute(_list(parts), env, where, placeholders={**context, "python": sys.executable})
+    except InterpolationError as e:
+        raise StackError(f"{path}: {e}") from None
+    return [str(p) for p in filled]
 
 
 @dataclass
@@ -137,10 +154,13 @@ def _read(path: Path, env: dict[str, str]) -> dict:
         data = YAML(typ="safe").load(path.read_text())
     except Exception as e:  # the YAML parser's own errors
         raise StackError(f"{path} is not valid YAML: {e}") from None
+    commands = _commands_apart(data)
     try:
         data = substitute(data, env)  # after parsing: a value is a string, never more YAML
     except InterpolationError as e:
         raise StackError(f"{path}: {e}") from None
+    for (name, key), parts in commands.items():
+        data["services"][name]["x-ops"][key] = parts
     if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
         raise StackError(f"{path} has no services")
     return data
@@ -200,13 +220,11 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
     env = dict(os.environ if env is None else env)
     env_file = path.parent / ".env"
     if env_file.is_file():  # like Compose: the project's .env fills variables the environment leaves unset
-        for line in env_file.read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith("#"):
-                key, _, value = line.partition("=")
-                value = value.strip()
-                if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-                    value = value[1:-1]  # one pair of enclosing quotes; a quote inside or at one end is kept
-                env.setdefault(key.strip(), value)
+        try:
+            for key, value in read_env_file(env_file, env).items():
+                env.setdefault(key, value)
+        except EnvFileError as e:
+            raise StackError(str(e)) from None
     data = _read(path, env)
     services = {}
     for name, spec in data["services"].items():
@@ -235,8 +253,10 @@ def load(path: Path | str | None = None, env: dict[str, str] | None = None) -> S
             command=spec.get("command"), healthcheck=spec.get("healthcheck"),
             gpu=any("gpu" in str(d.get("capabilities", "")) for d in devices if isinstance(d, dict)),
             build=spec.get("build"), gpu_memory=_gpu_memory(ops.get("gpu_memory", 0), f"{where}.gpu_memory"),
-            memory=memory, health=ops.get("health"), native=_expand(_list(ops.get("native")), context),
-            native_env=_environment(ops.get("env")), prepare=[_expand(c, context) for c in _list(ops.get("prepare"))],
+            memory=memory, health=ops.get("health"), native_env=_environment(ops.get("env")),
+            native=_command(ops.get("native"), env, context, path, f"services.{name}.x-ops.native"),
+            prepare=[_command(c, env, context, path, f"services.{name}.x-ops.prepare[{i}]")
+                     for i, c in enumerate(_list(ops.get("prepare")))],
             stop_timeout=float(ops.get("stop_timeout", spec.get("stop_grace_period_s", 30))),
             health_timeout=float(ops.get("health_timeout", 600)),
             sleep_api=sleep_api, engine=engine, entrypoint=spec.get("entrypoint"), ipc=spec.get("ipc"),

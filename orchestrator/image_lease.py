@@ -64,7 +64,8 @@ class Coordinator:
             self.file.event("sleep", job=job, needed=needed, free=free, api=api)
             try:
                 async with httpx.AsyncClient(timeout=self.settings.lease_drain_timeout + 30) as http:
-                    response = await backend_client.sleep(http, self.backend, self.settings.lease_drain_timeout, api)
+                    response = await backend_client.sleep(http, self.backend, self.settings.lease_drain_timeout, api,
+                                                          self.settings.llm_api_key)
             except httpx.HTTPError as e:
                 self.file.event("refused", job=job, error=str(e))
                 raise LeaseError(f"the image needs {fmt(needed)} of GPU memory but {fmt(free)} is free, and the LLM "
@@ -99,7 +100,7 @@ class Coordinator:
         api, why = self.settings.llm_sleep_api, "SCRIPTORIUM_LLM_SLEEP_API is none"
         if api == "auto":
             async with httpx.AsyncClient(timeout=10) as http:
-                api, why = await backend_client.detect(http, self.backend)
+                api, why = await backend_client.detect(http, self.backend, self.settings.llm_api_key)
         if api == "none":
             self.file.event("refused", job=job, api=api)
             raise LeaseError(f"the image needs {fmt(needed)} of GPU memory but {fmt(free)} is free, and the LLM server "
@@ -137,7 +138,8 @@ class Coordinator:
             await self._give_back(reason="idle")
 
     async def _give_back(self, reason: str) -> None:
-        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason)
+        await give_back_async(self.file, self.backend, self.comfyui, self.settings.lease_memory_timeout, reason,
+                              self.settings.llm_api_key)
 
     async def finish(self) -> None:
         """Wait for pending give-backs (a worker about to exit calls this)."""
