@@ -1,8 +1,10 @@
 """An agent's turns on the CPU default, ours beside llama.cpp on the same GGUF (SmolLM2-135M Q8_0).
 
 The first turn is agent-shaped: a system prompt of about 16,000 tokens with its tools' schemas in it, as
-Claude Code and Hermes send, then a user message. The next turn is the same conversation plus the model's
-answer and a new user message (200 new tokens). For each, the time to the first token: ours through
+Claude Code and Hermes send, after Claude Code's billing line (a first system block that changes with every
+prompt), then a user message. The next turn is the same conversation plus the model's answer and a new user
+message (200 new tokens). Another run is a second `claude -p` with another question: a new billing line, the
+same system prompt. For each, the time to the first token: ours through
 /v1/messages (what Claude Code calls; max_tokens 1, so the answer's time is the prompt's plus one token),
 llama.cpp through llama-cpp-python in its own venv on the same token ids (row null without
 --llama-cpp-python PATH or LLAMA_CPP_PYTHON). Prints one JSON line.
@@ -54,24 +56,31 @@ def count(url: str, text: str) -> int:
     return r.json()["count"]
 
 
-def turns(system: str) -> list[list[dict]]:
+def turns() -> list[tuple[str, list[dict]]]:
+    """(billing line, conversation) of the first turn, the next turn, and another run's first turn."""
     first = [{"role": "user", "content": "Read the project's design and list the three services it starts."}]
     answer = "The stack starts the backend, the MCP server and, when configured, ComfyUI. " * 6
     follow = "Now explain, step by step, how ops decides the order in which they start and why. " * 6
-    return [first, [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}]]
+    other = [{"role": "user", "content": "Which port does the MCP server listen on, and why that one?"}]
+    line = "x-anthropic-billing-header: cc_version=2.1.197.{}; cc_entrypoint=sdk-cli;"
+    return [(line.format("73f"), first),
+            (line.format("73f"), [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}]),
+            (line.format("a02"), other)]
 
 
-def ours(url: str, system: str, conversation: list[dict]) -> tuple[float, dict]:
-    body = {"model": "smollm2", "max_tokens": 1, "system": system, "messages": conversation, "temperature": 0}
+def ours(url: str, system: str, billing: str, conversation: list[dict]) -> tuple[float, dict]:
+    blocks = [{"type": "text", "text": billing}, {"type": "text", "text": system}]
+    body = {"model": "smollm2", "max_tokens": 1, "system": blocks, "messages": conversation, "temperature": 0}
     start = time.perf_counter()
     r = httpx.post(f"{url}/v1/messages", json=body, timeout=1200)
     r.raise_for_status()
     return time.perf_counter() - start, r.json()["usage"]
 
 
-def prompt_ids(url: str, system: str, conversation: list[dict]) -> list[int]:
-    r = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "system", "content": system}, *conversation]},
-                   timeout=120)
+def prompt_ids(url: str, system: str, billing: str, conversation: list[dict]) -> list[int]:
+    """The prompt as llama.cpp's server builds it: the billing line kept first in the system prompt."""
+    messages = [{"role": "system", "content": f"{billing}\n{system}"}, *conversation]
+    r = httpx.post(f"{url}/tokenize", json={"messages": messages}, timeout=120)
     r.raise_for_status()
     return r.json()["tokens"]
 
@@ -98,9 +107,9 @@ def main() -> None:
     server = ServerProcess("smollm2", "--max-model-len", str(args.max_model_len))
     try:
         system = system_prompt(server.url, args.system_tokens)
-        conversations = turns(system)
-        (first_s, first_usage), (next_s, next_usage) = (ours(server.url, system, c) for c in conversations)
-        ids = [prompt_ids(server.url, system, c) for c in conversations]
+        runs = turns()
+        (first_s, _), (next_s, next_usage), (other_s, other_usage) = (ours(server.url, system, b, c) for b, c in runs)
+        ids = [prompt_ids(server.url, system, b, c) for b, c in runs]
     finally:
         server.stop()
     peer = llama_cpp(args.llama_cpp_python, model, ids, args.max_model_len)
@@ -109,10 +118,15 @@ def main() -> None:
            "first_turn_tokens": prompt[0], "next_turn_new_tokens": prompt[1] - prompt[0],
            "first_ttft_s": round(first_s, 3), "first_prompt_tok_s": round(prompt[0] / first_s, 1),
            "next_ttft_s": round(next_s, 3), "next_cached_tokens": next_usage["cache_read_input_tokens"],
-           "llama_cpp_first_ttft_s": None, "llama_cpp_first_prompt_tok_s": None, "llama_cpp_next_ttft_s": None}
+           "another_run_tokens": prompt[2], "another_run_ttft_s": round(other_s, 3),
+           "another_run_cached_tokens": other_usage["cache_read_input_tokens"],
+           "llama_cpp_first_ttft_s": None, "llama_cpp_first_prompt_tok_s": None, "llama_cpp_next_ttft_s": None,
+           "llama_cpp_another_run_ttft_s": None}
     if peer is not None:
         row.update(llama_cpp_first_ttft_s=round(peer[0], 3), llama_cpp_first_prompt_tok_s=round(prompt[0] / peer[0], 1),
-                   llama_cpp_next_ttft_s=round(peer[1], 3), first_prompt_vs_llama_cpp=round(peer[0] / first_s, 2))
+                   llama_cpp_next_ttft_s=round(peer[1], 3), first_prompt_vs_llama_cpp=round(peer[0] / first_s, 2),
+                   llama_cpp_another_run_ttft_s=round(peer[2], 3),
+                   another_run_vs_llama_cpp=round(peer[2] / other_s, 2))
     print(json.dumps(row))
 
 

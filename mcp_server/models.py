@@ -9,7 +9,10 @@ class TextResult(BaseModel):
     text: str
     model: str | None
     tokens: int = Field(description="chunks streamed, about one token each")
-    truncated: bool = Field(description="true when the time budget ran out before the model finished")
+    truncated: bool = Field(description="true when the text was cut before the model finished: by max_tokens "
+                                        "(finish_reason length) or by the time budget (finish_reason budget)")
+    finish_reason: str | None = Field(None, description="stop (the model ended it), length (max_tokens, or the "
+                                                        "context, cut it), budget (the time budget ran out)")
 
 
 class Message(BaseModel):

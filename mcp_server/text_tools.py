@@ -36,8 +36,9 @@ async def complete(ctx: Context, messages: list[dict], max_tokens: int, temperat
         await stream.aclose()
     # A stream cut at the budget (or an upstream that sends no usage) has no count of the server's: chunks, then.
     tokens = info.completion_tokens if info.completion_tokens is not None else len(parts)
+    reason = "budget" if truncated else info.finish_reason
     return TextResult(text="".join(parts), model=info.model or model or state.llm.model, tokens=tokens,
-                      truncated=truncated)
+                      truncated=reason in ("budget", "length"), finish_reason=reason)
 
 
 def register(server: MCPServer) -> None:
@@ -50,8 +51,8 @@ def register(server: MCPServer) -> None:
         temperature: Annotated[float, Field(ge=0, le=2)] = 0.7,
         model: Annotated[str | None, Field(description="a model from list_models; default: the first")] = None,
     ) -> TextResult:
-        """Generate text with the local LLM. Returns the text; `truncated` is true if it ran past the time budget
-        (ask for fewer max_tokens then)."""
+        """Generate text with the local LLM. Returns the text; `truncated` is true when max_tokens or the time
+        budget cut it (`finish_reason` says which: length, or budget; ask for fewer max_tokens after a budget)."""
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return await complete(ctx, messages, max_tokens, temperature, model)
 

@@ -31,7 +31,7 @@ from backend.server.metrics import ServerMetrics
 from backend.server.protocol import ChatRequest, CompletionRequest, now
 from backend.server.registry import Budget, ModelRegistry
 from backend.server.responses import ResponsesRequest, create_response
-from backend.server.state import RETRY_AFTER, ServerState
+from backend.server.state import RETRY_AFTER, RequestPolicy, ServerState
 
 log = logging.getLogger("backend.server")
 
@@ -41,14 +41,14 @@ MAX_BODY_BYTES = 4 << 20  # a 128k-token prompt is ~0.5 MB of text; more is a mi
 
 def build_app(config: EngineConfig, served_model_name: str | None = None,
               on_load_error: Callable[[str], None] | None = None, allow_sleep: bool = True,
-              max_body_bytes: int = MAX_BODY_BYTES, tool_call_parser: str | None = None,
+              max_body_bytes: int = MAX_BODY_BYTES, policy: RequestPolicy | None = None,
               more_models: Sequence[tuple[str, EngineConfig]] = (), budget: Budget | None = None,
               api_key: str | None = None, model_aliases: Sequence[tuple[str, str]] = ()) -> FastAPI:
     """config is the default model's (loaded at start-up); more_models are (name, config) loaded on first use;
     model_aliases are (pattern, name): a request for a model no name matches takes the first pattern's."""
     registry: ModelRegistry | None = None
     metrics = ServerMetrics(lambda: {s.served_model_name: s.stats() for s in registry.states})
-    states = [ServerState(c, name, tool_call_parser, metrics)
+    states = [ServerState(c, name, policy, metrics)
               for name, c in [(served_model_name or config.model, config), *more_models]]
     registry = ModelRegistry(states, budget or Budget(), metrics, on_load_error, model_aliases)
     state = registry.default

@@ -8,7 +8,7 @@ from fastapi import Request
 from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
-from backend.server.prompts import admit, budget, chat_prompt, check_guided
+from backend.server.prompts import admit, budget, chat_prompt, check_guided, clamped_headers
 from backend.server.protocol import (
     ChatRequest,
     chat_logprobs,
@@ -19,7 +19,7 @@ from backend.server.protocol import (
     usage,
 )
 from backend.server.state import ServerState
-from backend.server.streams import collect, event, sse, until_disconnect
+from backend.server.streams import answer, collect, event, sse, until_disconnect
 from backend.server.tools.conversation import check_history, template_input
 from backend.server.tools.output import ToolCallStream, parse_message
 from backend.server.tools.select import keeps_special_tokens, make_parser, parser_name
@@ -71,11 +71,9 @@ async def templated(engine: AsyncEngine, req: ChatRequest, add_generation_prompt
                                    add_generation_prompt)
 
 
-async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = False):
-    """The engine, the request as the engine admitted it (the prompt's token ids and the sampling settings) and
-    the tool reading of a chat request.
-    cap_to_context: a token limit past the context is cut to what the context leaves (Anthropic's max_tokens
-    is a ceiling that clients set for the largest models), where chat's is a 400."""
+async def prepare(state: ServerState, req: ChatRequest):
+    """The engine, the request as the engine admitted it (the prompt's token ids and the sampling settings), the
+    tool reading of a chat request, and the headers its answer carries (a max_tokens clamped to the context)."""
     engine = state.ready_engine()
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
         raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
@@ -83,29 +81,28 @@ async def prepare(state: ServerState, req: ChatRequest, cap_to_context: bool = F
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     spec, prompt = await templated(engine, req)
     tokenizer = engine.engine.tokenizer
-    name = parser_name(state.tool_call_parser, getattr(tokenizer, "chat_template", None),
+    name = parser_name(state.policy.tool_call_parser, getattr(tokenizer, "chat_template", None),
                        engine.engine.model_config.architecture)
     tools = ChatTools(spec, name, keeps_special_tokens(spec, name, tokenizer), tokenizer)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    if cap_to_context and requested is not None:
-        requested = min(requested, max(1, engine.engine.max_model_len - len(prompt)))
-    allowed = budget(engine.engine, len(prompt), requested, which, "messages")
+    clamp = state.policy.max_tokens_past_context == "clamp"
+    allowed = budget(engine.engine, len(prompt), requested, which, "messages", clamp)
     guided = spec.guided_json() if spec is not None else None
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
                              skip_special_tokens=not tools.keep_special)
     admitted = await admit(engine.engine, prompt, params, "messages")
     await check_guided(engine.engine, params, "tools" if guided is not None else "response_format")
-    return engine, admitted, tools
+    return engine, admitted, tools, clamped_headers(requested, [allowed])
 
 
 async def create_chat_completion(state: ServerState, req: ChatRequest, request: Request):
-    engine, admitted, tools = await prepare(state, req)
+    engine, admitted, tools, headers = await prepare(state, req)
     prompt = admitted.token_ids
     rid = new_id("chatcmpl")
     gen = engine.generate(rid, admitted)
     if req.stream:
-        return sse(_stream(state, rid, req, gen, prompt, tools))
+        return answer(sse(_stream(state, rid, req, gen, prompt, tools)), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))
     choices = []
     for c in out.outputs:
@@ -114,10 +111,11 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
                         "logprobs": chat_logprobs(c.logprobs, c.token_ids, req.top_logprobs or 0)
                         if req.logprobs else None})
     body = {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
-            "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs))}
+            "choices": choices,
+            "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
     if req.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompt, req.prompt_logprobs)
-    return body
+    return answer(body, headers)
 
 
 def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[int], tools: ChatTools
@@ -143,8 +141,9 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
             parser = tools.new_parser()
             readers.append(ToolCallStream(parser, tools.parallel) if parser is not None else None)
             yield piece(i, {"role": "assistant", "content": ""})
-        completion_tokens = 0
+        completion_tokens = cached = 0
         async for delta in gen:
+            cached = delta.num_cached_tokens
             if delta.prompt_logprobs is not None and req.prompt_logprobs is not None:
                 pending.append(delta.prompt_logprobs)
             for d in delta.outputs:
@@ -166,7 +165,7 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
                     calls = reader is not None and reader.has_calls
                     yield piece(d.index, {}, reason=finish_reason(d.finish_reason, calls))
         if include_usage:
-            yield chunk([], usage(len(prompt), completion_tokens))
+            yield chunk([], usage(len(prompt), completion_tokens, cached))
 
     return events()
 

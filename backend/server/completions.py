@@ -8,10 +8,10 @@ from fastapi import Request
 
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import completion_logprobs, joined, prompt_logprobs_json
-from backend.server.prompts import admit, budget, check_guided, completion_prompts, off_loop
+from backend.server.prompts import admit, budget, check_guided, clamped_headers, completion_prompts, off_loop
 from backend.server.protocol import CompletionRequest, completion_choice, new_id, now, sampling_params, usage
 from backend.server.state import ServerState
-from backend.server.streams import collect, event, merge, sse, until_disconnect
+from backend.server.streams import answer, collect, event, merge, sse, until_disconnect
 
 
 @dataclass
@@ -49,9 +49,12 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     requested = 16 if req.max_tokens is None else 1 if req.max_tokens == 0 else req.max_tokens
     # echo with logprobs: the prompt tokens' logprobs too, with as many top ones (vLLM's rule)
     asked = [v for v in (req.prompt_logprobs, req.logprobs if req.echo else None) if v is not None]
+    clamp = state.policy.max_tokens_past_context == "clamp"
+    allowed = [budget(engine.engine, len(p), requested, "max_tokens", where, clamp) for p, where in named]
     admitted = [await admit(engine.engine, p, sampling_params(
-        req, budget(engine.engine, len(p), requested, "max_tokens", where), req.logprobs,
-        prompt_logprobs=max(asked) if asked else None), where) for p, where in named]
+        req, limit, req.logprobs, prompt_logprobs=max(asked) if asked else None), where)
+        for (p, where), limit in zip(named, allowed)]
+    headers = clamped_headers(requested, allowed)
     prompts = [a.token_ids for a in admitted]
     echo = Echo(await _prompt_texts(req.prompt, prompts, engine.engine.tokenizer), req.max_tokens != 0) \
         if req.echo else None
@@ -61,7 +64,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     gens = [engine.generate(f"{rid}-{i}", a, group=rid) for i, a in enumerate(admitted)]
     tokenizer = engine.engine.tokenizer
     if req.stream:
-        return sse(_stream(state, rid, req, gens, prompts, echo, tokenizer))
+        return answer(sse(_stream(state, rid, req, gens, prompts, echo, tokenizer)), headers)
     finals = await until_disconnect(request, collect(gens, prompts, req.n))
     choices, completion_tokens = [], 0
     for i, out in enumerate(finals):
@@ -78,8 +81,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompts[i], req.prompt_logprobs)
             choices.append(choice)
             completion_tokens += len(ids)
-    return {"id": rid, "object": "text_completion", "created": now(), "model": state.served_model_name,
-            "choices": choices, "usage": usage(sum(len(p) for p in prompts), completion_tokens)}
+    return answer({"id": rid, "object": "text_completion", "created": now(), "model": state.served_model_name,
+                   "choices": choices, "usage": usage(sum(len(p) for p in prompts), completion_tokens,
+                                                      sum(out.num_cached_tokens for out in finals))}, headers)
 
 
 async def _prompt_texts(prompt, ids: list[list[int]], tokenizer) -> list[str]:
@@ -106,7 +110,9 @@ def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, pr
         offsets = [[0] * req.n for _ in prompts]  # characters each choice has sent (logprobs' text_offset)
         echoed = [False] * len(prompts)
         prompt_tokens = completion_tokens = 0
+        cached = [0] * len(prompts)
         async for i, delta in merge(gens):
+            cached[i] = delta.num_cached_tokens
             # The prompt goes first, once its logprobs (when asked for) are computed.
             asked = (echo is not None and req.logprobs is not None) or req.prompt_logprobs is not None
             wait = asked and delta.prompt_logprobs is None
@@ -140,6 +146,6 @@ def _stream(state: ServerState, rid: str, req: CompletionRequest, gens: list, pr
             if delta.finished:
                 prompt_tokens += len(prompts[i])
         if include_usage:
-            yield chunk([], usage(prompt_tokens, completion_tokens))
+            yield chunk([], usage(prompt_tokens, completion_tokens, sum(cached)))
 
     return events()

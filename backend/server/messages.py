@@ -22,7 +22,7 @@ from backend.server.messages_shapes import (
 from backend.server.messages_stream import stream_message
 from backend.server.protocol import ChatRequest
 from backend.server.state import ServerState
-from backend.server.streams import collect, until_disconnect
+from backend.server.streams import answer, collect, until_disconnect
 
 
 def new_message_id() -> str:
@@ -84,29 +84,29 @@ def _renamed(e: APIError, origin: list[str]) -> APIError:
 
 
 async def create_message(state: ServerState, req: MessagesRequest, request: Request):
-    fields, origin = chat_request(req)
+    fields, origin = chat_request(req, state.policy.keep_attribution_header)
     chat = _chat(fields, origin)
     try:
-        engine, admitted, tools = await prepare(state, chat, cap_to_context=True)
+        engine, admitted, tools, headers = await prepare(state, chat)
     except APIError as e:
         raise _renamed(e, origin) from None
     prompt = admitted.token_ids
     mid = new_message_id()
     gen = engine.generate(mid, admitted)
     if req.stream:
-        return stream_message(state.served_model_name, mid, gen, len(prompt), tools)
+        return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     blocks = content_blocks(tools, c.text)
     reason, sequence = stop_reason(c.finish_reason, c.stop_reason, any(b["type"] == "tool_use" for b in blocks))
-    return {"id": mid, "type": "message", "role": "assistant", "model": state.served_model_name, "content": blocks,
-            "stop_reason": reason, "stop_sequence": sequence,
-            "usage": message_usage(len(prompt), len(c.token_ids), out.num_cached_tokens)}
+    return answer({"id": mid, "type": "message", "role": "assistant", "model": state.served_model_name,
+                   "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
+                   "usage": message_usage(len(prompt), len(c.token_ids), out.num_cached_tokens)}, headers)
 
 
 async def count_tokens(state: ServerState, req: CountTokensRequest) -> dict:
     """The prompt's tokens as a request with these fields would be sent to the model: template and tools."""
-    fields, origin = chat_request(req)
+    fields, origin = chat_request(req, state.policy.keep_attribution_header)
     chat = _chat(fields, origin)
     try:
         _, prompt = await templated(state.loaded_engine(), chat)

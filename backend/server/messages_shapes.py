@@ -134,12 +134,41 @@ def _turn(i: int, message: dict) -> list[dict]:
     return turn
 
 
-def chat_messages(req: MessagesRequest | CountTokensRequest) -> tuple[list[dict], list[str]]:
+# Lines a client writes into the system prompt for its provider's accounting, not for the model. Claude Code's
+# differs every request (a hash of the prompt), and first in the prompt it would leave no prefix to cache.
+ATTRIBUTION_PREFIXES = ("x-anthropic-billing-header:",)
+
+
+def without_attribution(system: str | list) -> str | list:
+    """The system prompt without attribution lines: a text block that is one is dropped, and such a line is cut
+    from a string or a block that holds more (the rest of the text kept byte for byte)."""
+    def cut(text: str) -> str:
+        lines = text.splitlines(keepends=True)
+        return "".join(line for line in lines if not line.lstrip().startswith(ATTRIBUTION_PREFIXES))
+
+    if isinstance(system, str):
+        return cut(system)
+    if not isinstance(system, list):
+        return system
+    kept = []
+    for block in system:
+        if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+            text = cut(block["text"])
+            if not text.strip() and block["text"].strip():
+                continue  # the block was the attribution line alone
+            block = {**block, "text": text}
+        kept.append(block)
+    return kept
+
+
+def chat_messages(req: MessagesRequest | CountTokensRequest, keep_attribution: bool = False
+                  ) -> tuple[list[dict], list[str]]:
     """The chat messages of a request, and for each the Anthropic field it came from (for errors)."""
     messages: list[dict] = []
     origin: list[str] = []
-    if req.system:
-        messages.append({"role": "system", "content": _text_of(req.system, "system")})
+    system = req.system if keep_attribution or not req.system else without_attribution(req.system)
+    if system:
+        messages.append({"role": "system", "content": _text_of(system, "system")})
         origin.append("system")
     for i, message in enumerate(req.messages):
         if not isinstance(message, dict):
@@ -209,12 +238,13 @@ def response_format(req: MessagesRequest | CountTokensRequest) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def chat_request(req: MessagesRequest | CountTokensRequest) -> tuple[dict, list[str]]:
+def chat_request(req: MessagesRequest | CountTokensRequest, keep_attribution: bool = False
+                 ) -> tuple[dict, list[str]]:
     """The chat request's fields (for ChatRequest) and the origin of each of its messages."""
     if req.mcp_servers:
         raise APIError(400, "mcp_servers: this server does not connect to MCP servers itself; register them with "
                        "your client instead", param="mcp_servers")
-    messages, origin = chat_messages(req)
+    messages, origin = chat_messages(req, keep_attribution)
     tools = chat_tools(req.tools)
     choice, parallel = chat_tool_choice(req.tool_choice, tools)
     chat = {"model": req.model, "messages": messages, "tools": tools, "tool_choice": choice,

@@ -1,6 +1,7 @@
 """The Messages API's server-sent events for one generation.
 
-message_start at once, then `ping` every few seconds while the prompt is processed (so a client's read
+message_start once the engine has taken the request (its prompt's cached tokens known) or after one ping
+interval, then `ping` every few seconds while the prompt is processed (so a client's read
 timeout does not fire on a long prompt); per content block content_block_start, content_block_delta
 (text_delta, or input_json_delta for a tool_use block's input) and content_block_stop; then message_delta
 (stop_reason, usage) and message_stop. An error after the stream began is an `error` event.
@@ -90,14 +91,26 @@ class _Blocks:
 
 def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
+        items = with_pings(gen, PING_SECONDS).__aiter__()
+        # message_start waits for the engine's first step of the request (a ping interval at most), which tells
+        # how much of the prompt the prefix cache holds: clients read the cache from message_start's usage.
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except Exception as e:  # noqa: BLE001 reported in-band below, after message_start
+            first, items = None, _raising(e)
+        else:
+            items = _chained(first, items)
+        cached = first.num_cached_tokens if first is not None else 0
         yield sse("message_start", message={
             "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
-            "stop_sequence": None, "usage": message_usage(prompt_len, 0, 0)})
+            "stop_sequence": None, "usage": message_usage(prompt_len, 0, cached)})
         blocks = _Blocks()
         reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
-        tokens, cached, finished = 0, 0, None
+        tokens, finished = 0, None
         try:
-            async for delta in with_pings(gen, PING_SECONDS):
+            async for delta in items:
                 if delta is None:
                     yield sse("ping")
                     continue
@@ -128,3 +141,14 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> Streami
         yield sse("message_stop")
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _chained(first, rest: AsyncIterator) -> AsyncIterator:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def _raising(error: BaseException) -> AsyncIterator:
+    raise error
+    yield  # an async generator

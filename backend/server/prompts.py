@@ -106,7 +106,10 @@ async def admit(engine: LLMEngine, prompt: list[int], params: SamplingParams, pa
         raise APIError(400, str(e), param=param) from None
 
 
-def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
+def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str,
+           clamp: bool) -> int:
+    """The output tokens a request may generate: what it asked for, or with clamp, at most what the context leaves
+    after its prompt (RequestPolicy.max_tokens_past_context); otherwise more than that is vLLM's 400."""
     limit = engine.max_model_len
     if prompt_len >= limit:
         raise APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has "
@@ -116,6 +119,8 @@ def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str
     if requested < 1:
         raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
     if prompt_len + requested > limit:
+        if clamp:
+            return limit - prompt_len
         # vLLM's wording, which agent clients read to retry with what is left (Hermes does)
         raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
                        f"{requested} output tokens and your prompt contains at least {prompt_len} input tokens, for a "
@@ -123,3 +128,13 @@ def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str
                        f"prompt or the number of requested output tokens ({param}: at most {limit - prompt_len} here).",
                        param=param, code="context_length_exceeded")
     return requested
+
+
+def clamped_headers(requested: int | None, allowed: list[int]) -> dict[str, str]:
+    """The header that tells a client its max_tokens was cut to fit the context: the smallest limit granted."""
+    if requested is None or min(allowed) >= requested:
+        return {}
+    return {CLAMPED_HEADER: str(min(allowed))}
+
+
+CLAMPED_HEADER = "x-max-tokens-clamped"

@@ -26,7 +26,7 @@ from backend.server.responses_shapes import (
 from backend.server.responses_stream import stream_response
 from backend.server.responses_tools import ToolNames, chat_tool_choice, chat_tools, history_call
 from backend.server.state import ServerState
-from backend.server.streams import collect, until_disconnect
+from backend.server.streams import answer, collect, until_disconnect
 
 
 def _text(content, where: str) -> str:
@@ -169,15 +169,16 @@ def output_items(tools: ChatTools, names: ToolNames, text: str, reason: str | No
 
 
 async def create_response(state: ServerState, req: ResponsesRequest, request: Request):
-    engine, admitted, tools, names = await prepare_response(state, req)
+    engine, admitted, tools, headers, names = await prepare_response(state, req)
     prompt = admitted.token_ids
     rid, created = new_item_id("resp"), time.time()
     gen = engine.generate(rid, admitted)
     if req.stream:
-        return stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names)
+        return answer(stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names),
+                      headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     status = "incomplete" if c.finish_reason == "length" else "completed"
-    return response_body(req, rid, state.served_model_name, created, status,
-                         output_items(tools, names, c.text, c.finish_reason),
-                         response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens))
+    return answer(response_body(req, rid, state.served_model_name, created, status,
+                                output_items(tools, names, c.text, c.finish_reason),
+                                response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens)), headers)

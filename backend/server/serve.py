@@ -6,10 +6,14 @@ import logging
 import signal
 import sys
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from backend.config import ACTIVATIONS, KV_CACHE_DTYPES, EngineConfig
 from backend.context_length import serving_config
 from common.sizes import parse_memory
+
+if TYPE_CHECKING:
+    from backend.server.state import RequestPolicy
 
 
 def _memory(text: str) -> float | int:
@@ -140,6 +144,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
                         help="how tool calls are read from the model's output (default: from its chat template, "
                              "then its family)")
+    parser.add_argument("--max-tokens-past-context", default="clamp", choices=["clamp", "refuse"],
+                        help="a max_tokens the context cannot hold, on every API: clamp (cut to what the prompt "
+                             "leaves, said in the x-max-tokens-clamped header; agent clients ask for 32k-64k) or "
+                             "refuse (vLLM's 400 context_length_exceeded)")
+    parser.add_argument("--keep-attribution-header", action="store_true",
+                        help="keep Claude Code's per-request `x-anthropic-billing-header:` line in the prompt "
+                             "(dropped by default: it differs every request and would defeat the prefix cache)")
     parser.add_argument("--no-sleep", action="store_true",
                         help="refuse /sleep: never lend this server's GPU memory to another service")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -175,6 +186,12 @@ def model_aliases(values: list[str], names: list[str]) -> list[tuple[str, str]]:
             raise ValueError(f"--model-alias {value!r}: {name!r} is not a served model; served: {', '.join(names)}")
         aliases.append((pattern, name))
     return aliases
+
+
+def request_policy(args: argparse.Namespace) -> "RequestPolicy":
+    from backend.server.state import RequestPolicy
+
+    return RequestPolicy(args.tool_call_parser, args.max_tokens_past_context, args.keep_attribution_header)
 
 
 def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int) -> EngineConfig:
@@ -243,7 +260,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError("--engine-stuck-after must be a number of seconds > 0")
     budget = Budget(args.max_loaded_models, args.models_memory, args.load_timeout, args.engine_stuck_after)
     app = build_app(config, models[0][0], on_load_error, allow_sleep=not args.no_sleep,
-                    max_body_bytes=args.max_body_bytes, tool_call_parser=args.tool_call_parser, more_models=more,
+                    max_body_bytes=args.max_body_bytes, policy=request_policy(args), more_models=more,
                     budget=budget, api_key=args.api_key, model_aliases=aliases)
     server = EndingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                          timeout_graceful_shutdown=args.shutdown_timeout), app.state.registry)

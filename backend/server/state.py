@@ -2,6 +2,7 @@
 
 import asyncio
 import time
+from dataclasses import dataclass
 
 from backend.config import EngineConfig
 from backend.server.async_engine import AsyncEngine
@@ -15,12 +16,25 @@ IDLE_STATS = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "num_free_block
               "spec_accepted_tokens": 0, "spec_verifications": 0}
 
 
+@dataclass(frozen=True)
+class RequestPolicy:
+    """How the server reads every request, whatever its API (serve's flags of the same names)."""
+
+    tool_call_parser: str | None = None  # None: chosen from the chat template and the model's family
+    # "clamp": a max_tokens past the context is cut to what the prompt leaves (as llama.cpp and Anthropic's API
+    # do; the answer's x-max-tokens-clamped header says so); "refuse": vLLM's 400 context_length_exceeded
+    max_tokens_past_context: str = "clamp"
+    # Claude Code's per-request billing line in the system prompt is dropped (it changes every request, and
+    # in front of the prompt it would defeat the prefix cache); True keeps it in the prompt
+    keep_attribution_header: bool = False
+
+
 class ServerState:
-    def __init__(self, config: EngineConfig, served_model_name: str, tool_call_parser: str | None = None,
+    def __init__(self, config: EngineConfig, served_model_name: str, policy: RequestPolicy | None = None,
                  metrics: ServerMetrics | None = None):
         self.config = config
         self.served_model_name = served_model_name
-        self.tool_call_parser = tool_call_parser  # None: chosen from the chat template and the model's family
+        self.policy = policy or RequestPolicy()
         self.engine: AsyncEngine | None = None
         self.load_error: str | None = None  # why its last load failed (the next request for it loads again)
         self.load_failures = 0

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from backend.engine.deltas import OutputAssembler, RequestDelta
 from backend.outputs import RequestOutput
@@ -32,6 +32,14 @@ def sse(events: AsyncIterator[str]) -> StreamingResponse:
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def answer(result: dict | StreamingResponse, headers: dict[str, str]) -> dict | JSONResponse | StreamingResponse:
+    """A route's answer (a whole body or a stream) with headers added where there are any."""
+    if isinstance(result, StreamingResponse):
+        result.headers.update(headers)
+        return result
+    return JSONResponse(result, headers=headers) if headers else result
 
 
 async def merge(gens: list) -> AsyncIterator[tuple[int, RequestDelta]]:

@@ -21,6 +21,7 @@ class StreamInfo:
 
     model: str | None = None
     completion_tokens: int | None = None
+    finish_reason: str | None = None  # the first choice's: "length" when max_tokens cut it
 
 
 class LLMError(Exception):
@@ -205,6 +206,9 @@ def stream_deltas(line: str, info: StreamInfo | None = None) -> list[str] | None
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             info.completion_tokens = usage["completion_tokens"]
+        for choice in chunk.get("choices", []):
+            if isinstance(choice, dict) and choice.get("index", 0) == 0 and choice.get("finish_reason"):
+                info.finish_reason = choice["finish_reason"]
     return [d for c in chunk.get("choices", []) if (d := c.get("delta", {}).get("content"))]
 
 

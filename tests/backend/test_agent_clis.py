@@ -2,12 +2,14 @@
 Responses API, as their users start them (telemetry and update checks off). Each run must exit 0 with an
 answer, and the server must have answered every request it got with a 2xx."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.backend.server_process import ServerProcess
@@ -73,6 +75,23 @@ def test_claude_code_answers_through_the_messages_api(smol, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip()
     assert smol.statuses("/v1/messages") and set(smol.statuses("/v1/messages")) == {200}
+    assert not smol.refusals()
+
+
+def test_claude_codes_second_run_reads_the_shared_prompt_from_cache(smol, tmp_path):
+    """Claude Code puts a billing line that changes with every prompt first in its system prompt; the server
+    leaves it out, so a second run with another question reads the system prompt from the prefix cache."""
+    claude = cli("claude")
+    system = "You are the scriptorium's copyist: you answer questions about manuscripts in one short line. " * 3
+    env = {"ANTHROPIC_BASE_URL": smol.url, "ANTHROPIC_API_KEY": "unused"}
+    usages = []
+    for question in (ASK, "Which ink did medieval scribes use? Answer in one word."):
+        out = run([claude, "-p", question, "--model", "smollm2", "--tools", "", "--system-prompt", system,
+                   "--output-format", "json"], tmp_path, env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        usages.append(json.loads(out.stdout)["usage"])
+    system_tokens = httpx.post(f"{smol.url}/tokenize", json={"model": "smollm2", "prompt": system}).json()["count"]
+    assert usages[1]["cache_read_input_tokens"] >= system_tokens - 16, usages  # all but its last, partial block
     assert not smol.refusals()
 
 

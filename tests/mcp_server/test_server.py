@@ -53,7 +53,11 @@ def test_every_tool_in_memory_meets_its_output_schema(settings):
 
             text = await call("generate_text", {"prompt": "Write about ink.", "max_tokens": 40, "temperature": 0},
                               progress_callback=on_progress)
-            assert not text.is_error and text.structured_content["text"] and not text.structured_content["truncated"]
+            result = text.structured_content
+            assert not text.is_error and result["text"] and result["finish_reason"] in ("stop", "length")
+            assert result["truncated"] == (result["finish_reason"] == "length")  # max_tokens cut it, or not
+            cut = (await call("generate_text", {"prompt": "Write about ink.", "max_tokens": 2})).structured_content
+            assert cut["truncated"] and cut["finish_reason"] == "length" and cut["tokens"] <= 2
             assert progress and all(total == 40 for _, total in progress)
             reply = await call("chat", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
                                         "temperature": 0})
