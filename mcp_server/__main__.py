@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         from mcp_server.http import serve_http
 
         return serve_http(settings, args.host, args.port, args.budget)
-    from mcp_server.stdio_front import Front, answers_path
+    from mcp_server.answers_file import locate
+    from mcp_server.stdio_front import Front
 
     def load():
         from mcp_server.server import build_server
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         server = build_server(settings, budget=args.budget)
         return lambda: server.run("stdio")
 
-    return Front(answers_path(settings.home, settings.mcp_toolsets, args.budget), load).serve()
+    return Front(locate(settings.home, settings.mcp_toolsets, args.budget), load).serve()
 
 
 def _prime(entry_toolsets: tuple[str, ...] | None) -> list[str]:

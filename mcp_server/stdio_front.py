@@ -5,51 +5,38 @@ loads in a thread; then every message goes through to the SDK server.
 Agents start their MCP servers beside their first model request (Codex sends it about a second after it spawns
 us) and leave out tools listed later than that. The remembered answers are checked at every start: once loaded,
 the SDK server is told the client's `initialize` and asked the same lists (ids starting with REPLAY); its answers
-are kept from the client, and where they differ from the remembered ones they replace them.
+are kept from the client, and where they differ from the remembered ones they replace them, and the client, told
+a list that differs, gets `notifications/<tools|prompts>/list_changed` (the initialize result the client gets
+says listChanged for both). The file is used only when it checks out (mcp_server/answers_file.py).
 
 A client whose first message is not `initialize` (the stateless protocol era), or one asking for a protocol
 version not seen before, waits for the SDK server and gets its answers.
 """
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # Windows: starts at once may keep one version's answers, not both
-    fcntl = None
+from mcp_server import answers_file
+from mcp_server.answers_file import AnswersFile, Untrusted
 
 REPLAY = "scriptorium-front:"
 END = b'"scriptorium-front:end"\n'  # written after the SDK's last line: a copy of the pipe may outlive it
 REMEMBERED = {"tools/list": "tools", "prompts/list": "prompts"}  # method -> the capability that offers it
 
 
-def answers_path(home: Path, toolsets: tuple[str, ...], budget: float | None) -> Path:
-    """Where this code's answers are kept, for this SDK and these settings."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.read_bytes())
-    try:
-        sdk = version("mcp")
-    except PackageNotFoundError:
-        sdk = "unknown"
-    digest.update(json.dumps([list(toolsets), budget, sdk, sys.version]).encode())
-    return home / "cache" / "mcp" / f"answers-{digest.hexdigest()[:16]}.json"
-
-
-def _read(path: Path) -> dict:
-    try:
-        answers = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return answers if isinstance(answers, dict) else {}
+def _advertised(result: dict) -> dict:
+    """The SDK's initialize result, saying that the lists the front may answer from a file can change: when the
+    SDK server's own list is not the one the client was told, the front sends the client list_changed."""
+    capabilities = dict(result.get("capabilities") or {})
+    for capability in REMEMBERED.values():
+        if isinstance(capabilities.get(capability), dict):
+            capabilities[capability] = {**capabilities[capability], "listChanged": True}
+    return {**result, "capabilities": capabilities}
 
 
 def _line(message: dict) -> bytes:
@@ -65,8 +52,14 @@ class Front:
     """Owns the real stdin and stdout; `run_sdk` serves MCP on fds 0 and 1 (the SDK's stdio transport), which
     become pipes to this front once the SDK server is loaded."""
 
-    def __init__(self, answers: Path, load: Callable[[], Callable[[], None]]):
-        self.answers_file, self.answers, self.load = answers, _read(answers), load
+    def __init__(self, answers: AnswersFile, load: Callable[[], Callable[[], None]]):
+        self.answers_file, self.load = answers, load
+        try:
+            self.answers = answers_file.read(answers)
+        except (Untrusted, OSError) as e:  # stderr: stdout is the protocol's
+            print(f"warning: remembered MCP answers not used, the server's own replace them: {e}", file=sys.stderr,
+                  flush=True)
+            self.answers = {}
         self.stdin = os.fdopen(os.dup(0), "rb")
         self.stdout = os.dup(1)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # stray reads see EOF, stray prints go to stderr
@@ -79,6 +72,7 @@ class Front:
         self.init: dict | None = None  # the client's initialize request
         self.init_answered = False
         self.replies: dict[str, dict] = {}  # replayed method -> the SDK's result
+        self.told: dict[str, dict] = {}  # method -> the result the client got for it from the front
         self.replayed = threading.Event()  # the SDK answered the replayed initialize
         self.handed_over = threading.Event()
 
@@ -118,20 +112,29 @@ class Front:
             result = self._remembered("initialize")
             if result is not None:
                 self.init_answered = True
+                self.told["initialize"] = result
                 _send(self.stdout, _line({"jsonrpc": "2.0", "id": message.get("id"), "result": result}))
             return
         if self.init is not None and method == "notifications/initialized":
             return  # the front sends the SDK its own, after the replayed initialize
         if self.init_answered and not self.queued and "id" in message:
             result = {} if method == "ping" else self._remembered(method)
-            if result is not None and not (message.get("params") or {}).get("cursor"):
+            params = message.get("params")
+            if result is not None and not (isinstance(params, dict) and params.get("cursor")):
+                self.told[method] = result
                 _send(self.stdout, _line({"jsonrpc": "2.0", "id": message["id"], "result": result}))
                 return
         self.queued.append(raw)
 
+    def _wanted(self) -> str | None:
+        """The protocol version the client's initialize asked for."""
+        params = (self.init or {}).get("params")
+        wanted = params.get("protocolVersion") if isinstance(params, dict) else None
+        return wanted if isinstance(wanted, str) else None
+
     def _remembered(self, method: str | None) -> dict | None:
-        wanted = (self.init or {}).get("params", {}).get("protocolVersion")
-        return self.answers.get(method, {}).get(wanted) if isinstance(wanted, str) else None
+        wanted = self._wanted()
+        return self.answers.get(method, {}).get(wanted) if wanted is not None else None
 
     def _forward(self, raw: bytes) -> None:
         if self.init is not None and b"notifications/initialized" in raw:
@@ -200,37 +203,36 @@ class Front:
                 continue
             method = ident[len(REPLAY):]
             if method == "initialize":
-                if not self.init_answered:  # the client waits for this one
-                    _send(self.stdout, _line({**message, "id": self.init.get("id")}))
-                if "result" in message:
+                if isinstance(message.get("result"), dict):
+                    message = {**message, "result": _advertised(message["result"])}
                     self.replies["initialize"] = message["result"]
+                if not self.init_answered:  # the client waits for this one
+                    self.told["initialize"] = message.get("result") or {}
+                    _send(self.stdout, _line({**message, "id": self.init.get("id")}))
                 self.replayed.set()
             elif "result" in message and "nextCursor" not in message["result"]:
                 self.replies[method] = message["result"]
             self._remember()
 
     def _remember(self) -> None:
-        """Once the SDK answered what it was asked, its answers replace the remembered ones that differ."""
+        """Once the SDK answered what it was asked, the client hears of the lists it was told that differ, and its
+        answers replace the remembered ones that differ."""
         offered = self.replies.get("initialize", {}).get("capabilities")
         if offered is None or any(c in offered and m not in self.replies for m, c in REMEMBERED.items()):
             return
-        wanted = self.init.get("params", {}).get("protocolVersion")
+        wanted = self._wanted()
         replies, self.replies = self.replies, {}
-        if all(self.answers.get(m, {}).get(wanted) == r for m, r in replies.items()):
+        told = self.told.get("initialize", {}).get("capabilities") or {}
+        for method, capability in REMEMBERED.items():
+            if method in self.told and self.told[method] != replies.get(method) \
+                    and (told.get(capability) or {}).get("listChanged") is True:
+                _send(self.stdout, _line({"jsonrpc": "2.0", "method": f"notifications/{capability}/list_changed"}))
+        if wanted is None or all(self.answers.get(m, {}).get(wanted) == r for m, r in replies.items()):
             return
         try:
-            self.answers_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.answers_file.with_suffix(".lock"), "w") as lock:
-                if fcntl:
-                    fcntl.flock(lock, fcntl.LOCK_EX)  # starts at once (install primes two) each add their version
-                answers = _read(self.answers_file)
-                for method, result in replies.items():
-                    answers.setdefault(method, {})[wanted] = result
-                partial = self.answers_file.with_suffix(f".{os.getpid()}.tmp")
-                partial.write_text(json.dumps(answers))
-                partial.replace(self.answers_file)
-        except OSError as e:
-            print(f"warning: could not keep the MCP answers in {self.answers_file}: {e}", file=sys.stderr)
+            answers_file.remember(self.answers_file, wanted, replies)
+        except (OSError, Untrusted) as e:
+            print(f"warning: could not keep the MCP answers in {self.answers_file.path}: {e}", file=sys.stderr)
 
 
 PRIMED_VERSIONS = ("2025-06-18", "2025-11-25")  # what today's agents ask for (Codex, Claude Code)

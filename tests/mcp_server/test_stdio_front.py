@@ -14,8 +14,8 @@ import pytest
 from mcp import Client
 
 from common.settings import Settings
+from mcp_server import answers_file
 from mcp_server.server import build_server
-from mcp_server.stdio_front import answers_path
 from tests.backend.server_process import ROOT
 
 INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
@@ -32,6 +32,7 @@ class Raw:
         threading.Thread(target=lambda: [self.lines.put(json.loads(line)) for line in self.proc.stdout],
                          daemon=True).start()
         self.next_id = 0
+        self.notified: list[str] = []  # the notifications' methods, in order
 
     def send(self, method: str, params: dict | None = None, notify: bool = False) -> int | None:
         message = {"jsonrpc": "2.0", "method": method, **({"params": params} if params is not None else {})}
@@ -45,6 +46,9 @@ class Raw:
     def answer(self, ident: int) -> dict:
         while True:
             message = self.lines.get(timeout=60)
+            if "id" not in message and "method" in message:
+                self.notified.append(message["method"])
+                continue
             assert isinstance(message.get("id"), int), message  # the front's replayed questions stay inside
             if message["id"] == ident:
                 return message
@@ -57,7 +61,10 @@ class Raw:
     def close(self) -> int:
         self.proc.stdin.close()
         code = self.proc.wait(timeout=60)
-        assert self.lines.empty(), self.lines.get()
+        while not self.lines.empty():
+            message = self.lines.get()
+            assert "id" not in message and "method" in message, message
+            self.notified.append(message["method"])
         return code
 
 
@@ -67,7 +74,7 @@ def settings(tmp_path) -> Settings:
 
 
 def session(settings: Settings) -> dict:
-    """One client's start: initialize, the lists, a tool call; what it was answered."""
+    """One client's start: initialize, the lists, a tool call; what it was answered and notified."""
     raw = Raw(settings)
     seen = {"initialize": raw.ask("initialize", INIT)}
     raw.send("notifications/initialized", notify=True)
@@ -76,6 +83,7 @@ def session(settings: Settings) -> dict:
     seen["call"] = raw.ask("tools/call", {"name": "list_jobs", "arguments": {}})
     seen["resources"] = raw.ask("resources/list")
     assert raw.close() == 0
+    seen["notified"] = raw.notified
     return seen
 
 
@@ -88,7 +96,7 @@ def in_memory_tools(settings: Settings) -> dict:
 
 
 def test_a_second_start_answers_as_the_sdk_server_did(settings):
-    path = answers_path(settings.home, settings.mcp_toolsets, None)
+    path = answers_file.locate(settings.home, settings.mcp_toolsets, None).path
     first = session(settings)  # nothing remembered: the SDK server answers everything
     assert path.exists()
     second = session(settings)  # initialize and the lists from the first start's answers, the rest from the SDK
@@ -99,17 +107,21 @@ def test_a_second_start_answers_as_the_sdk_server_did(settings):
     assert {t["name"]: (t["description"], t["inputSchema"]) for t in second["tools/list"]["tools"]} \
         == in_memory_tools(settings)
     assert not second["call"].get("isError") and second["call"] == first["call"]
+    assert first["notified"] == second["notified"] == []  # what the client was told is the SDK server's
 
 
 def test_remembered_answers_that_differ_from_the_sdks_are_replaced(settings):
     session(settings)
-    path = answers_path(settings.home, settings.mcp_toolsets, None)
-    true = json.loads(path.read_text())
-    stale = json.loads(path.read_text())
+    kept = answers_file.locate(settings.home, settings.mcp_toolsets, None)
+    true = answers_file.read(kept)
+    stale = answers_file.read(kept)
     stale["tools/list"][INIT["protocolVersion"]]["tools"][0]["description"] = "stale"
-    path.write_text(json.dumps(stale))
-    session(settings)  # served the stale list (the code has not changed, so its answers should not have)...
-    assert json.loads(path.read_text()) == true  # ...and put the SDK's back
+    # kept as this install keeps answers (a file edited by hand is not used: test_stdio_answers_trust.py)
+    answers_file.remember(kept, INIT["protocolVersion"], {m: stale[m][INIT["protocolVersion"]] for m in stale})
+    seen = session(settings)  # served the stale list (the code has not changed, so its answers should not have)...
+    assert seen["tools/list"] == stale["tools/list"][INIT["protocolVersion"]]
+    assert seen["notified"] == ["notifications/tools/list_changed"]  # ...told the client it changed...
+    assert answers_file.read(kept) == true  # ...and put the SDK's back
     assert session(settings)["tools/list"] == true["tools/list"][INIT["protocolVersion"]]
 
 
