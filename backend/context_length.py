@@ -108,6 +108,11 @@ def fit_context(cfg: ModelConfig, setting, max_model_len: int | None) -> tuple[M
         raise ValueError(f"max_model_len={max_model_len} is past the {context} tokens {cfg.architecture} serves "
                          f"with rope_scaling {_describe(scaling)} (trained at {trained}); {hint} or lower "
                          "max_model_len")
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        # One set of LongRoPE factors for the engine's life, as llama.cpp picks them by its context size: the long
+        # ones where a sequence may run past the trained length. transformers switches by each pass's sequence
+        # length, which agrees on sequences wholly within the trained length or past it.
+        scaling = {**scaling, "long": max_model_len > trained}
     return replace(cfg, rope_scaling=scaling), max_model_len
 
 

@@ -1,22 +1,30 @@
 """A GGUF file's metadata as a ModelConfig, for every layout we run.
 
 Layouts (general.architecture) and the keys they use are llama.cpp's (gguf-py's constants.py):
-llama covers Llama 1-3.x, Mistral, TinyLlama, SmolLM and, with expert tensors, Mixtral.
+llama covers Llama 1-3.x, Mistral, TinyLlama, SmolLM and, with expert tensors, Mixtral; smollm3 is llama's
+tensors with every fourth layer NoPE (no key says so: llama.cpp hard-codes the step); phi3 (Phi-3, Phi-4) fuses
+q|k|v into attn_qkv and gate|up into ffn_up.
 """
 
+import math
 import struct
 from pathlib import Path
 
 from backend.gguf_file import GGUFFile
+from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
 from backend.model_config import ModelConfig, ModelLoadError
 from backend.quant.formats import FLOAT_TYPES, FORMATS
 
 # layout -> (architecture without experts, architecture with experts)
 LAYOUTS = {"llama": ("LlamaForCausalLM", "MixtralForCausalLM"), "qwen2": ("Qwen2ForCausalLM", None),
            "qwen3": ("Qwen3ForCausalLM", None), "qwen2moe": (None, "Qwen2MoeForCausalLM"),
-           "qwen3moe": (None, "Qwen3MoeForCausalLM")}
+           "qwen3moe": (None, "Qwen3MoeForCausalLM"), "smollm3": ("SmolLM3ForCausalLM", None),
+           "phi3": ("Phi3ForCausalLM", None)}
 LAYOUT_HELP = ("llama (Llama 1-3.x, Mistral, TinyLlama, SmolLM; Mixtral with experts), qwen2, qwen3, qwen2moe, "
-               "qwen3moe")
+               "qwen3moe, smollm3, phi3 (Phi-3, Phi-4)")
+ROPE_PERMUTED = ("llama", "smollm3")  # layouts whose q/k rows llama.cpp's converter interleaves for its rotary
+_NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's n_no_rope_layer_step: layer i is NoPE where (i + 1) % step == 0
+_WINDOWED = ("phi3",)  # layouts whose sliding_window key llama.cpp reads (its llama layout ignores Mistral's)
 # Whether the top-k routing weights are renormalised, where the file does not say (llama.cpp's defaults).
 _NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 
@@ -59,9 +67,10 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
     heads = int(field(f"{arch}.attention.head_count"))
     hidden = int(field(f"{arch}.embedding_length"))
     head_dim = int(field(f"{arch}.attention.key_length", hidden // heads))
-    rot = field(f"{arch}.rope.dimension_count")
-    if rot is not None and int(rot) != head_dim:
-        raise ModelLoadError(f"{path}: partial rotary embeddings ({rot} of {head_dim} dimensions) are not supported")
+    rot = int(field(f"{arch}.rope.dimension_count", head_dim))
+    if rot != head_dim and arch in ROPE_PERMUTED:
+        raise ModelLoadError(f"{path}: partial rotary embeddings ({rot} of {head_dim} dimensions) are not supported "
+                             f"in the {arch} layout")
     embed = tensors.get("token_embd.weight")
     if embed is None:
         raise ModelLoadError(f"{path}: no token_embd.weight tensor; is this a complete {arch} GGUF?")
@@ -73,27 +82,49 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
         num_kv_heads=int(field(f"{arch}.attention.head_count_kv", heads)), head_dim=head_dim,
         rms_norm_eps=float(field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(field(f"{arch}.rope.freq_base", 10000.0)), rope_scaling=_rope_scaling(path, arch, field, tensors),
-        max_position_embeddings=int(field(f"{arch}.context_length", 4096)),
+        max_position_embeddings=int(field(f"{arch}.context_length", 4096)), rotary_dim=rot,
         tie_word_embeddings="output.weight" not in tensors, eos_token_ids=sorted({int(e) for e in eos if e is not None}),
-        qkv_bias="blk.0.attn_q.bias" in tensors, o_bias="blk.0.attn_output.bias" in tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in tensors)
+        qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors)
     if experts:
         mc.num_experts = experts
         mc.num_experts_per_tok = int(field(f"{arch}.expert_used_count"))
         mc.moe_intermediate_size = int(field(f"{arch}.expert_feed_forward_length", 0) or mc.intermediate_size)
         mc.norm_topk_prob = bool(field(f"{arch}.expert_weights_norm", _NORM_TOPK[arch]))
-        mc.mlp_only_layers = [i for i in range(mc.num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors]
         shared = tensors.get("blk.0.ffn_up_shexp.weight") or next(
             (t for n, t in tensors.items() if n.endswith("ffn_up_shexp.weight")), None)
         if shared is not None:
             mc.shared_expert_intermediate_size = int(field(f"{arch}.expert_shared_feed_forward_length", 0)
                                                      or shared.shape[1])
+    mc.layers = tuple(_layer(arch, field, tensors, i) for i in range(mc.num_layers))
     return mc, reader
+
+
+def _layer(arch: str, field, tensors, i: int) -> LayerSpec:
+    step = _NO_ROPE_STEP.get(arch)
+    # phi3's converter writes 0 for "no window" (Phi-4)
+    window = field(f"{arch}.attention.sliding_window") if arch in _WINDOWED else None
+    attention = attention_of(window or None,
+                             rope=step is None or (i + 1) % step != 0,
+                             qk_norm=f"blk.{i}.attn_q_norm.weight" in tensors)
+    return LayerSpec(attention, MOE_SOFTMAX_TOPK if f"blk.{i}.ffn_gate_inp.weight" in tensors else DENSE)
 
 
 def _rope_scaling(path: Path, arch: str, field, tensors) -> dict | None:
     import numpy as np
 
+    if "rope_factors_long.weight" in tensors:  # phi3's LongRoPE, as its converter writes it
+        if "rope_factors_short.weight" not in tensors:
+            raise ModelLoadError(f"{path}: GGUF rope_factors_long without rope_factors_short")
+        longest = int(field(f"{arch}.context_length", 4096))
+        trained = int(field(f"{arch}.rope.scaling.original_context_length") or longest)
+        attention = field(f"{arch}.rope.scaling.attn_factor")
+        if attention is None:
+            attention = 1.0 if longest <= trained else math.sqrt(1 + math.log(longest / trained) / math.log(trained))
+        return {"rope_type": "longrope", "original_max_position_embeddings": trained,
+                "attention_factor": float(attention), "long": False,
+                **{f"{kind}_factor": np.asarray(tensors[f"rope_factors_{kind}.weight"].data, dtype=np.float32)
+                   .reshape(-1).tolist() for kind in ("short", "long")}}
     if "rope_freqs.weight" in tensors:
         # Llama 3.1+: the converter stores each frequency's divisor (llama3 scaling, already evaluated).
         factors = np.asarray(tensors["rope_freqs.weight"].data, dtype=np.float32).reshape(-1)

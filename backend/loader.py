@@ -235,7 +235,7 @@ def _link_ahead(model: CausalLM) -> None:
 def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
     from backend.kernels.rotary import cos_sin_table
 
-    return cos_sin_table(config.head_dim, config.rope_theta, config.rope_scaling, max_positions)
+    return cos_sin_table(config.rotary_dim, config.rope_theta, config.rope_scaling, max_positions)
 
 
 def _auto_tokenizer(path: Path, **kwargs):
@@ -277,11 +277,15 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
     key = hashlib.sha256(f"{source.gguf_file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir() / "tokenizers" / key
     if not (cached / "tokenizer.json").exists():
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
         shutil.rmtree(cached, ignore_errors=True)  # a conversion cut short
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
-        AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name).save_pretrained(str(tmp))
+        try:
+            converted = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
+        except ValueError:  # a layout transformers reads no config of (smollm3): the file's vocabulary alone
+            converted = PreTrainedTokenizerFast.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
+        converted.save_pretrained(str(tmp))
         try:
             tmp.replace(cached)
         except OSError:  # another process converted it first

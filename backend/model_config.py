@@ -1,10 +1,14 @@
 """One description of a model's shape, read from a Hugging Face config.json or from GGUF metadata."""
 
+import math
 from dataclasses import dataclass, field
 
+from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
+                           "Phi3ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 class ModelLoadError(Exception):
@@ -24,13 +28,13 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
-    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "yarn", ...}
+    layers: tuple[LayerSpec, ...] = ()  # one a layer: its attention and feed-forward kinds (layer_spec.py)
+    rotary_dim: int = 0  # the leading dimensions of each head that rotate (Phi's partial rotary); 0: head_dim
+    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "yarn" | "longrope", ...}
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before rotary
-    sliding_window: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
     # Mixture of experts (num_experts == 0: dense)
@@ -39,25 +43,26 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     shared_expert_intermediate_size: int = 0
-    decoder_sparse_step: int = 1
-    mlp_only_layers: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rotary_dim = self.rotary_dim or self.head_dim
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
-    def layer_is_moe(self, layer: int) -> bool:
-        return self.is_moe and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
-
-def _rope(cfg: dict) -> tuple[float, dict | None]:
+def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
     # transformers 5 writes `rope_parameters` (theta inside); older checkpoints `rope_theta` + `rope_scaling`.
     params = dict(cfg.get("rope_parameters") or {})
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    params.pop("partial_rotary_factor", None)  # how many dimensions rotate, not how (ModelConfig.rotary_dim)
     scaling = params or dict(cfg.get("rope_scaling") or {})
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type == "su":  # Phi-3's first name for it
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelLoadError(f"rope scaling {rope_type!r} is not supported; supported: "
+        raise ModelLoadError(f"{source}: rope scaling {rope_type!r} is not supported; supported: "
                              f"{', '.join(SUPPORTED_ROPE_TYPES)}")
     if rope_type == "default":
         return float(theta), None
@@ -68,7 +73,26 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
                            cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings", 4096))
         if scaling.get("factor") is None:
             scaling["factor"] = cfg.get("max_position_embeddings", 4096) / scaling["original_max_position_embeddings"]
+    if rope_type == "longrope":
+        return float(theta), _longrope(cfg, scaling, source)
     return float(theta), scaling
+
+
+def _longrope(cfg: dict, scaling: dict, source: str) -> dict:
+    """Phi-3/Phi-4's LongRoPE: per-frequency divisors, short_factor within the trained length and long_factor past
+    it (`long`: which one, set by context_length.fit_context from max_model_len), and cos/sin scaled by
+    sqrt(1 + ln(factor) / ln(trained)) (transformers' and the paper's default)."""
+    longest = cfg.get("max_position_embeddings", 4096)
+    trained = scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") or longest
+    if not scaling.get("short_factor") or not scaling.get("long_factor"):
+        raise ModelLoadError(f"{source}: rope scaling 'longrope' needs both short_factor and long_factor")
+    factor = scaling.get("factor") or longest / trained
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(trained))
+    return {"rope_type": "longrope", "short_factor": [float(f) for f in scaling["short_factor"]],
+            "long_factor": [float(f) for f in scaling["long_factor"]], "original_max_position_embeddings": int(trained),
+            "attention_factor": float(attention), "long": False}
 
 
 def as_id_list(value) -> list[int]:
@@ -86,10 +110,10 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (only silu)")
-    if cfg.get("use_sliding_window"):
+    if cfg.get("use_sliding_window") and arch != "SmolLM3ForCausalLM":
         raise ModelLoadError(f"{source}: use_sliding_window=true (Qwen's per-layer windows) is not supported")
     heads = cfg["num_attention_heads"]
-    theta, scaling = _rope(cfg)
+    theta, scaling = _rope(cfg, source)
     mc = ModelConfig(
         architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
         intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -98,7 +122,7 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
         torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"))
-    if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"):
+    if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM"):
         mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
         mc.mlp_bias = bool(cfg.get("mlp_bias", False))
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
@@ -106,9 +130,8 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
     if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         mc.qkv_bias = bool(cfg.get("attention_bias", False))
         mc.o_bias = mc.qkv_bias
-        mc.qk_norm = True
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM"):
-        mc.sliding_window = cfg.get("sliding_window")
+    if arch == "Phi3ForCausalLM":
+        mc.rotary_dim = _rotary_dim(cfg, mc.head_dim, source)
     if arch == "MixtralForCausalLM":
         mc.num_experts = cfg["num_local_experts"]
         mc.num_experts_per_tok = cfg["num_experts_per_tok"]
@@ -119,8 +142,50 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         mc.num_experts_per_tok = cfg["num_experts_per_tok"]
         mc.moe_intermediate_size = cfg["moe_intermediate_size"]
         mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
-        mc.decoder_sparse_step = cfg.get("decoder_sparse_step", 1) or 1
-        mc.mlp_only_layers = list(cfg.get("mlp_only_layers") or [])
     if arch == "Qwen2MoeForCausalLM":
         mc.shared_expert_intermediate_size = cfg.get("shared_expert_intermediate_size", 0)
+    mc.layers = tuple(_hf_layer(arch, cfg, i, source) for i in range(mc.num_layers))
     return mc
+
+
+def _hf_layer(arch: str, cfg: dict, i: int, source: str) -> LayerSpec:
+    """Layer i's kinds, from the family's own way of saying them."""
+    window, rope = None, True
+    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        window = cfg.get("sliding_window")  # one window for every layer, or none
+    if arch == "SmolLM3ForCausalLM":
+        rope = _smollm3_rope(cfg, source)[i]
+        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+            types = cfg.get("layer_types") or ["full_attention" if r else "sliding_attention"
+                                               for r in _smollm3_rope(cfg, source)]
+            window = cfg["sliding_window"] if types[i] == "sliding_attention" else None
+    attention = attention_of(window, rope=rope, qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"))
+    if arch == "MixtralForCausalLM":
+        return LayerSpec(attention, MOE_SOFTMAX_TOPK)
+    if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        step = cfg.get("decoder_sparse_step", 1) or 1
+        sparse = i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
+        return LayerSpec(attention, MOE_SOFTMAX_TOPK if sparse else DENSE)
+    return LayerSpec(attention, DENSE)
+
+
+def _smollm3_rope(cfg: dict, source: str) -> list[bool]:
+    """Whether each layer rotates: config.json's `no_rope_layers` (1: rotates, 0: a NoPE layer, despite the name),
+    else every `no_rope_layer_interval`-th layer (4 by default) is NoPE."""
+    layers = cfg["num_hidden_layers"]
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = cfg.get("no_rope_layer_interval") or 4
+        return [(i + 1) % interval != 0 for i in range(layers)]
+    if len(flags) != layers:
+        raise ModelLoadError(f"{source}: no_rope_layers has {len(flags)} entries for {layers} layers")
+    return [bool(f) for f in flags]
+
+
+def _rotary_dim(cfg: dict, head_dim: int, source: str) -> int:
+    factor = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise ModelLoadError(f"{source}: partial_rotary_factor {factor} rotates {dim} of {head_dim} dimensions a "
+                             "head; rotary needs an even number, at least 2")
+    return dim

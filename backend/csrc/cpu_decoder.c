@@ -6,9 +6,9 @@
  * Every row attends as a decoding token at its own position (a sequence's next token, a verification run's rows,
  * a short prompt chunk's), with the keys and values of all the step's rows stored first. Layers: RMSNorm (the
  * residual added first), fused q|k|v, rotary over q and k (each head RMS-normed first where the model has q/k
- * norms: Qwen3), paged attention, o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our
- * quantized layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's
- * q|k|v). A MoE layer (Mixtral, Qwen3-MoE, Qwen2-MoE) has, in place of gate|up and down, its router and routed
+ * norms: Qwen3; no rotary in a NoPE layer: SmolLM3), paged attention (full, or the layer's own sliding window),
+ * o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized layout (a fused layer's parts
+ * each in its own format), biases where the model has them (Qwen2's q|k|v). A MoE layer (Mixtral, Qwen3-MoE, Qwen2-MoE) has, in place of gate|up and down, its router and routed
  * experts and, in Qwen2-MoE, a gated shared expert: the module path's calls (moe_route_rows, moe_tokens,
  * moe_add_shared_rows in cpu_moe.c), here without Python between them.
  */
@@ -23,7 +23,8 @@ void struct_layouts(int64_t *out) {
     const int64_t v[] = {sizeof(QuantMatrix), sizeof(Linear), offsetof(Linear, bias), sizeof(ExpertStack),
                          offsetof(ExpertStack, order), sizeof(Experts), offsetof(Experts, gate),
                          offsetof(Experts, shared_gate), offsetof(Experts, shared_inter), sizeof(Layer),
-                         offsetof(Layer, moe), offsetof(Layer, k_cache), sizeof(Shape), offsetof(Shape, eps),
+                         offsetof(Layer, moe), offsetof(Layer, k_cache), offsetof(Layer, window), sizeof(Shape),
+                         offsetof(Shape, eps),
                          offsetof(Shape, final_norm), offsetof(Shape, kv_kind)};
     memcpy(out, v, sizeof v);
 }
@@ -80,14 +81,18 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             rms_norm_rows(row, NULL, L->q_norm, NULL, row, hq, D, s->eps);
             rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, hkv, D, s->eps);
         }
-        rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
+        if (L->rope)
+            rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
+        else  /* q and k as projected, packed as rotary_rows would leave them */
+            for (i64 r = 0; r < M; r++)
+                memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
         for (i64 r = 0; r < M; r++) {
             if (slots[r] < 0) continue;
             store_kv_elements(L->k_cache, slots[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
             store_kv_elements(L->v_cache, slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
         }
         decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
-                              tables, table_stride, lens, s->window, s->scale, max_len, threads);
+                              tables, table_stride, lens, L->window, s->scale, max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
         if (L->moe.router) {

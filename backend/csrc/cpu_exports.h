@@ -60,11 +60,13 @@ typedef struct {
     Linear qkv, o, gate_up, down;
     Experts moe;
     void *k_cache, *v_cache; /* elements of Shape's kv_kind */
+    i64 window;              /* sliding attention's window in tokens; 0: full attention */
+    i64 rope;                /* 0: a NoPE layer, whose q and k are stored and attend as projected */
 } Layer;
 
 typedef struct {
     /* inter: the widest feed-forward (dense, or a shared expert); top_k: the most of a MoE layer */
-    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size, window;
+    i64 layers, hidden, heads, kv_heads, head_dim, inter, top_k, block_size;
     float eps, scale;
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */

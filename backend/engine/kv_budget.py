@@ -200,7 +200,7 @@ def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torc
     """An upper estimate of one step's activations before the model exists to be measured: a few copies of
     the hidden states, q|k|v, the widest MLP (all routed experts' rows of a token), fp32 logits and their
     probabilities. Twice that, as the CUDA warm-up later measures the real peak and refuses if short."""
-    width = max(cfg.intermediate_size if not cfg.is_moe or cfg.mlp_only_layers else 0,
+    width = max(cfg.intermediate_size if any(layer.mlp.kind == "dense" for layer in cfg.layers) else 0,
                 cfg.num_experts_per_tok * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size)
     per_token = 8 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + 3 * width
     itemsize = torch.empty(0, dtype=dtype).element_size()

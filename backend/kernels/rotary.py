@@ -18,6 +18,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         return inv_freq / scaling["factor"]
     if kind == "factors":  # a GGUF's rope_freqs tensor: each frequency's divisor, as llama.cpp applies it
         return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32, device="cpu")
+    if kind == "longrope":  # the set of divisors the engine's length chose (backend/context_length.py)
+        factors = scaling["long_factor" if scaling["long"] else "short_factor"]
+        return inv_freq / torch.tensor(factors, dtype=torch.float32, device="cpu")
     if kind == "llama3":
         # Llama 3.1's frequency-dependent scaling: long wavelengths divided by `factor`, short ones kept,
         # a smooth interpolation in between.
@@ -56,7 +59,9 @@ def _yarn_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scali
 
 
 def attention_factor(scaling: dict | None) -> float:
-    """What YaRN multiplies cos and sin by (so q.k by its square): 1 for every other kind."""
+    """What YaRN and LongRoPE multiply cos and sin by (so q.k by its square): 1 for every other kind."""
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        return float(scaling["attention_factor"])
     if scaling is None or scaling["rope_type"] != "yarn":
         return 1.0
     if scaling.get("attention_factor") is not None:

@@ -3,10 +3,11 @@
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format), with or without biases (Qwen2) and q/k norms (Qwen3), and MoE layers whose router is fp32 and whose
-experts are in our layout (Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). The runner builds one per
-KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend as decode rows, up to
-max_rows of them.
+format), with or without biases (Qwen2), q/k norms (Qwen3), rotary (none in SmolLM3's NoPE layers) and a
+sliding window (each layer's own), and MoE layers whose router is fp32 and whose experts are in our layout
+(Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). Partial rotary (Phi-4-mini) stays with the modules.
+The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
+as decode rows, up to max_rows of them.
 """
 
 import ctypes
@@ -43,12 +44,12 @@ class _Experts(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
-                ("v_cache", ptr)]
+                ("v_cache", ptr), ("window", i64), ("rope", i64)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
-                ("inter", i64), ("top_k", i64), ("block_size", i64), ("window", i64), ("eps", ctypes.c_float),
+                ("inter", i64), ("top_k", i64), ("block_size", i64), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64)]
 
 
@@ -109,6 +110,8 @@ class CpuDecoder:
         norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
+        if cfg.rotary_dim != cfg.head_dim:  # partial rotary (Phi-4-mini): the modules rotate part of each head
+            return None
         layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -126,12 +129,12 @@ class CpuDecoder:
             if moe is None or any(p is None for p in parts):
                 return None
             norms = [w.data_ptr() if w is not None else None for w in _norms(layer)]
-            layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr()))
+            layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
+                                 attn.sliding_window or 0, int(attn.rope)))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                       inter, top_k, first.k_cache.shape[1], cfg.sliding_window or 0,
-                       cfg.rms_norm_eps, first.scale, model.model.norm.weight.data_ptr(),
-                       native.KV_KINDS[first.k_cache.dtype])
+                       inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,
+                       model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype])
         return cls(model, layers, shape, one_call_tokens() if top_k else None)
 
     def takes(self, rows: int) -> bool:

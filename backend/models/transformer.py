@@ -1,8 +1,10 @@
 """The decoder-only transformer shared by every supported family.
 
-Families differ only by flags of ModelConfig: q/k/v biases (Qwen2), per-head q/k RMSNorm
-(Qwen3), sliding windows (Mistral), and a sparse feed-forward in some layers (MoE).
-Module names follow the Hugging Face checkpoints, except that q/k/v and gate/up are fused.
+Each layer is built from its own LayerSpec (backend/layer_spec.py): full or sliding-window attention, with or
+without rotary (SmolLM3's NoPE layers) and per-head q/k RMSNorm (Qwen3); a dense or sparse (MoE) feed-forward.
+What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the rotating part of each head (Phi's
+partial rotary). Module names follow the Hugging Face checkpoints, except that q/k/v and gate/up are fused
+(as Phi-3's checkpoints store them).
 """
 
 import torch
@@ -11,7 +13,8 @@ from torch import nn
 from backend.kernels.attention import AttentionMetadata, paged_attention, store_kv
 from backend.kernels.norm import add_rms_norm, rms_norm
 from backend.kernels.rotary import apply_rotary, cos_sin_table
-from backend.model_config import ModelConfig
+from backend.layer_spec import AttentionSpec, LayerSpec
+from backend.model_config import ModelConfig, ModelLoadError
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
 
@@ -29,17 +32,21 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, spec: AttentionSpec):
         super().__init__()
+        if spec.sinks:
+            raise ModelLoadError(f"{cfg.architecture}: attention sinks are not supported yet")
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.sliding_window = cfg.sliding_window
+        self.sliding_window = spec.window
+        self.rope = spec.rope
+        self.rotary_dim = cfg.rotary_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:
+        self.qk_norm = spec.qk_norm
+        if spec.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         # Bound by the model runner once the KV cache is allocated.
@@ -56,18 +63,24 @@ class Attention(nn.Module):
             qk = torch.cat([q, k], dim=1)
         else:  # q and k are adjacent columns: rotate them as one tensor of heads
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = apply_rotary(qk, cos, sin)
+        qk = self._rotate(qk, cos, sin) if self.rope else qk.contiguous()
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(t, self.q_size))
 
+    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rotary_dim == self.head_dim:
+            return apply_rotary(qk, cos, sin)
+        rot = self.rotary_dim  # the leading dimensions rotate as a head of their own, the rest pass through
+        return torch.cat([apply_rotary(qk[..., :rot].contiguous(), cos, sin), qk[..., rot:]], dim=-1)
+
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int):
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec):
         super().__init__()
-        self.self_attn = Attention(cfg)
-        if cfg.layer_is_moe(index):
+        self.self_attn = Attention(cfg, spec.attention)
+        if spec.mlp.kind == "moe":
             self.mlp = SparseMoE(cfg)
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
@@ -87,8 +100,10 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if len(cfg.layers) != cfg.num_layers:  # a config reader that forgot to describe its layers
+            raise ValueError(f"{cfg.architecture}: {len(cfg.layers)} layer specs for {cfg.num_layers} layers")
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, spec) for spec in cfg.layers])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, cos, sin, meta):
@@ -106,7 +121,7 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        table = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        table = cos_sin_table(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
         self.register_buffer("cos_sin", table, persistent=False)
 
     def tie_weights(self) -> None:

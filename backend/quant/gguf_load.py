@@ -16,6 +16,7 @@ from itertools import groupby
 import numpy as np
 import torch
 
+from backend.gguf_config import ROPE_PERMUTED
 from backend.model_config import ModelLoadError
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import FORMATS
@@ -33,6 +34,8 @@ _LAYER = {
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# phi3 stores q|k|v and gate|up fused, as our modules hold them (its ffn_up is gate rows, then up rows)
+_LAYOUT_LAYER = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 _EXPERT_ROLE = {"ffn_gate": 0, "ffn_up": 1, "ffn_down": 2}
 _LEGACY_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")  # older Mixtral files: one tensor per expert
 _FUSED = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
@@ -58,26 +61,26 @@ class Entry:
         return (shape[1] if len(shape) > 1 else 1), shape[0]
 
 
-def entries(reader, source: str) -> list[Entry]:
-    out = []
+def entries(reader, source: str, arch: str) -> list[Entry]:
+    out, layer_names = [], {**_LAYER, **_LAYOUT_LAYER.get(arch, {})}
     for t in reader.tensors:
         parts = t.name.split(".")
         if parts[0] == "blk":
             layer, kind, suffix = int(parts[1]), ".".join(parts[2:-1]), parts[-1]
         else:
             layer, kind, suffix = None, ".".join(parts[:-1]), parts[-1]
-        if kind == "rope_freqs":
+        if kind in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
             continue  # read into the config's rope scaling (backend/gguf_config.py)
         prefix = f"model.layers.{layer}." if layer is not None else ""
         if m := _LEGACY_EXPERT.match(kind):
             out.append(Entry(t, f"{prefix}mlp", layer, kind, expert=int(m.group(2)), role=_EXPERT_ROLE[m.group(1)]))
         elif kind.endswith("_exps") and kind[:-5] in _EXPERT_ROLE:
             out.append(Entry(t, f"{prefix}mlp", layer, kind, role=_EXPERT_ROLE[kind[:-5]]))
-        elif (layer is None and kind in _GLOBAL) or (layer is not None and kind in _LAYER):
-            out.append(Entry(t, f"{prefix}{(_GLOBAL if layer is None else _LAYER)[kind]}.{suffix}", layer, kind))
+        elif (layer is None and kind in _GLOBAL) or (layer is not None and kind in layer_names):
+            out.append(Entry(t, f"{prefix}{(_GLOBAL if layer is None else layer_names)[kind]}.{suffix}", layer, kind))
         else:
             raise ModelLoadError(f"{source}: GGUF tensor {t.name!r} is not one this layout uses; expected the "
-                                 "tensors of llama.cpp's llama/qwen2/qwen3/qwen2moe/qwen3moe layouts")
+                                 f"tensors of llama.cpp's {arch} layout")
     return out
 
 
@@ -102,7 +105,7 @@ class GGUFLoad:
     def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool):
         self.model, self.reader, self.arch, self.dtype, self.source = model, reader, arch, dtype, source
         self.cfg = model.config
-        self.entries = entries(reader, source)
+        self.entries = entries(reader, source, arch)
         self.keep = keep_quantized
         self.dequantized: dict[str, tuple[int, int]] = {}  # types expanded at load -> (bytes in the file, weights)
         self.targets: dict[int, tuple[QuantWeight, int, int | None]] = {}  # id(tensor) -> (weight, row, expert)
@@ -122,7 +125,7 @@ class GGUFLoad:
                 file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
                 self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if self.arch == "llama" and e.kind in ("attn_q", "attn_k"):
+        if self.arch in ROPE_PERMUTED and e.kind in ("attn_q", "attn_k"):
             data = _unpermute_rope(data, self.cfg.num_heads if e.kind == "attn_q" else self.cfg.num_kv_heads)
         return data
 

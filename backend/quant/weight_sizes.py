@@ -82,14 +82,14 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     experts, per_expert = 0, []
     for i in range(cfg.num_layers):
         fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
-        dense += 2 * 4 * h + (2 * 4 * d if cfg.qk_norm else 0)
+        dense += 2 * 4 * h + (2 * 4 * d if cfg.layers[i].attention.qk_norm else 0)
         dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
         dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
         if cfg.qkv_bias:
             dense += 4 * (heads + 2 * kv) * d
         if cfg.o_bias:
             dense += 4 * h
-        if not cfg.layer_is_moe(i):
+        if cfg.layers[i].mlp.kind == "dense":
             inter = cfg.intermediate_size
             dense += 2 * tensor_bytes(fmt("ffn_gate"), inter, h) + tensor_bytes(fmt("ffn_down"), h, inter)
             per_expert.append(0)

@@ -19,7 +19,7 @@ def test_the_ctypes_mirrors_have_the_c_layouts():
             ctypes.sizeof(cpu_decoder._Experts), cpu_decoder._Experts.gate.offset,
             cpu_decoder._Experts.shared_gate.offset, cpu_decoder._Experts.shared_inter.offset,
             ctypes.sizeof(cpu_decoder._Layer), cpu_decoder._Layer.moe.offset, cpu_decoder._Layer.k_cache.offset,
-            ctypes.sizeof(cpu_decoder._Shape), cpu_decoder._Shape.eps.offset, cpu_decoder._Shape.final_norm.offset,
+            cpu_decoder._Layer.window.offset, ctypes.sizeof(cpu_decoder._Shape), cpu_decoder._Shape.eps.offset, cpu_decoder._Shape.final_norm.offset,
             cpu_decoder._Shape.kv_kind.offset]
     got = (ctypes.c_int64 * len(want))()
     native.library().struct_layouts(got)

@@ -25,7 +25,8 @@ from tests.backend.tiny_models import build_model
 SHAPES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
 MOE_SHAPES = dict(moe_intermediate_size=256, shared_expert_intermediate_size=256)
 LAYOUT = {"llama": "llama", "llama3_rope_tied": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2",
-          "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+          "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "smollm3": "smollm3", "phi3": "phi3",
+          "phi4_partial_rotary": "phi3"}
 # family -> {GGUF tensor kind: format}; kinds not named are F32 (norms, biases, routers)
 POLICY = {
     "llama": {"token_embd": "Q8_0", "output": "Q6_K", "attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q8_0",
@@ -46,14 +47,21 @@ POLICY = {
                   "ffn_gate_shexp": "Q4_0", "ffn_up_shexp": "Q4_0", "ffn_down_shexp": "Q5_1"},
     "qwen3_moe": {"token_embd": "Q5_K", "output": "Q4_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q5_K",
                   "attn_output": "Q4_K", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q5_K", "ffn_down_exps": "Q6_K"},
+    "smollm3": {"token_embd": "Q8_0", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q8_0", "attn_output": "Q4_0",
+                "ffn_gate": "Q5_K", "ffn_up": "Q5_K", "ffn_down": "Q6_K"},
+    "phi3": {"token_embd": "Q8_0", "output": "Q6_K", "attn_qkv": "Q4_K", "attn_output": "Q5_0", "ffn_up": "Q4_K",
+             "ffn_down": "Q6_K"},
+    "phi4_partial_rotary": {"token_embd": "Q8_0", "attn_qkv": "Q5_K", "attn_output": "Q4_K", "ffn_up": "Q4_1",
+                            "ffn_down": "Q8_0"},
 }
+PERMUTED = ("llama", "smollm3")  # layouts whose q/k rows convert_hf_to_gguf.py interleaves (LlamaModel.permute)
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
           "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
           "block_sparse_moe.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
           "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
-          "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+          "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 _EXPERT = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps", "gate_proj": "ffn_gate_exps",
            "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 
@@ -125,7 +133,16 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    rotary = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    w.add_rope_dimension_count(int(rotary * head_dim))
+    if arch == "phi3":
+        w.add_sliding_window(cfg.get("sliding_window") or 0)  # 0: none (Phi-4)
+        trained = (cfg.get("rope_parameters") or {}).get("original_max_position_embeddings") or cfg.get(
+            "original_max_position_embeddings", cfg["max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(trained)
+        if (cfg.get("rope_parameters") or {}).get("long_factor"):  # LongRoPE: the converter's attention factor
+            scale = cfg["max_position_embeddings"] / trained
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(trained)) if scale > 1 else 1.0)
     w.add_rope_freq_base(float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -189,7 +206,7 @@ def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None,
             gname = f"blk.{layer}.{_NAMES[module]}.{suffix}"
         kind = gname.split(".")[-2]
         w = tensor.float().numpy()
-        permute = arch == "llama" and kind in ("attn_q", "attn_k")
+        permute = arch in PERMUTED and kind in ("attn_q", "attn_k")
         if permute:
             w = _permute(w, heads if kind == "attn_q" else kv_heads)
         fmt = policy.get(kind, "F32") if suffix_is_weight(gname) and w.ndim == 2 else "F32"
@@ -214,8 +231,12 @@ def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None,
             writer.add_tensor(f"blk.{layer}.{kind}.weight", data, raw_dtype=qtype if fmt not in ("F32", "F16") else None)
             for e, n in enumerate(names):
                 ref[n] = torch.from_numpy(np.ascontiguousarray(back[e]))
-    if (cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}).get("rope_type") == "llama3":
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _rope_factors(cfg))
+    if rope.get("rope_type") == "longrope":
+        for kind in ("long", "short"):
+            writer.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -56,6 +56,14 @@ FAMILIES = {
         num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=80, mlp_only_layers=[1], **MOE)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         num_experts=4, moe_intermediate_size=48, norm_topk_prob=True, head_dim=32, **MOE)),
+    # Four layers: the fourth is NoPE (no_rope_layer_interval 4, the default)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(num_hidden_layers=4)),
+    # NoPE layers named one by one, and sliding windows on them (transformers' layer_types for use_sliding_window)
+    "smollm3_nope_windows": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        num_hidden_layers=3, no_rope_layers=[0, 1, 0], use_sliding_window=True, sliding_window=12)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=24)),
+    # Phi-4-mini's shape: half of each head rotates, tied embeddings, no window
+    "phi4_partial_rotary": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, tie_word_embeddings=True)),
 }
 
 
