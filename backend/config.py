@@ -29,14 +29,20 @@ class EngineConfig:
     # trained length. Unset, a max_model_len past it switches YaRN on with the factor it needs (backend.context_length).
     rope_scaling: dict | str | None = None
     max_num_batched_tokens: int | None = None  # None: 2048, or max_model_len if smaller
-    # While any sequence decodes, the prompt tokens (prompts and embedding inputs together) one step may compute,
-    # so that running streams get a token at least every this much prefill work; None: 256 on the CPU (about half
-    # a second of a small model's prefill), max_num_batched_tokens on CUDA (where a full step takes milliseconds)
+    # While any sequence decodes, at most this many prompt tokens (prompts and embedding inputs together) a step,
+    # under what step_time_budget gives; None: no cap but the time budget's (256 on the CPU until a step was timed)
     long_prefill_token_threshold: int | None = None
+    # Seconds a step may take while any sequence decodes or waits for its first chunk: the prompt work beside them is
+    # sized from the measured cost of a prompt token (backend/engine/step_budget.py); a prompt computed alone takes
+    # steps four times as long. None: 0.25 on the CPU, 0.05 on CUDA.
+    step_time_budget: float | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None  # an exact KV-cache size in blocks; overrides kv_cache_memory
     kv_cache_memory: float | int | None = None  # a fraction (0, 1] of free memory, or bytes
     enable_prefix_caching: bool = True
+    # Prefix-cache blocks kept on disk across restarts and model swaps, in bytes, least recently used out, under
+    # $SCRIPTORIUM_HOME/cache/kv (engine/disk_prefix_cache.py); 0: none written or read
+    disk_cache_bytes: int = 4 << 30
     seed: int = 0
     speculative: dict | str | None = None  # see backend.spec.speculative_config.SpeculativeConfig
     # CUDA: what this engine may use (weights, activations, KV cache): a fraction (0, 1] of the card, or bytes.
@@ -72,8 +78,13 @@ class EngineConfig:
         if self.moe_cpu_compute and g is None:
             raise ValueError("moe_cpu_compute computes the experts kept in host memory on the CPU; it needs "
                              "moe_gpu_experts (a count per layer, or 'auto') to say which stay on the device")
+        if self.step_time_budget is not None and not self.step_time_budget > 0:
+            raise ValueError(f"step_time_budget must be > 0 seconds, got {self.step_time_budget!r}")
         if not self.grammar_compile_timeout > 0:
             raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
+        d = self.disk_cache_bytes
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"disk_cache_bytes must be a number of bytes >= 0 (0: no disk cache), got {d!r}")
         m = self.kv_cache_memory
         if m is not None and not ((isinstance(m, float) and 0 < m <= 1) or (isinstance(m, int) and m > 0)):
             raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a number of bytes, got {m!r}")

@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +18,16 @@ if "TRITON_INTERPRET" not in os.environ:
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_disk_prefix_cache():
+    """Each test starts without the KV blocks earlier tests' engines wrote to the run-wide home's disk prefix cache
+    (backend/engine/disk_prefix_cache.py): a cold run in one test would otherwise be served from another's."""
+    writer = sys.modules.get("backend.engine.disk_kv_writer")
+    if writer is not None:  # an earlier test's engine may still be writing
+        writer.finish_writes()
+    shutil.rmtree(Path(os.environ["SCRIPTORIUM_HOME"]) / "cache" / "kv", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -5,12 +5,20 @@ and its own tokens), so equal hashes mean equal prefixes; the block's tokens are
 compared on a hit, so a hash collision can never serve wrong KV. Freed blocks keep their
 contents and hash; they are reused least recently freed first, and until then a later request
 with the same prefix can pick them up again.
+
+With a disk cache (engine/disk_prefix_cache.py) the hashes outlive the process: a freed sequence's hashed blocks
+are handed to it to be written, and a lookup that misses in memory goes on on disk, loading the blocks it finds
+there into free blocks that then serve the hit as freed cached blocks do.
 """
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from backend.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from backend.engine.disk_prefix_cache import DiskPrefixCache
 
 
 @dataclass
@@ -21,14 +29,20 @@ class Block:
     token_ids: tuple[int, ...] = ()
 
 
+ROOT_HASH = 0  # the parent of a first block: a constant, as hash(None) differs between processes before 3.12
+
+
 def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    return hash((parent, tokens))
+    """Stable across processes (hashes of ints and tuples of ints are), so the disk cache can key on it."""
+    return hash((ROOT_HASH if parent is None else parent, tokens))
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 disk: "DiskPrefixCache | None" = None):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.disk = disk if enable_prefix_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front is evicted first
         self.cached: dict[int, int] = {}  # hash -> block id
@@ -68,7 +82,8 @@ class BlockManager:
             return [], []
         ids, hashes, parent = [], [], None
         size = self.block_size
-        for i in range((seq.num_tokens - 1) // size):
+        limit = (seq.num_tokens - 1) // size
+        for i in range(limit):
             tokens = tuple(seq.token_ids[i * size:(i + 1) * size])
             h = chain_hash(parent, tokens)
             block_id = self.cached.get(h)
@@ -77,7 +92,28 @@ class BlockManager:
             ids.append(block_id)
             hashes.append(h)
             parent = h
+        if self.disk is not None and len(ids) < limit:
+            self._load_from_disk(seq, ids, hashes, limit)
         return ids, hashes
+
+    def _load_from_disk(self, seq: Sequence, ids: list[int], hashes: list[int], limit: int) -> None:
+        """Extend the hit (ids, hashes) with the blocks after it that the disk cache holds: each is loaded into a
+        free block (never one of the hit's) that joins the prefix cache as a freed cached block, most recently
+        used; allocate() then revives it like any other."""
+        reviving = [b for b in ids if self.blocks[b].ref_count == 0]
+        for block_id in reviving:  # about to be used: out of reach of the blocks taken below
+            self.free.move_to_end(block_id)
+        room = len(self.free) - len(reviving)
+        end, parent = min(limit, len(ids) + room), hashes[-1] if hashes else None
+        for h, tokens, data in self.disk.load(seq.token_ids, len(ids), end, parent, self.block_size):
+            block_id = self._take_free_block()
+            self.disk.write_block(block_id, data)
+            block = self.blocks[block_id]
+            block.ref_count, block.hash, block.token_ids = 0, h, tokens
+            self.cached[h] = block_id
+            self.free[block_id] = None
+            ids.append(block_id)
+            hashes.append(h)
 
     def allocate(self, seq: Sequence, hit_ids: list[int], hit_hashes: list[int], num_new_tokens: int) -> bool:
         """Give a sequence entering the running set its cached prefix plus room for num_new_tokens more."""
@@ -166,6 +202,8 @@ class BlockManager:
             self.free.move_to_end(block_id, last=False)  # nothing to reuse in them: taken first
 
     def free_sequence(self, seq: Sequence) -> None:
+        if self.disk is not None and seq.block_hashes:  # its computed full blocks, kept past this process
+            self.disk.offer(seq.token_ids, seq.block_hashes, seq.block_table, self.block_size)
         # Tail blocks are released first, so a prefix's leading blocks are the last to be evicted.
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]

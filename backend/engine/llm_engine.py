@@ -9,12 +9,13 @@ together is engine/engine_setup.py's; what it holds on its device and when, engi
 import itertools
 import logging
 import threading
+import time
 
 import torch
 
 from backend.config import EngineConfig
 from backend.detokenizer import IncrementalDetokenizer
-from backend.engine import engine_setup, residency
+from backend.engine import disk_prefix_cache, engine_setup, residency
 from backend.engine.admission import AdmittedEmbedding, AdmittedRequest, Limits, chat_prompt_ids
 from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
@@ -30,6 +31,7 @@ from backend.engine.plan_sampling import sample_plan
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine.step_budget import StepBudget
 from backend.engine_args import EngineArgs
 from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
@@ -62,14 +64,18 @@ class LLMEngine:
         models = [m for m in (self.model, draft_model) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
         self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype)
+        target = config.step_time_budget or (0.25 if self.device.type == "cpu" else 0.05)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
-                                   self.max_num_batched_tokens, self.shape.prefill_tokens_while_decoding)
+                                   self.max_num_batched_tokens,
+                                   StepBudget(target, self.shape.prefill_tokens_while_decoding),
+                                   config.long_prefill_token_threshold)
         self.sampler = Sampler(config.seed, self.device)
         self.proposer, self.speculator = engine_setup.speculation(
             self.spec, draft_model, self.model, self.device, self.dtype, config.block_size, self.shape.kv_dtype,
             self.vocab_bridge, self.max_model_len)
         if self.speculator is not None:
             self.scheduler.on_release.append(self.speculator.release)
+        self.disk_cache = disk_prefix_cache.for_engine(self)  # None: off
         residency.start_cache(self)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
@@ -195,6 +201,7 @@ class LLMEngine:
 
     def step_deltas(self) -> list[RequestDelta]:
         """Run one planned forward pass; return what it changed, per request it advanced."""
+        started = time.perf_counter()
         wanted = self.speculator.wanted(self.scheduler.running) if self.speculator else None
         plan = self.scheduler.schedule(wanted)
         if not plan:
@@ -209,6 +216,7 @@ class LLMEngine:
                                              out.pooled, out.prompt_logprobs, logprobs)
         if self.speculator:
             self.speculator.learn(plan, tokens)
+        self.scheduler.observe(time.perf_counter() - started)
         for seq, error in failed:
             log.error("request %s failed: %s: %s", seq.request_id, type(error).__name__, error)
             if isinstance(error, InvalidParameter):  # its settings contradict each other: the client's to change

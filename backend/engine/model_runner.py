@@ -74,6 +74,22 @@ class ModelRunner:
             module.k_cache[target].copy_(module.k_cache[source])
             module.v_cache[target].copy_(module.v_cache[source])
 
+    def kv_block_layout(self) -> list[tuple[torch.Size, torch.dtype]]:
+        """Shape and dtype of one block of each cache tensor: K then V of every attention layer, in order."""
+        return [(t.shape[1:], t.dtype) for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
+
+    def kv_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Copies in host memory of these blocks, one tensor per cache tensor (kv_block_layout's order), each
+        (len(block_ids), *its block's shape): what the disk prefix cache writes while the blocks are reused."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return [t.index_select(0, index).cpu() for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
+
+    def set_kv_block(self, block_id: int, data: list[torch.Tensor]) -> None:
+        """Fill one block of every cache tensor (kv_block_layout's order) with the disk prefix cache's copy."""
+        tensors = [t for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
+        for target, source in zip(tensors, data, strict=True):
+            target[block_id].copy_(source)
+
     def free_kv_cache(self) -> None:
         self.graphs = {}  # they read the caches being freed
         self.cpu_decoder = None

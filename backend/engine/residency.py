@@ -47,7 +47,8 @@ def load_models(engine: "LLMEngine", reader=None):
 def start_cache(engine: "LLMEngine") -> None:
     """A fresh KV cache and prefix cache (the draft's too), and the CUDA graphs that read them."""
     c = engine.config
-    engine.block_manager = BlockManager(engine.num_kv_blocks, c.block_size, c.enable_prefix_caching)
+    engine.block_manager = BlockManager(engine.num_kv_blocks, c.block_size, c.enable_prefix_caching,
+                                        engine.disk_cache)
     engine.scheduler.block_manager = engine.block_manager
     engine.runner.allocate_kv_cache(engine.num_kv_blocks)
     if isinstance(engine.proposer, DraftProposer):

@@ -1,15 +1,16 @@
 """Continuous batching with chunked prefill and preemption by recomputation.
 
-Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first,
-each taking one token (decode, plus the slots of the drafts it will verify) or the next chunk
-of its prompt, a chunk never taking the tokens of the decoding sequences behind it. While any
-sequence decodes, the step's prompt chunks together stay within prefill_tokens_while_decoding
-(vLLM's long_prefill_token_threshold), so a long prompt or embedding input delays running
-streams by at most that much prefill work per token; waiting
-sequences then join, one request's at a time in turns (wait_queue.py), while budget, sequence
-slots and KV blocks last. When a running sequence needs a block and none is free, the newest
-running sequence is preempted: its blocks are freed and it goes back to the front of the queue,
-to be recomputed (mostly from the prefix cache) later.
+Every step has a budget of max_num_batched_tokens. Running sequences go first, oldest first, each taking one
+token (decode, plus the slots of the drafts it will verify) or a chunk of its prompt, a chunk never taking the
+tokens of the decoding sequences behind it. The step's prompt work (prompt chunks and embedding inputs
+together) is sized by time (step_budget.py): short while anything decodes or waits for its first chunk, so
+streams get a token every step-time target, and shared in equal parts by every prompt in progress and every
+request waiting to start, so a new request's first chunk runs in the next step whatever long prompts are under
+way (they take turns, not first come first served to their end). Waiting sequences then join, one request's at
+a time in turns (wait_queue.py), while budget, sequence slots and KV blocks last; one request holds at most
+max_seqs_per_request of the slots once it runs, so a completion of 128 prompts leaves room for other clients.
+When a running sequence needs a block and none is free, the newest running sequence is preempted: its blocks
+are freed and it goes back to the front of the queue, to be recomputed (mostly from the prefix cache) later.
 
 An embedding input (seq.pooling) is scheduled as a prompt that is never sampled from: the runner
 returns the sum of its hidden rows per chunk, and postprocess finishes it after its last chunk.
@@ -18,6 +19,7 @@ The scheduler returns one plan per step and owns the sequences' state after it (
 computed-token counts, the prefix-cache hashes of full blocks, appended tokens, finishing.
 """
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +29,8 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.embedding import add_rows, mean_vector
 from backend.engine.sequence import Sequence, Status
-from backend.engine.wait_queue import WaitQueue
+from backend.engine.step_budget import MIN_CHUNK, StepBudget
+from backend.engine.wait_queue import WaitQueue, group_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,23 +69,47 @@ def _wants_prompt_logprobs(seq: Sequence) -> bool:
 StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences first, then admissions
 
 
+def fair_share(needs: list[int], tokens: int) -> int:
+    """The most tokens each of these prompts may take so that together they take at most `tokens`, a prompt that
+    needs less than its equal part leaving the rest to the others (max-min fairness)."""
+    left, count = tokens, len(needs)
+    for i, need in enumerate(sorted(needs)):
+        if need * (count - i) >= left:
+            return left // (count - i)
+        left -= need
+    return max(needs, default=tokens)
+
+
+def max_seqs_per_request(max_num_seqs: int) -> int:
+    """The slots one running request may hold: all but a quarter, which stays for other clients."""
+    return max(1, max_num_seqs - max_num_seqs // 4)
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_tokens_while_decoding: int | None = None):
+                 step_budget: StepBudget | None = None, max_prompt_tokens_while_decoding: int | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.prefill_tokens_while_decoding = prefill_tokens_while_decoding or max_num_batched_tokens
+        # a fixed ceiling on the prompt tokens of a step that decodes (long_prefill_token_threshold), under the
+        # time budget's own
+        self.max_prompt_tokens_while_decoding = max_prompt_tokens_while_decoding or max_num_batched_tokens
+        self.step_budget = step_budget or StepBudget(0.25, self.max_prompt_tokens_while_decoding)
         self.waiting = WaitQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.on_release: list[Callable[[Sequence], None]] = []  # when a sequence's blocks are freed
+        self.planned_prompt_tokens = 0  # the last plan's prompt work, which observe() times
 
     def add(self, seq: Sequence) -> None:
         self.waiting.add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def observe(self, seconds: float) -> None:
+        """The last plan's step took this long (its forward, sampling and postprocess)."""
+        self.step_budget.observe(self.planned_prompt_tokens, seconds)
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free_sequence(seq)
@@ -96,12 +123,31 @@ class Scheduler:
         self.waiting.add_first(seq)
         self.num_preemptions += 1
 
+    def _slots_held(self) -> tuple[int, dict[str, int]]:
+        """Sequence slots held in all and by request: a sequence with pending forks (a request's other n - 1)
+        holds their slots too, so that they can join the batch once its prompt is prefilled."""
+        by_group: dict[str, int] = {}
+        for s in self.running:
+            by_group[group_of(s)] = by_group.get(group_of(s), 0) + 1 + len(s.forks)
+        return sum(by_group.values()), by_group
+
     def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
         """This step's plan. drafts: seq_id -> how many draft slots a decoding sequence would like; they are
         reserved only when budget and blocks allow (never by evicting anyone)."""
         budget = self.max_num_batched_tokens
-        decoding = any(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
-        prefill = self.prefill_tokens_while_decoding if decoding else budget  # prompt tokens left this step
+        decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
+        prompting = len(self.running) - decoding
+        slots, by_group = self._slots_held()
+        starting = min(len(self.waiting), max(0, self.max_num_seqs - slots))  # requests that could start now
+        busy = bool(decoding or (starting and prompting))  # streams wait on this step, or new requests on prompts
+        cap = min(budget, self.max_prompt_tokens_while_decoding) if decoding else budget
+        prefill = self.step_budget.prompt_tokens(busy, cap)  # prompt tokens left this step
+        # each prompt's part of them: equal parts, where a prompt needing less leaves the rest to the others
+        newcomers = [s.num_tokens for s in itertools.islice(self.waiting, starting)]
+        needs = [s.num_tokens - s.num_computed_tokens for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        share = max(min(MIN_CHUNK, prefill), fair_share(needs + newcomers, prefill))
+        # what the requests that can start would take is kept for them, up to half, whatever the prompts under way
+        running_prefill = prefill - min(sum(min(n, share) for n in newcomers), prefill // 2)
         plan: StepPlan = []
         preempted = False
         i = 0
@@ -109,7 +155,7 @@ class Scheduler:
             seq = self.running[i]
             n = seq.num_tokens - seq.num_computed_tokens
             if n > 1:  # a prompt chunk leaves a token for each decoding sequence behind it
-                n = min(n, prefill,
+                n = min(n, running_prefill, share,
                         budget - sum(1 for s in self.running[i + 1:] if s.num_tokens - s.num_computed_tokens == 1))
                 if n < 1:
                     i += 1
@@ -130,30 +176,47 @@ class Scheduler:
                 budget -= n
                 if n > 1 and not k:
                     prefill -= n
+                    running_prefill -= n
                 i += 1
-        if preempted:
-            return plan  # no admissions in a step that had to evict
-        # A sequence with pending forks (a request's other n - 1) holds their slots too, so that they can
-        # join the batch with it once its prompt is prefilled.
-        slots = len(self.running) + sum(len(s.forks) for s in self.running)
-        while self.waiting and min(budget, prefill) > 0:
-            seq = self.waiting.peek()
-            if slots + 1 + len(seq.forks) > self.max_num_seqs:
+        if not preempted:  # no admissions in a step that had to evict
+            plan += self._admit(min(budget, prefill), share, by_group)
+        self.planned_prompt_tokens = sum(item.num_scheduled_tokens for item in plan
+                                         if item.pool or item.seq.num_tokens - item.seq.num_computed_tokens > 1)
+        return plan
+
+    def _admit(self, tokens: int, share: int, by_group: dict[str, int]) -> StepPlan:
+        """Waiting sequences that start this step, in turns by request, each with its first chunk (at most
+        share tokens), within tokens, the free slots and KV blocks; a request already holding
+        max_seqs_per_request slots waits for one of its own to finish."""
+        plan: StepPlan = []
+        slots = sum(by_group.values())
+        per_request = max_seqs_per_request(self.max_num_seqs)
+        full = {g for g, held in by_group.items() if held >= per_request}
+        while tokens > 0:
+            seq = self.waiting.next_outside(full)
+            if seq is None:
                 break
+            need, group = 1 + len(seq.forks), group_of(seq)
+            held = by_group.get(group, 0)
+            if slots + need > self.max_num_seqs:
+                break
+            if held and held + need > per_request and not self.waiting.resumes(seq):
+                full.add(group)
+                continue
             # An embedding input, or a prompt whose logprobs were asked for, needs every row's hidden state, so it
             # computes its cached prefix too.
             every_row = seq.pooling or seq.params.prompt_logprobs is not None
             hit_ids, hit_hashes = ([], []) if every_row else self.block_manager.find_cached_prefix(seq)
-            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget, prefill)
+            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, tokens, share)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
                 break
-            self.waiting.pop()
+            self.waiting.take(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            slots += 1 + len(seq.forks)
+            slots += need
+            by_group[group] = held + need
             plan.append(ScheduledSeq(seq, n, pool=seq.pooling, prompt_logprobs=_wants_prompt_logprobs(seq)))
-            budget -= n
-            prefill -= n
+            tokens -= n
         return plan
 
     def start_forks(self, plan: StepPlan, copy_block: Callable[[int, int], None]) -> list[tuple[int, ScheduledSeq]]:

@@ -35,15 +35,34 @@ class WaitQueue:
 
     def pop(self) -> Sequence:
         """The sequence peek() showed; its request's turn passes to the next request."""
+        seq = self.peek()
+        self.take(seq)
+        return seq
+
+    def next_outside(self, groups: set[str]) -> Sequence | None:
+        """The next sequence to admit, passing over requests in groups (those holding all the slots they may);
+        one that was running comes first whatever its request."""
         if self.first:
-            return self.first.popleft()
-        group, seqs = next(iter(self.turns.items()))
-        seq = seqs.popleft()
+            return self.first[0]
+        return next((seqs[0] for group, seqs in self.turns.items() if group not in groups), None)
+
+    def resumes(self, seq: Sequence) -> bool:
+        """Whether seq was running before (it is admitted before anyone new, whatever its request holds)."""
+        return bool(self.first) and self.first[0] is seq
+
+    def take(self, seq: Sequence) -> None:
+        """Admit seq, which next_outside() or peek() showed: the first of its request's queue; that request's
+        turn passes to the next."""
+        if self.first and self.first[0] is seq:
+            self.first.popleft()
+            return
+        group = group_of(seq)
+        seqs = self.turns[group]
+        seqs.popleft()
         if seqs:
             self.turns.move_to_end(group)
         else:
             del self.turns[group]
-        return seq
 
     def remove(self, seq: Sequence) -> bool:
         """Take out a sequence wherever it waits; False when it does not."""

@@ -23,6 +23,15 @@ def _memory(text: str) -> float | int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _disk_size(text: str) -> int:
+    size = _memory(text)
+    if isinstance(size, float):  # parse_memory reads a bare number up to 1 as a fraction of a card
+        if size == 0:
+            return 0
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; give bytes with a unit, such as 4GiB, or 0 (off)")
+    return size
+
+
 def _budget(text: str) -> float | int | str:
     return text if text == "auto" else _memory(text)
 
@@ -115,9 +124,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests with a larger body are refused with 413 before they are read")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--long-prefill-token-threshold", type=int, default=None,
-                        help="while any stream decodes, the prompt tokens one step may compute (prompts and "
-                             "embedding inputs together), so streams keep getting tokens beside long prompts "
-                             "(default: 256 on the CPU, --max-num-batched-tokens on CUDA)")
+                        help="while any stream decodes, at most this many prompt tokens a step (prompts and "
+                             "embedding inputs together), under what --step-time-budget gives (default: no cap "
+                             "but the time budget's; 256 on the CPU until a step has been measured)")
+    parser.add_argument("--step-time-budget", type=float, default=None,
+                        help="seconds a step may take while any stream decodes or a request waits for its first "
+                             "token: the prompt and embedding work beside them is sized from the measured cost of a "
+                             "token, and shared by the prompts under way and the requests starting (default: 0.25 "
+                             "on the CPU, 0.05 on CUDA; a prompt alone takes steps four times as long)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
@@ -137,6 +151,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --moe-gpu-experts: compute the experts kept in host memory on the CPU (as "
                              "llama.cpp's --n-cpu-moe does) instead of copying them to the GPU when routed to")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--disk-cache-bytes", type=_disk_size, default=4 << 30,
+                        help="prompts kept across restarts: finished prompts' KV blocks written under "
+                             "$SCRIPTORIUM_HOME/cache/kv, up to this size (e.g. 4GiB, the default), least recently "
+                             "used out, and loaded instead of recomputed on a later prefix hit; 0: off")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", default=None,
                         help='speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or '

@@ -28,7 +28,7 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
     engine = LLMEngine(EngineConfig(model=str(directory), block_size=8, max_num_batched_tokens=32,
                                     speculative={"method": "ngram", "num_tokens": 2}))
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    short_a, short_c, whole, partial = prompts_of_lengths(6, 9, 20, 100)
+    short_a, short_c, whole, partial = prompts_of_lengths(6, 9, 12, 100)  # whole: within its share of a step
     engine.add_request("a", short_a, greedy)
     engine.add_request("c", short_c, greedy)
     for _ in range(3):

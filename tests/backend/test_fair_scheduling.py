@@ -8,6 +8,7 @@ from backend import LLM, SamplingParams
 from backend.engine.block_manager import BlockManager
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence, Status
+from backend.engine.step_budget import StepBudget
 from backend.engine.wait_queue import WaitQueue
 from backend.sampling_params import InvalidParameter
 from tests.backend.conftest import prompts_of_lengths
@@ -68,24 +69,76 @@ def test_a_prompt_chunk_leaves_a_token_for_each_decoding_sequence_behind_it():
                                                                            ("d2", 1)]
 
 
+def _running(scheduler: Scheduler, seq: Sequence) -> Sequence:
+    assert scheduler.block_manager.allocate(seq, [], [], seq.num_tokens)
+    seq.status = Status.RUNNING
+    scheduler.running.append(seq)
+    return seq
+
+
+def _planned(scheduler: Scheduler) -> list[tuple[str, int]]:
+    return [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()]
+
+
+def test_a_prompt_alone_takes_the_whole_step_and_a_new_request_starts_in_the_next_one():
+    scheduler = Scheduler(BlockManager(num_blocks=64, block_size=8), max_num_seqs=8, max_num_batched_tokens=64,
+                          max_prompt_tokens_while_decoding=10)
+    running = _running(scheduler, _seq(0, "long", list(range(3, 203))))
+    assert _planned(scheduler) == [("long", 64)]  # nothing else runs or waits: the whole budget
+    running.num_computed_tokens += 64
+    scheduler.add(_seq(1, "new0", list(range(3, 43))))
+    # The new request starts now, beside the long prompt (in one queue it waited for the prompt's end); the two
+    # share the busy step's prompt tokens, half of them kept for the newcomer.
+    assert _planned(scheduler) == [("long", 5), ("new0", 5)]
+
+
 def test_while_a_sequence_decodes_the_prompt_chunks_of_a_step_stay_within_the_prefill_threshold():
-    bm = BlockManager(num_blocks=64, block_size=8)
-    scheduler = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, prefill_tokens_while_decoding=10)
-    running = _seq(0, "long", list(range(3, 103)))
-    assert bm.allocate(running, [], [], running.num_tokens)
-    running.status = Status.RUNNING
-    scheduler.running.append(running)
+    scheduler = Scheduler(BlockManager(num_blocks=64, block_size=8), max_num_seqs=8, max_num_batched_tokens=64,
+                          max_prompt_tokens_while_decoding=10)
+    running = _running(scheduler, _seq(0, "long", list(range(3, 103))))
+    running.num_computed_tokens = running.num_tokens - 1  # it decodes
     for i in range(2):
         scheduler.add(_seq(1 + i, f"new{i}", list(range(3, 43))))
-    # Nobody decodes: the step's whole budget goes to prompts.
-    assert [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()] == [("long", 64)]
-    running.num_computed_tokens = running.num_tokens - 1  # now it decodes
-    plan = [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()]
-    assert plan == [("long", 1), ("new0", 10)]  # the admission's chunk is cut to the threshold, new1 waits
+    assert _planned(scheduler) == [("long", 1), ("new0", 10)]  # the admission's chunk is cut to the threshold
     for seq in scheduler.running[1:]:
         seq.num_computed_tokens += 10
-    plan = [(item.seq.request_id, item.num_scheduled_tokens) for item in scheduler.schedule()]
-    assert plan == [("long", 1), ("new0", 10)]  # a running prompt's chunk too; nothing else is admitted
+    # new1 starts with half of the prompt tokens, new0 goes on with the rest
+    assert _planned(scheduler) == [("long", 1), ("new0", 5), ("new1", 5)]
+
+
+def test_long_prompts_under_way_share_the_prompt_tokens_in_equal_parts():
+    scheduler = Scheduler(BlockManager(num_blocks=128, block_size=8), max_num_seqs=8, max_num_batched_tokens=256,
+                          max_prompt_tokens_while_decoding=96)
+    decoding = _running(scheduler, _seq(0, "stream", list(range(3, 13))))
+    decoding.num_computed_tokens = decoding.num_tokens - 1
+    for i in range(3):
+        _running(scheduler, _seq(1 + i, f"long{i}", list(range(3, 303))))
+    assert _planned(scheduler) == [("stream", 1), ("long0", 32), ("long1", 32), ("long2", 32)]
+
+
+def test_one_request_leaves_a_quarter_of_the_slots_to_others():
+    scheduler = Scheduler(BlockManager(num_blocks=128, block_size=8), max_num_seqs=8, max_num_batched_tokens=256)
+    for i in range(12):
+        scheduler.add(_seq(i, f"many-{i}", [3, 4, 5], group="many"))
+    assert len(scheduler.schedule()) == 6  # 8 slots, 2 kept
+    scheduler.add(_seq(20, "probe", [3, 4, 5]))
+    assert _planned(scheduler)[-1] == ("probe", 3)  # it starts at once, though "many" still waits
+
+
+def test_the_step_budget_sizes_prompt_work_from_the_measured_cost_of_a_token():
+    budget = StepBudget(target=0.25, first_guess=256)
+    assert budget.prompt_tokens(busy=True, cap=2048) == 256 and budget.prompt_tokens(busy=False, cap=2048) == 2048
+    budget.observe(0, 0.05)  # a step without prompt work says nothing of a token's cost
+    budget.observe(100, 0.15)  # a fixed 50 ms and 1 ms a prompt token
+    assert budget.prompt_tokens(busy=True, cap=2048) == 200  # one size so far: twice it, to tell the parts apart
+    budget.observe(200, 0.25)
+    assert budget.cost() == pytest.approx((0.05, 0.001))
+    assert budget.prompt_tokens(busy=True, cap=2048) == 200  # (250 - 50) ms at 1 ms a token
+    assert budget.prompt_tokens(busy=False, cap=2048) == 950  # alone: four times the target
+    assert budget.prompt_tokens(busy=True, cap=100) == 100
+    for n in (200, 300):  # tokens got dearer (a longer context, or the cores taken): 2 ms a token
+        budget.observe(n, 0.05 + 0.002 * n)
+    assert budget.prompt_tokens(busy=True, cap=2048) < 200
 
 
 def test_embedding_inputs_run_as_chunks_beside_a_generation_and_free_their_blocks(tiny_dir):

@@ -118,7 +118,9 @@ def test_sampled_tokens_follow_the_target_distribution_exactly(tmp_path, vocab):
     assert (llm.engine.vocab_bridge is None) == (vocab == "shared")
     outs = llm.generate([prompt] * n, SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True), use_tqdm=False)
     stats = llm.engine.stats()
-    assert stats["spec_verifications"] == n  # every request's 2nd and 3rd tokens came from a verification
+    # every request's later tokens came from verifications (a prompt whose last token a step left over may be
+    # verified with a draft already, its next token then from a second verification)
+    assert n <= stats["spec_verifications"] <= 2 * n
     assert 0.05 < stats["spec_accepted_tokens"] / stats["spec_draft_tokens"] < 0.95  # accepts and rejections
 
     def exact_pairs(model, context) -> dict:

@@ -1,0 +1,54 @@
+"""How much prompt work a step may take, from what steps have cost: the step budget is time, not tokens.
+
+Decoding sequences get a token every step, so a step's length is the gap between their tokens. The prompt work
+that rides along (prompt chunks, embedding inputs) is sized from the cost of the last steps that did prompt work,
+fitted as a fixed part (the decode rows, the step's overhead) plus a part a prompt token, and kept current (a
+token far into a long prompt costs more than one at its start, since its attention reads everything before it;
+a machine whose cores other programs take makes every part dearer). A step stays within its target: a short one
+while anything decodes or waits for its first token, a longer one (idle_factor times) for a prompt computed alone,
+where only throughput counts. When the recent steps were all of one size the two parts cannot be told apart, so
+the next step takes twice the tokens to measure them.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 12  # the steps with prompt work that the fit reads
+MIN_CHUNK = 32  # prompt tokens: below this a step's fixed cost is most of it
+
+
+@dataclass
+class StepBudget:
+    target: float  # seconds a step may take while sequences decode or wait
+    first_guess: int  # prompt tokens a busy step takes before steps were measured
+    idle_factor: float = 4.0  # a prompt alone: steps this many times longer
+    steps: deque = field(default_factory=lambda: deque(maxlen=WINDOW))  # (prompt tokens, seconds)
+
+    def observe(self, prompt_tokens: int, seconds: float) -> None:
+        """What one step cost: its wall time, and the prompt tokens it computed."""
+        if prompt_tokens:
+            self.steps.append((prompt_tokens, seconds))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(seconds a step, seconds a prompt token) fitted to the recent steps; None until two differ in size."""
+        sizes = [n for n, _ in self.steps]
+        if len(sizes) < 2 or max(sizes) < 1.5 * min(sizes):
+            return None
+        mean_n = sum(sizes) / len(sizes)
+        mean_t = sum(t for _, t in self.steps) / len(self.steps)
+        var = sum((n - mean_n) ** 2 for n in sizes)
+        per_token = sum((n - mean_n) * (t - mean_t) for n, t in self.steps) / var
+        if per_token <= 0:  # noise (other programs' load) hid the slope: count every second against the tokens
+            return 0.0, mean_t / mean_n
+        return min(max(mean_t - per_token * mean_n, 0.0), mean_t), per_token
+
+    def prompt_tokens(self, busy: bool, cap: int) -> int:
+        """Prompt tokens for the next step, at most cap: busy when sequences decode or wait for a first token."""
+        if not self.steps:
+            return min(self.first_guess if busy else cap, cap)
+        fitted = self.cost()
+        if fitted is None:  # one size so far: twice as many tokens, to see what a token costs
+            return max(MIN_CHUNK, min(cap, 2 * self.steps[-1][0]))
+        fixed, per_token = fitted
+        target = self.target if busy else self.target * self.idle_factor
+        return max(MIN_CHUNK, min(cap, round((target - fixed) / per_token)))
