@@ -3,7 +3,8 @@
 Layouts (general.architecture) and the keys they use are llama.cpp's (gguf-py's constants.py):
 llama covers Llama 1-3.x, Mistral, TinyLlama, SmolLM and, with expert tensors, Mixtral; smollm3 is llama's
 tensors with every fourth layer NoPE (no key says so: llama.cpp hard-codes the step); phi3 (Phi-3, Phi-4) fuses
-q|k|v into attn_qkv and gate|up into ffn_up.
+q|k|v into attn_qkv and gate|up into ffn_up; olmoe norms all of q and of k (attn_q_norm as wide as q); granitemoe
+is llama's tensors (q/k permuted) with Granite's four multipliers as keys.
 """
 
 import math
@@ -19,14 +20,17 @@ from backend.quant.formats import FLOAT_TYPES, FORMATS
 LAYOUTS = {"llama": ("LlamaForCausalLM", "MixtralForCausalLM"), "qwen2": ("Qwen2ForCausalLM", None),
            "qwen3": ("Qwen3ForCausalLM", None), "qwen2moe": (None, "Qwen2MoeForCausalLM"),
            "qwen3moe": (None, "Qwen3MoeForCausalLM"), "smollm3": ("SmolLM3ForCausalLM", None),
-           "phi3": ("Phi3ForCausalLM", None)}
+           "phi3": ("Phi3ForCausalLM", None), "olmoe": (None, "OlmoeForCausalLM"),
+           "granitemoe": (None, "GraniteMoeForCausalLM")}
 LAYOUT_HELP = ("llama (Llama 1-3.x, Mistral, TinyLlama, SmolLM; Mixtral with experts), qwen2, qwen3, qwen2moe, "
-               "qwen3moe, smollm3, phi3 (Phi-3, Phi-4)")
-ROPE_PERMUTED = ("llama", "smollm3")  # layouts whose q/k rows llama.cpp's converter interleaves for its rotary
+               "qwen3moe, smollm3, phi3 (Phi-3, Phi-4), olmoe, granitemoe (Granite-MoE, with or without its shared "
+               "expert)")
+# layouts whose q/k rows llama.cpp's converter interleaves for its rotary
+ROPE_PERMUTED = ("llama", "smollm3", "granitemoe")
 _NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's n_no_rope_layer_step: layer i is NoPE where (i + 1) % step == 0
 _WINDOWED = ("phi3",)  # layouts whose sliding_window key llama.cpp reads (its llama layout ignores Mistral's)
 # Whether the top-k routing weights are renormalised, where the file does not say (llama.cpp's defaults).
-_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True}
+_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
 
 
 def dequantizable(ggml_type: int) -> bool:
@@ -96,17 +100,32 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
         if shared is not None:
             mc.shared_expert_intermediate_size = int(field(f"{arch}.expert_shared_feed_forward_length", 0)
                                                      or shared.shape[1])
-    mc.layers = tuple(_layer(arch, field, tensors, i) for i in range(mc.num_layers))
+    if arch == "granitemoe":
+        _granite_scalars(mc, field)
+    mc.layers = tuple(_layer(arch, field, tensors, i, head_dim) for i in range(mc.num_layers))
     return mc, reader
 
 
-def _layer(arch: str, field, tensors, i: int) -> LayerSpec:
+def _granite_scalars(mc: ModelConfig, field) -> None:
+    """Granite's multipliers under the names llama.cpp's converter gives them; its shared expert is ungated."""
+    if mc.shared_expert_intermediate_size:
+        mc.architecture = "GraniteMoeSharedForCausalLM"
+    mc.shared_expert_gated = False
+    mc.embedding_multiplier = float(field("granitemoe.embedding_scale", 1.0))
+    mc.residual_multiplier = float(field("granitemoe.residual_scale", 1.0))
+    mc.logits_scaling = float(field("granitemoe.logit_scale", 1.0))
+    scale = field("granitemoe.attention.scale")
+    mc.attention_scale = float(scale) if scale is not None else None
+
+
+def _layer(arch: str, field, tensors, i: int, head_dim: int) -> LayerSpec:
     step = _NO_ROPE_STEP.get(arch)
     # phi3's converter writes 0 for "no window" (Phi-4)
     window = field(f"{arch}.attention.sliding_window") if arch in _WINDOWED else None
+    q_norm = tensors.get(f"blk.{i}.attn_q_norm.weight")
     attention = attention_of(window or None,
                              rope=step is None or (i + 1) % step != 0,
-                             qk_norm=f"blk.{i}.attn_q_norm.weight" in tensors)
+                             qk_norm=None if q_norm is None else "full" if q_norm.n_elements > head_dim else "head")
     return LayerSpec(attention, MOE_SOFTMAX_TOPK if f"blk.{i}.ffn_gate_inp.weight" in tensors else DENSE)
 
 

@@ -9,6 +9,8 @@ routers beyond top-k softmax) are new values here, with the KV cache grouped by 
 from dataclasses import dataclass
 
 ATTENTION_KINDS = ("full", "sliding")
+# head: RMSNorm over each head of q and of k (Qwen3); full: over the whole projected q and the whole k (OLMoE)
+QK_NORMS = ("head", "full")
 MLP_KINDS = ("dense", "moe")
 # softmax_topk: softmax over the experts' logits, the top k taken (renormalised where the model says)
 ROUTERS = ("softmax_topk",)
@@ -20,7 +22,7 @@ class AttentionSpec:
     window: int | None = None  # sliding: how many positions a query attends to, its own included
     rope: bool = True  # False: a NoPE layer, whose q and k are not rotated (SmolLM3's every fourth layer)
     sinks: bool = False  # learned per-head attention sinks (gpt-oss): described here, not yet computed
-    qk_norm: bool = False  # RMSNorm over each head of q and of k before rotary (Qwen3)
+    qk_norm: str | None = None  # one of QK_NORMS: q and k RMS-normed before rotary; None: not normed
 
     def __post_init__(self):
         if self.kind not in ATTENTION_KINDS:
@@ -29,6 +31,8 @@ class AttentionSpec:
             raise ValueError(
                 f"{self.kind} attention with window={self.window}: only sliding attention has a window"
             )
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ValueError(f"q/k norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"a sliding window of {self.window} tokens: it must be at least 1")
 

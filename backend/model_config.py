@@ -7,7 +7,9 @@ from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
-                           "Phi3ForCausalLM")
+                           "Phi3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
+                           "GraniteMoeSharedForCausalLM")
+_GRANITE_MOE = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
@@ -43,6 +45,13 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert; Granite-MoE adds it ungated
+    # Granite's scalars (1.0 elsewhere): the embeddings multiplied, each residual branch multiplied before it is
+    # added, the logits divided; attention_scale, where set, in place of head_dim ** -0.5
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    attention_scale: float | None = None
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -122,7 +131,8 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
         torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"))
-    if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM"):
+    if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM",
+                "OlmoeForCausalLM", *_GRANITE_MOE):
         mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
         mc.mlp_bias = bool(cfg.get("mlp_bias", False))
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
@@ -142,6 +152,15 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         mc.num_experts_per_tok = cfg["num_experts_per_tok"]
         mc.moe_intermediate_size = cfg["moe_intermediate_size"]
         mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
+    if arch == "OlmoeForCausalLM":
+        if cfg.get("clip_qkv") is not None:
+            raise ModelLoadError(f"{source}: clip_qkv (OLMoE's clamped q/k/v) is not supported")
+        mc.num_experts = cfg.get("num_experts") or cfg["num_local_experts"]
+        mc.num_experts_per_tok = cfg["num_experts_per_tok"]
+        mc.moe_intermediate_size = mc.intermediate_size  # OLMoE's experts are its only feed-forward
+        mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
+    if arch in _GRANITE_MOE:
+        _granite_moe(mc, cfg)
     if arch == "Qwen2MoeForCausalLM":
         mc.shared_expert_intermediate_size = cfg.get("shared_expert_intermediate_size", 0)
     mc.layers = tuple(_hf_layer(arch, cfg, i, source) for i in range(mc.num_layers))
@@ -159,14 +178,30 @@ def _hf_layer(arch: str, cfg: dict, i: int, source: str) -> LayerSpec:
             types = cfg.get("layer_types") or ["full_attention" if r else "sliding_attention"
                                                for r in _smollm3_rope(cfg, source)]
             window = cfg["sliding_window"] if types[i] == "sliding_attention" else None
-    attention = attention_of(window, rope=rope, qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"))
-    if arch == "MixtralForCausalLM":
+    qk_norm = {"Qwen3ForCausalLM": "head", "Qwen3MoeForCausalLM": "head", "OlmoeForCausalLM": "full"}.get(arch)
+    attention = attention_of(window, rope=rope, qk_norm=qk_norm)
+    if arch in ("MixtralForCausalLM", "OlmoeForCausalLM", *_GRANITE_MOE):
         return LayerSpec(attention, MOE_SOFTMAX_TOPK)
     if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
         step = cfg.get("decoder_sparse_step", 1) or 1
         sparse = i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
         return LayerSpec(attention, MOE_SOFTMAX_TOPK if sparse else DENSE)
     return LayerSpec(attention, DENSE)
+
+
+def _granite_moe(mc: ModelConfig, cfg: dict) -> None:
+    """Granite-MoE's experts (its router's softmax over the top-k logits is softmax_topk renormalised), its ungated
+    shared expert (GraniteMoeShared), and its four scalars."""
+    mc.num_experts = cfg.get("num_local_experts") or cfg["num_experts"]
+    mc.num_experts_per_tok = cfg["num_experts_per_tok"]
+    mc.moe_intermediate_size = mc.intermediate_size
+    mc.norm_topk_prob = True
+    mc.shared_expert_intermediate_size = cfg.get("shared_intermediate_size") or 0
+    mc.shared_expert_gated = False
+    mc.embedding_multiplier = float(cfg.get("embedding_multiplier", 1.0))
+    mc.residual_multiplier = float(cfg.get("residual_multiplier", 1.0))
+    mc.logits_scaling = float(cfg.get("logits_scaling", 1.0))
+    mc.attention_scale = float(cfg.get("attention_multiplier", mc.head_dim ** -0.5))
 
 
 def _smollm3_rope(cfg: dict, source: str) -> list[bool]:

@@ -14,6 +14,13 @@ _EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_p
 _EXPERT_ROLE = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": None, "down_proj": None}
 _FUSED = {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1), ".v_proj.": (".qkv_proj.", 2),
           ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}  # theirs -> (ours, its shard)
+# Whole tensors under other names (after Mixtral's block_sparse_moe -> mlp): Granite-MoE's expert stacks (gate
+# rows, then up rows, as ours), router and shared expert; transformers 5's own stacked expert names.
+_RENAMED = ((".mlp.input_linear.weight", ".mlp.w_gate_up"), (".mlp.output_linear.weight", ".mlp.w_down"),
+            (".mlp.router.layer.weight", ".mlp.gate.weight"), (".mlp.router.weight", ".mlp.gate.weight"),
+            (".mlp.experts.gate_up_proj", ".mlp.w_gate_up"), (".mlp.experts.down_proj", ".mlp.w_down"),
+            (".shared_mlp.input_linear.", ".mlp.shared_expert.gate_up_proj."),
+            (".shared_mlp.output_linear.", ".mlp.shared_expert.down_proj."))
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -63,6 +70,8 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
         if name.endswith("rotary_emb.inv_freq"):
             continue
         name = name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name for the sparse block
+        for theirs, ours in _RENAMED:
+            name = name.replace(theirs, ours)
         target, rows, expert = name, None, None
         if m := _EXPERT.match(name):
             prefix, expert, role = m.group(1), int(m.group(2)), _EXPERT_ROLE[m.group(3)]

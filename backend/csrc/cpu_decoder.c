@@ -6,11 +6,13 @@
  * Every row attends as a decoding token at its own position (a sequence's next token, a verification run's rows,
  * a short prompt chunk's), with the keys and values of all the step's rows stored first. Layers: RMSNorm (the
  * residual added first), fused q|k|v, rotary over q and k (each head RMS-normed first where the model has q/k
- * norms: Qwen3; no rotary in a NoPE layer: SmolLM3), paged attention (full, or the layer's own sliding window),
- * o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized layout (a fused layer's parts
- * each in its own format), biases where the model has them (Qwen2's q|k|v). A MoE layer (Mixtral, Qwen3-MoE, Qwen2-MoE) has, in place of gate|up and down, its router and routed
- * experts and, in Qwen2-MoE, a gated shared expert: the module path's calls (moe_route_rows, moe_tokens,
- * moe_add_shared_rows in cpu_moe.c), here without Python between them.
+ * norms: Qwen3, or all of q and of k: OLMoE; no rotary in a NoPE layer: SmolLM3), paged attention (full, or the
+ * layer's own sliding window), o, RMSNorm, fused gate|up, SiLU-and-multiply, down; all weights in our quantized
+ * layout (a fused layer's parts each in its own format), biases where the model has them (Qwen2's q|k|v). A MoE
+ * layer (Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, Granite-MoE) has, in place of gate|up and down, its router and
+ * routed experts and, in Qwen2-MoE, a gated shared expert (in Granite-MoE an ungated one): the module path's calls
+ * (moe_route_rows, moe_tokens, moe_add_shared_rows in cpu_moe.c), here without Python between them. Granite's residual multiplier scales
+ * each branch's output before it is added; its attention multiplier is Shape's scale.
  */
 #include <omp.h>
 
@@ -42,6 +44,12 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
         for (i64 r = 0; r < M; r++)
             for (i64 c = 0; c < w->rows; c++) y[r * w->rows + c] = y[r * w->rows + c] + w->bias[c];
     matmul_seconds += omp_get_wtime() - start;
+}
+
+/* Granite's residual_multiplier on an attention or feed-forward output, as the module multiplies it */
+static void scale_branch(float *out, i64 n, float scale) {
+    if (scale != 1.0f)
+        for (i64 i = 0; i < n; i++) out[i] = out[i] * scale;
 }
 
 /* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
@@ -76,10 +84,11 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             rms_norm_rows(out, residual, L->input_norm, residual, h, M, H, s->eps);
         }
         matmul(&L->qkv, h, M, qkv, threads);
-        for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head at a time: each row's sum comes first */
+        for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head (or all of q, of k) at a time */
             float *row = qkv + r * qkv_cols;
-            rms_norm_rows(row, NULL, L->q_norm, NULL, row, hq, D, s->eps);
-            rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, hkv, D, s->eps);
+            const i64 q_rows = L->qk_norm_full ? 1 : hq, k_rows = L->qk_norm_full ? 1 : hkv;
+            rms_norm_rows(row, NULL, L->q_norm, NULL, row, q_rows, hq * D / q_rows, s->eps);
+            rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, k_rows, hkv * D / k_rows, s->eps);
         }
         if (L->rope)
             rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
@@ -94,6 +103,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
                               tables, table_stride, lens, L->window, s->scale, max_len, threads);
         matmul(&L->o, attn, M, out, threads);
+        scale_branch(out, M * H, s->residual_scale);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
         if (L->moe.router) {
             const Experts *E = &L->moe;
@@ -101,17 +111,21 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
                 return 0;
             if (moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads) != 1)
                 return 0;
-            if (E->shared_gate) { /* the module's order: the routed experts' sum, then the gated shared expert */
+            if (E->shared_inter) { /* the module's order: the routed experts' sum, then the shared expert */
                 matmul(&E->shared_gate_up, h, M, gate_up, threads);
                 silu_mul_rows(gate_up, act, M, E->shared_inter);
                 matmul(&E->shared_down, act, M, shared, threads);
-                moe_add_shared_rows(h, M, E->shared_gate, H, shared, out);
+                if (E->shared_gate)
+                    moe_add_shared_rows(h, M, E->shared_gate, H, shared, out);
+                else
+                    for (i64 i = 0; i < M * H; i++) out[i] = out[i] + shared[i];
             }
-            continue;
+        } else {
+            matmul(&L->gate_up, h, M, gate_up, threads);
+            silu_mul_rows(gate_up, act, M, s->inter);
+            matmul(&L->down, act, M, out, threads);
         }
-        matmul(&L->gate_up, h, M, gate_up, threads);
-        silu_mul_rows(gate_up, act, M, s->inter);
-        matmul(&L->down, act, M, out, threads);
+        scale_branch(out, M * H, s->residual_scale);
     }
     rms_norm_rows(out, residual, s->final_norm, residual, x, M, H, s->eps);
     if (M > 64) {  /* a prompt's worth of rows: not kept for the decode steps that follow */

@@ -44,8 +44,9 @@ typedef struct {
     const float *bias; /* or NULL */
 } Linear;
 
-/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; Qwen2-MoE's shared expert
- * (a dense feed-forward of shared_inter, weighted by sigmoid(x . shared_gate)) where shared_gate is not NULL */
+/* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; a shared expert (a dense
+ * feed-forward of shared_inter) where shared_inter is not 0: weighted by sigmoid(x . shared_gate) where shared_gate
+ * is not NULL (Qwen2-MoE), else added as it is (Granite-MoE) */
 typedef struct {
     const float *router; /* NULL: a dense layer (gate_up and down) */
     i64 experts, top_k, renormalize;
@@ -62,6 +63,7 @@ typedef struct {
     void *k_cache, *v_cache; /* elements of Shape's kv_kind */
     i64 window;              /* sliding attention's window in tokens; 0: full attention */
     i64 rope;                /* 0: a NoPE layer, whose q and k are stored and attend as projected */
+    i64 qk_norm_full;        /* 1: q_norm and k_norm span all of q and all of k (OLMoE); 0: each head (Qwen3) */
 } Layer;
 
 typedef struct {
@@ -70,6 +72,7 @@ typedef struct {
     float eps, scale;
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
+    float residual_scale; /* each branch's output times this before it joins the residual stream (Granite); 1 */
 } Shape;
 
 /* --- quantized matmuls (cpu_dispatch.c chooses; cpu_kernel.c fp32 products, cpu_int8.c 8-bit activations,

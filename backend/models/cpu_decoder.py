@@ -3,9 +3,10 @@
 The C loop runs the kernels the modules would call, in their order, so the hidden states are the same bits as
 the module path's (a test holds it to that); it covers models whose every linear layer was repacked for our
 quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused layer's parts each in its own
-format), with or without biases (Qwen2), q/k norms (Qwen3), rotary (none in SmolLM3's NoPE layers) and a
-sliding window (each layer's own), and MoE layers whose router is fp32 and whose experts are in our layout
-(Mixtral, Qwen3-MoE; Qwen2-MoE with its gated shared expert). Partial rotary (Phi-4-mini) stays with the modules.
+format), with or without biases (Qwen2), q/k norms (per head: Qwen3; over all of q and of k: OLMoE), Granite's
+multipliers, rotary (none in SmolLM3's NoPE layers) and a sliding window (each layer's own), and MoE layers whose
+router is fp32 and whose experts are in our layout (Mixtral, Qwen3-MoE, OLMoE; Qwen2-MoE's gated and Granite-MoE's
+ungated shared experts). Partial rotary (Phi-4-mini) stays with the modules.
 The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
 as decode rows, up to max_rows of them.
 """
@@ -44,13 +45,13 @@ class _Experts(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
-                ("v_cache", ptr), ("window", i64), ("rope", i64)]
+                ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
                 ("inter", i64), ("top_k", i64), ("block_size", i64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64)]
+                ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64), ("residual_scale", ctypes.c_float)]
 
 
 def _linear(linear) -> _Linear | None:
@@ -80,10 +81,10 @@ def _experts(moe: SparseMoE) -> _Experts | None:
         return None
     shared = [None, _Linear(), _Linear(), 0]
     if moe.shared_expert is not None:
-        mlp = moe.shared_expert
-        shared = [moe.shared_expert_gate.weight.data_ptr(), _linear(mlp.gate_up_proj), _linear(mlp.down_proj),
-                  mlp.down_proj.in_features]
-        if not c_reads(moe.shared_expert_gate, 1) or None in shared[1:3]:
+        mlp, gate = moe.shared_expert, moe.shared_expert_gate  # gate None: Granite-MoE's ungated shared expert
+        shared = [gate.weight.data_ptr() if gate is not None else None, _linear(mlp.gate_up_proj),
+                  _linear(mlp.down_proj), mlp.down_proj.in_features]
+        if (gate is not None and not c_reads(gate, 1)) or None in shared[1:3]:
             return None
     return _Experts(moe.gate.weight.data_ptr(), moe.gate.weight.shape[0], moe.top_k, int(moe.renormalize),
                     *experts.stacks(), *shared)
@@ -130,11 +131,13 @@ class CpuDecoder:
                 return None
             norms = [w.data_ptr() if w is not None else None for w in _norms(layer)]
             layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
-                                 attn.sliding_window or 0, int(attn.rope)))
+                                 attn.sliding_window or 0, int(attn.rope),
+                                 int(attn.qk_norm == "full")))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,
-                       model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype])
+                       model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype],
+                       cfg.residual_multiplier)
         return cls(model, layers, shape, one_call_tokens() if top_k else None)
 
     def takes(self, rows: int) -> bool:
@@ -142,7 +145,7 @@ class CpuDecoder:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [rows, hidden] of a step whose rows all attend as decode rows."""
-        x = self.model.model.embed_tokens(input_ids).contiguous()
+        x = self.model.model.embed(input_ids).contiguous()
         cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         d = self.shape.head_dim

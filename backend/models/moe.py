@@ -1,4 +1,5 @@
-"""The sparse feed-forward of Mixtral, Qwen2-MoE (with its gated shared expert) and Qwen3-MoE."""
+"""The sparse feed-forward of Mixtral, Qwen2-MoE (with its gated shared expert), Qwen3-MoE, OLMoE and Granite-MoE
+(with its ungated shared expert, in GraniteMoeShared)."""
 
 import torch
 from torch import nn
@@ -20,10 +21,10 @@ class SparseMoE(nn.Module):
         self.w_down = nn.Parameter(torch.empty(e, h, i))
         self.experts = None  # a QuantExperts in place of w_gate_up/w_down when a GGUF keeps them quantized
         self.expert_cache = None  # set by offload(): experts in host memory, some resident
-        self.shared_expert = None
+        self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size, bias=False)
-            self.shared_expert_gate = nn.Linear(h, 1, bias=False)
+            self.shared_expert_gate = nn.Linear(h, 1, bias=False) if cfg.shared_expert_gated else None
 
     def use_quantized(self, experts: nn.Module) -> None:
         """Compute with these (backend.quant.experts.QuantExperts) instead of the float stacks."""
@@ -86,6 +87,8 @@ class SparseMoE(nn.Module):
             out = self.experts(x, weights.to(x.dtype), ids)
         else:
             out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
-        if self.shared_expert is not None:
+        if self.shared_expert_gate is not None:
             out = add_shared(out, x, self.shared_expert_gate, self.shared_expert(x))
+        elif self.shared_expert is not None:  # Granite-MoE's, added as it is
+            out = out + self.shared_expert(x)
         return out

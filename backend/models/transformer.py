@@ -1,10 +1,11 @@
 """The decoder-only transformer shared by every supported family.
 
 Each layer is built from its own LayerSpec (backend/layer_spec.py): full or sliding-window attention, with or
-without rotary (SmolLM3's NoPE layers) and per-head q/k RMSNorm (Qwen3); a dense or sparse (MoE) feed-forward.
-What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the rotating part of each head (Phi's
-partial rotary). Module names follow the Hugging Face checkpoints, except that q/k/v and gate/up are fused
-(as Phi-3's checkpoints store them).
+without rotary (SmolLM3's NoPE layers) and q/k RMSNorm per head (Qwen3) or over the whole q and k (OLMoE); a
+dense or sparse (MoE) feed-forward. What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the
+rotating part of each head (Phi's partial rotary), Granite's embedding, residual, attention and logits scalars.
+Module names follow the Hugging Face checkpoints, except that q/k/v and gate/up are fused (as Phi-3's checkpoints
+store them).
 """
 
 import torch
@@ -39,16 +40,17 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = cfg.attention_scale or self.head_dim ** -0.5  # Granite's attention_multiplier where set
         self.sliding_window = spec.window
         self.rope = spec.rope
         self.rotary_dim = cfg.rotary_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm = spec.qk_norm
-        if spec.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        if spec.qk_norm:  # over each head (Qwen3), or over all of q and all of k (OLMoE)
+            full = spec.qk_norm == "full"
+            self.q_norm = RMSNorm(self.q_size if full else self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size if full else self.head_dim, cfg.rms_norm_eps)
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -58,9 +60,10 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim))
-            qk = torch.cat([q, k], dim=1)
+            width = self.q_norm.weight.shape[0]  # head_dim, or q_size for a norm over all of q
+            q = self.q_norm(qkv[:, :self.q_size].reshape(-1, width)).view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(-1, self.k_norm.weight.shape[0]))
+            qk = torch.cat([q, k.view(t, self.num_kv_heads, self.head_dim)], dim=1)
         else:  # q and k are adjacent columns: rotate them as one tensor of heads
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = self._rotate(qk, cos, sin) if self.rope else qk.contiguous()
@@ -86,15 +89,20 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, x, residual, cos, sin, meta):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, cos, sin, meta)
+        x = self._branch(self.self_attn(x, cos, sin, meta))
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self._branch(self.mlp(x)), residual
+
+    def _branch(self, x: torch.Tensor) -> torch.Tensor:
+        """A branch's output as it is added to the residual stream (Granite scales it first)."""
+        return x if self.residual_multiplier == 1.0 else x * self.residual_multiplier
 
 
 class DecoderModel(nn.Module):
@@ -105,9 +113,14 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, spec) for spec in cfg.layers])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embedding_multiplier = cfg.embedding_multiplier
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier  # Granite's
 
     def forward(self, input_ids, cos, sin, meta):
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed(input_ids), None
         for layer in self.layers:
             x, residual = layer(x, residual, cos, sin, meta)
         x, _ = self.norm(x, residual)
@@ -135,4 +148,5 @@ class CausalLM(nn.Module):
         return self.model(input_ids, cos_sin[:, 0], cos_sin[:, 1], meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling  # Granite's

@@ -82,7 +82,8 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     experts, per_expert = 0, []
     for i in range(cfg.num_layers):
         fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
-        dense += 2 * 4 * h + (2 * 4 * d if cfg.layers[i].attention.qk_norm else 0)
+        qk_norm = cfg.layers[i].attention.qk_norm  # a head's width each, or all of q and all of k
+        dense += 2 * 4 * h + {"head": 2 * 4 * d, "full": 4 * (heads + kv) * d}.get(qk_norm, 0)
         dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
         dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
         if cfg.qkv_bias:
@@ -103,7 +104,7 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
         if cfg.shared_expert_intermediate_size:
             s = cfg.shared_expert_intermediate_size
             dense += 2 * tensor_bytes(fmt("ffn_gate_shexp"), s, h) + tensor_bytes(fmt("ffn_down_shexp"), h, s)
-            dense += 4 * h  # its gate
+            dense += 4 * h if cfg.shared_expert_gated else 0  # its gate
     return WeightBytes(dense, experts, per_expert)
 
 

@@ -31,12 +31,13 @@ def test_a_decode_step_in_one_call_is_the_modules_bit_for_bit(tiny_gguf, family)
 
 
 @pytest.mark.parametrize("activations", ["float32", "int8"])
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe_shared"])
 def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, family, activations):
     """The router (fp32) and the routed experts (our packed layout; quad order with 8-bit activations) in the same
     C call as the attention: the module path's route_rows and moe_tokens, the same bits; more rows than one call's
     experts take go through the modules (whose per-expert loop is faster there). Qwen2-MoE adds its gated shared
-    expert after the routed ones, as its module does."""
+    expert after the routed ones, as its module does, Granite-MoE its ungated one (and its multipliers); OLMoE
+    norms all of q and of k."""
     path, _ = tiny_gguf(family)
     engine = LLMEngine(EngineConfig(model=str(path), block_size=8, activations=activations,
                                     speculative={"method": "ngram", "num_tokens": 3}))

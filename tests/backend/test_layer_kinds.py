@@ -34,9 +34,9 @@ def kinds(cfg) -> list[tuple]:
 
 def test_each_family_reads_into_per_layer_kinds(tiny_dir):
     mistral = from_hf_config(hf_config(tiny_dir, "mistral"), "mistral")
-    assert kinds(mistral) == [("sliding", 24, True, False, "dense")] * 2
+    assert kinds(mistral) == [("sliding", 24, True, None, "dense")] * 2
     qwen3 = from_hf_config(hf_config(tiny_dir, "qwen3"), "qwen3")
-    assert kinds(qwen3) == [("full", None, True, True, "dense")] * 2
+    assert kinds(qwen3) == [("full", None, True, "head", "dense")] * 2
     # Qwen2-MoE: mlp_only_layers and decoder_sparse_step say which layers are sparse
     cfg = hf_config(tiny_dir, "qwen2_moe")
     assert [s.mlp for s in from_hf_config(cfg, "q").layers] == [MLPSpec("moe", "softmax_topk"), MLPSpec()]
@@ -49,16 +49,16 @@ def test_each_family_reads_into_per_layer_kinds(tiny_dir):
     assert [s.attention.rope for s in smol.layers] == [True, True, True, False]
     windows = from_hf_config(hf_config(tiny_dir, "smollm3_nope_windows"), "smollm3")
     assert kinds(windows) == [
-        ("sliding", 12, False, False, "dense"),
-        ("full", None, True, False, "dense"),
-        ("sliding", 12, False, False, "dense"),
+        ("sliding", 12, False, None, "dense"),
+        ("full", None, True, None, "dense"),
+        ("sliding", 12, False, None, "dense"),
     ]
     # Phi-3: one window for every layer (or none, Phi-4); the rotating part of each head
     phi3, phi4 = (from_hf_config(hf_config(tiny_dir, f), f) for f in ("phi3", "phi4_partial_rotary"))
     assert (
-        kinds(phi3) == [("sliding", 24, True, False, "dense")] * 2 and phi3.rotary_dim == phi3.head_dim == 16
+        kinds(phi3) == [("sliding", 24, True, None, "dense")] * 2 and phi3.rotary_dim == phi3.head_dim == 16
     )
-    assert kinds(phi4) == [("full", None, True, False, "dense")] * 2 and phi4.rotary_dim == 8
+    assert kinds(phi4) == [("full", None, True, None, "dense")] * 2 and phi4.rotary_dim == 8
 
 
 def test_smollm3_gguf_layers_rotate_as_llama_cpp_says(tiny_gguf):

@@ -26,7 +26,8 @@ SHAPES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num
 MOE_SHAPES = dict(moe_intermediate_size=256, shared_expert_intermediate_size=256)
 LAYOUT = {"llama": "llama", "llama3_rope_tied": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2",
           "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "smollm3": "smollm3", "phi3": "phi3",
-          "phi4_partial_rotary": "phi3"}
+          "phi4_partial_rotary": "phi3", "olmoe": "olmoe", "granitemoe": "granitemoe",
+          "granitemoe_shared": "granitemoe"}
 # family -> {GGUF tensor kind: format}; kinds not named are F32 (norms, biases, routers)
 POLICY = {
     "llama": {"token_embd": "Q8_0", "output": "Q6_K", "attn_q": "Q4_0", "attn_k": "Q4_0", "attn_v": "Q8_0",
@@ -53,8 +54,17 @@ POLICY = {
              "ffn_down": "Q6_K"},
     "phi4_partial_rotary": {"token_embd": "Q8_0", "attn_qkv": "Q5_K", "attn_output": "Q4_K", "ffn_up": "Q4_1",
                             "ffn_down": "Q8_0"},
+    "olmoe": {"token_embd": "Q8_0", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q8_0",
+              "attn_output": "Q5_0", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"},
+    "granitemoe": {"token_embd": "Q6_K", "output": "Q8_0", "attn_q": "Q5_K", "attn_k": "Q5_K", "attn_v": "Q6_K",
+                   "attn_output": "Q4_K", "ffn_gate_exps": "Q8_0", "ffn_up_exps": "Q5_K", "ffn_down_exps": "Q4_K"},
+    "granitemoe_shared": {"token_embd": "Q8_0", "output": "Q6_K", "attn_q": "Q4_K", "attn_k": "Q4_K",
+                          "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K",
+                          "ffn_down_exps": "Q6_K", "ffn_gate_shexp": "Q5_K", "ffn_up_shexp": "Q5_K",
+                          "ffn_down_shexp": "Q8_0"},
 }
-PERMUTED = ("llama", "smollm3")  # layouts whose q/k rows convert_hf_to_gguf.py interleaves (LlamaModel.permute)
+# layouts whose q/k rows convert_hf_to_gguf.py interleaves (LlamaModel.permute; GraniteMoeModel inherits it)
+PERMUTED = ("llama", "smollm3", "granitemoe")
 _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
@@ -62,12 +72,18 @@ _NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn
           "block_sparse_moe.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
           "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
           "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
+# Granite-MoE's tensors -> llama.cpp's (GraniteMoeModel.modify_tensors splits the fused gate | up in two halves)
+_GRANITE = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
+            "block_sparse_moe.output_linear": ("ffn_down_exps",), "block_sparse_moe.router.layer": ("ffn_gate_inp",),
+            "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp"), "shared_mlp.output_linear": ("ffn_down_shexp",)}
 _EXPERT = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps", "gate_proj": "ffn_gate_exps",
            "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 
 
 def build_family(name: str, directory: Path, **extra) -> Path:
-    shapes = dict(SHAPES, **(MOE_SHAPES if "moe" in name else {}))
+    shapes = dict(SHAPES, **(MOE_SHAPES if name in ("qwen2_moe", "qwen3_moe") else {}))
+    if name == "granitemoe_shared":
+        shapes["shared_intermediate_size"] = 256
     if name == "mistral":
         extra.setdefault("sliding_window", None)  # llama.cpp's llama layout has no window
     if name == "mixtral":
@@ -155,10 +171,16 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-        if arch != "llama":
+        if arch in ("qwen2moe", "qwen3moe"):
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-        if cfg.get("shared_expert_intermediate_size"):
-            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size") or cfg.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg.get("shared_expert_intermediate_size")
+                                                    or cfg["shared_intermediate_size"])
+    if arch == "granitemoe":  # GraniteModel.set_gguf_parameters' names for the multipliers
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
@@ -203,6 +225,9 @@ def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None,
             gname = "output_norm.weight"
         else:
             layer, module, suffix = parts[2], ".".join(parts[3:-1]), parts[-1]
+            if module in _GRANITE:
+                ref[name] = _write_split(writer, tensor, layer, _GRANITE[module], policy, seed + n)
+                continue
             gname = f"blk.{layer}.{_NAMES[module]}.{suffix}"
         kind = gname.split(".")[-2]
         w = tensor.float().numpy()
@@ -248,6 +273,19 @@ def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None,
             (ref_dir / f.name).write_bytes(f.read_bytes())
     save_file({k: v.contiguous() for k, v in ref.items()}, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
     return out, ref_dir
+
+
+def _write_split(writer: GGUFWriter, tensor: torch.Tensor, layer: str, kinds: tuple, policy: dict,
+                 seed: int) -> torch.Tensor:
+    """A fused tensor written as llama.cpp's parts (its rows split evenly); returns what the parts decode to,
+    fused again."""
+    backs = []
+    for i, (kind, w) in enumerate(zip(kinds, np.split(tensor.float().numpy(), len(kinds), axis=-2))):
+        fmt = policy.get(kind, "F32")
+        data, qtype, back = _store(np.ascontiguousarray(w), fmt, seed * 7 + i)
+        writer.add_tensor(f"blk.{layer}.{kind}.weight", data, raw_dtype=qtype if fmt not in ("F32", "F16") else None)
+        backs.append(back.reshape(w.shape))
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(backs, axis=-2)))
 
 
 def suffix_is_weight(gname: str) -> bool:

@@ -40,6 +40,7 @@ COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_l
               num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, bos_token_id=1,
               eos_token_id=2, pad_token_id=0)
 MOE = dict(num_experts_per_tok=2)
+GRANITE = dict(embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, attention_multiplier=0.015)
 
 # name -> (transformers config class, model class, config overrides)
 FAMILIES = {
@@ -64,6 +65,12 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=24)),
     # Phi-4-mini's shape: half of each head rotates, tied embeddings, no window
     "phi4_partial_rotary": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, tie_word_embeddings=True)),
+    # q/k RMSNorm over the whole projection (4 heads of q: per head would differ), top-k not renormalised
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=4, **MOE)),
+    # Multipliers far from 1, so that ignoring any one of them changes the logits (test_moe_families.py)
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(num_local_experts=4, **GRANITE, **MOE)),
+    "granitemoe_shared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
+        num_local_experts=4, shared_intermediate_size=80, **GRANITE, **MOE)),
 }
 
 
