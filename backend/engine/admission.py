@@ -110,18 +110,20 @@ class Limits:
 
 def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_template: str | None = None,
                     add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                    continue_final_message: bool = False) -> list[int]:
+                    continue_final_message: bool = False, template_variables: dict | None = None) -> list[int]:
     """A conversation through the model's chat template (or the one given), as token ids; tools (OpenAI's
     function definitions) are handed to the template as transformers' apply_chat_template takes them. The
     template writes any special tokens itself, so tokenizing must not add a second BOS. The template's own
     checks (role order, ...) raise ValueError. continue_final_message: the last message, an assistant's, is left
-    open for the model to go on with (as transformers does it: the text is cut after that message's content)."""
+    open for the model to go on with (as transformers does it: the text is cut after that message's content).
+    template_variables: extra variables the template reads (enable_thinking, ...), as apply_chat_template's kwargs."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"model {model_name!r} has no chat template; pass chat_template=..., or use completions")
     def render(conversation: list[dict]) -> str:
         try:
             return tokenizer.apply_chat_template(conversation, tokenize=False, chat_template=chat_template, tools=tools,
-                                                 add_generation_prompt=add_generation_prompt and not continue_final_message)
+                                                 add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                                 **(template_variables or {}))
         except Exception as e:  # jinja's TemplateError and the template's raise_exception
             raise ValueError(f"the chat template refused these messages: {e}") from None
 

@@ -18,6 +18,14 @@ from backend.server.protocol import (
     sampling_params,
     usage,
 )
+from backend.server.reasoning import (
+    ChoiceReader,
+    effort_switches,
+    new_reader,
+    prompt_opens_thinking,
+    reasoning_format,
+    split_reasoning,
+)
 from backend.server.state import ServerState
 from backend.server.streams import answer, collect, event, sse, until_disconnect
 from backend.server.tools.conversation import check_history, template_input
@@ -28,15 +36,23 @@ from backend.server.tools.tool_defs import ToolSpec, check_tools
 
 @dataclass
 class ChatTools:
-    """How one request's output is read for tool calls."""
+    """How one request's output is read: for reasoning (backend/server/reasoning.py), then for tool calls."""
 
     spec: ToolSpec | None
     parser: str
     keep_special: bool
     tokenizer: object
+    reasoning: str | None = None  # the reasoning format (None: the output is all answer)
+    in_thinking: bool = False  # the prompt left a think block open: the output starts inside the reasoning
 
     def new_parser(self):
         return make_parser(self.spec, self.parser, self.tokenizer, self.keep_special)
+
+    def new_reader(self) -> ChoiceReader:
+        """A fresh reader of one choice's output as it is generated."""
+        parser = self.new_parser()
+        return ChoiceReader(new_reader(self.reasoning, self.in_thinking),
+                            ToolCallStream(parser, self.parallel) if parser is not None else None)
 
     @property
     def parallel(self) -> bool:
@@ -48,7 +64,16 @@ def finish_reason(reason: str | None, calls: bool) -> str | None:
 
 
 def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str | None]:
-    """One choice's whole text as an assistant message, and its finish_reason."""
+    """One choice's whole text as an assistant message (its reasoning in reasoning_content and vLLM's newer
+    reasoning, where the model's format has any), and its finish_reason."""
+    reasoning, text = split_reasoning(tools.reasoning, text, tools.in_thinking)
+    msg, reason = _calls(tools, text, reason)
+    if tools.reasoning is not None:
+        msg["reasoning_content"] = msg["reasoning"] = reasoning
+    return msg, reason
+
+
+def _calls(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str | None]:
     parser = tools.new_parser()
     if parser is None:
         return {"role": "assistant", "content": text}, reason
@@ -68,7 +93,22 @@ async def templated(engine: AsyncEngine, req: ChatRequest, add_generation_prompt
     template = getattr(engine.engine.tokenizer, "chat_template", None)
     messages, template_tools = template_input(messages, spec, template)
     return spec, await chat_prompt(engine.engine, messages, template_tools, req.continue_final_message,
-                                   add_generation_prompt)
+                                   add_generation_prompt, template_variables(req))
+
+
+TEMPLATE_OWN = ("messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                "continue_final_message", "tokenize", "return_dict")
+
+
+def template_variables(req: ChatRequest) -> dict:
+    """The chat template's extra variables: vLLM's chat_template_kwargs (enable_thinking, ...), over what
+    reasoning_effort switches."""
+    given = req.chat_template_kwargs or {}
+    taken = sorted(set(given) & set(TEMPLATE_OWN))
+    if taken:
+        raise APIError(400, f"chat_template_kwargs: {taken[0]!r} is the server's to set, not a template variable",
+                       param="chat_template_kwargs")
+    return {**effort_switches(req.reasoning_effort), **given}
 
 
 async def prepare(state: ServerState, req: ChatRequest):
@@ -81,8 +121,8 @@ async def prepare(state: ServerState, req: ChatRequest):
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     spec, prompt = await templated(engine, req)
     tokenizer = engine.engine.tokenizer
-    name = parser_name(state.policy.tool_call_parser, getattr(tokenizer, "chat_template", None),
-                       engine.engine.model_config.architecture)
+    template = getattr(tokenizer, "chat_template", None)
+    name = parser_name(state.policy.tool_call_parser, template, engine.engine.model_config.architecture)
     tools = ChatTools(spec, name, keeps_special_tokens(spec, name, tokenizer), tokenizer)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -91,6 +131,9 @@ async def prepare(state: ServerState, req: ChatRequest):
     guided = spec.guided_json() if spec is not None else None
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
                              skip_special_tokens=not tools.keep_special)
+    if params.guided_json is None:  # a grammar holds from the first token: all of a guided output is the answer
+        tools.reasoning = reasoning_format(state.policy.reasoning_parser, template)
+        tools.in_thinking = tools.reasoning == "think" and prompt_opens_thinking(tokenizer, prompt)
     admitted = await admit(engine.engine, prompt, params, "messages")
     await check_guided(engine.engine, params, "tools" if guided is not None else "response_format")
     return engine, admitted, tools, clamped_headers(requested, [allowed])
@@ -136,10 +179,8 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
 
     async def events():
-        readers: list[ToolCallStream | None] = []
+        readers = [tools.new_reader() for _ in range(req.n)]
         for i in range(req.n):
-            parser = tools.new_parser()
-            readers.append(ToolCallStream(parser, tools.parallel) if parser is not None else None)
             yield piece(i, {"role": "assistant", "content": ""})
         completion_tokens = cached = 0
         async for delta in gen:
@@ -152,31 +193,26 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
                 if req.logprobs and d.logprobs and d.token_ids:
                     lp = chat_logprobs(d.logprobs, d.token_ids, req.top_logprobs or 0)
                 reader = readers[d.index]
-                if reader is None:
-                    if d.text or lp:
-                        yield piece(d.index, {"content": d.text}, lp)
-                else:
-                    for part in _parts(reader.feed(d.text), lp):
-                        yield piece(d.index, part[0], part[1])
-                    if d.finished:
-                        for part in _parts(reader.finish(), None):
-                            yield piece(d.index, part[0])
+                for part in _parts(reader.read(d.text, d.finished), lp):
+                    yield piece(d.index, part[0], part[1])
                 if d.finished:
-                    calls = reader is not None and reader.has_calls
-                    yield piece(d.index, {}, reason=finish_reason(d.finish_reason, calls))
+                    yield piece(d.index, {}, reason=finish_reason(d.finish_reason, reader.has_calls))
         if include_usage:
             yield chunk([], usage(len(prompt), completion_tokens, cached))
 
     return events()
 
 
-def _parts(delta, logprobs) -> list[tuple[dict, dict | None]]:
-    """A reader's delta as chunk deltas: content first, then each tool-call piece (logprobs on the first)."""
+def _parts(deltas: list, logprobs) -> list[tuple[dict, dict | None]]:
+    """A reader's deltas as chunk deltas: reasoning, content, then each tool-call piece (logprobs on the first)."""
     parts: list[tuple[dict, dict | None]] = []
-    if delta.content:
-        parts.append(({"content": delta.content}, None))
-    for call in delta.tool_calls:
-        parts.append(({"tool_calls": [call]}, None))
+    for delta in deltas:
+        if delta.reasoning:
+            parts.append(({"reasoning_content": delta.reasoning, "reasoning": delta.reasoning}, None))
+        if delta.content:
+            parts.append(({"content": delta.content}, None))
+        for call in delta.tool_calls:
+            parts.append(({"tool_calls": [call]}, None))
     if logprobs is not None:
         if parts:
             parts[0] = (parts[0][0], logprobs)

@@ -34,6 +34,7 @@ class TokenizeRequest(OpenAIBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[ToolDef] | None = None  # with messages: written into the prompt as chat completions write them
+    chat_template_kwargs: dict | None = None  # with messages: the template's extra variables, as chat completions'
 
 
 class DetokenizeRequest(BaseModel):
@@ -91,7 +92,8 @@ async def tokenize(state: ServerState, req: TokenizeRequest):
         ids = await off_loop(_tokenize, engine, req.prompt, req.add_special_tokens)
     else:
         chat = ChatRequest(model=req.model, messages=req.messages, tools=req.tools,
-                           continue_final_message=req.continue_final_message)
+                           continue_final_message=req.continue_final_message,
+                           chat_template_kwargs=req.chat_template_kwargs)
         _, ids = await templated(async_engine, chat, req.add_generation_prompt)
     return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len}
 

@@ -1,6 +1,6 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (what Claude Code speaks), on the
 chat path: the request becomes a chat request (messages_shapes.py) and runs through the same template,
-grammar and tool-call parsers; the answer comes back as content blocks (text, tool_use)."""
+grammar, reasoning and tool-call parsers; the answer comes back as content blocks (thinking, text, tool_use)."""
 
 import json
 import re
@@ -38,9 +38,18 @@ def tool_input(arguments: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+# What a thinking block's signature says here: Anthropic's proves its reasoning came from its servers; a local
+# model's has nothing to prove, and nothing here reads it back.
+SIGNATURE = ""
+
+
 def content_blocks(tools: ChatTools, text: str) -> list[dict]:
     msg, _ = message(tools, text, "stop")
-    blocks = [{"type": "text", "text": msg["content"]}] if msg.get("content") else []
+    blocks = []
+    if msg.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": SIGNATURE})
+    if msg.get("content"):
+        blocks.append({"type": "text", "text": msg["content"]})
     for call in msg.get("tool_calls") or []:
         value = tool_input(call["function"]["arguments"])
         if value is None:  # not an object: what the model wrote, as text
@@ -94,7 +103,7 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
     mid = new_message_id()
     gen = engine.generate(mid, admitted)
     if req.stream:
-        return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools), headers)
+        return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools, SIGNATURE), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     blocks = content_blocks(tools, c.text)

@@ -37,7 +37,7 @@ class MessagesRequest(UnicodeBody):
     tools: list[dict] | None = None
     tool_choice: dict | None = None
     metadata: dict | None = None
-    thinking: dict | None = None  # accepted; a model without reasoning writes no thinking blocks
+    thinking: dict | None = None  # enabled / disabled: the chat template's enable_thinking switch
     output_format: dict | None = None  # {"type": "json_schema", "schema": ...}: structured output
     output_config: dict | None = None  # {"effort": ..., "format": ...}: format as output_format
     service_tier: str | None = None
@@ -100,12 +100,14 @@ def _turn(i: int, message: dict) -> list[dict]:
     if not isinstance(content, list):
         raise APIError(400, f"{where}.content: expected a string or a list of content blocks",
                        param=f"{where}.content")
-    results, texts, calls = [], [], []
+    results, texts, calls, thoughts = [], [], [], []
     for j, block in enumerate(content):
         here = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(str(block.get("text", "")))
+        elif kind == "thinking" and role == "assistant":
+            thoughts.append(str(block.get("thinking", "")))
         elif kind in ("thinking", "redacted_thinking"):
             continue
         elif kind == "tool_use" and role == "assistant":
@@ -126,10 +128,12 @@ def _turn(i: int, message: dict) -> list[dict]:
         else:
             raise APIError(400, f"{here}: unexpected block type {kind!r} in a {role} message", param=here)
     turn = results
-    if texts or calls or not results:
+    if texts or calls or thoughts or not results:
         message = {"role": role, "content": "\n".join(texts)}
         if calls:
             message["tool_calls"] = calls
+        if any(thoughts):
+            message["reasoning_content"] = "\n".join(t for t in thoughts if t)
         turn.append(message)
     return turn
 
@@ -249,6 +253,9 @@ def chat_request(req: MessagesRequest | CountTokensRequest, keep_attribution: bo
     choice, parallel = chat_tool_choice(req.tool_choice, tools)
     chat = {"model": req.model, "messages": messages, "tools": tools, "tool_choice": choice,
             "parallel_tool_calls": parallel, "response_format": response_format(req)}
+    switch = thinking_switch(req.thinking)
+    if switch is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": switch}
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         chat["continue_final_message"] = True  # a prefill: the answer goes on from it, and holds only what follows
     if isinstance(req, MessagesRequest):
@@ -259,6 +266,16 @@ def chat_request(req: MessagesRequest | CountTokensRequest, keep_attribution: bo
         chat.update(max_completion_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
     return {k: v for k, v in chat.items() if v is not None}, origin
+
+
+def thinking_switch(thinking: dict | None) -> bool | None:
+    """Anthropic's thinking setting as the template's enable_thinking (None: the template's default)."""
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind is None:
+        return None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise APIError(400, f"thinking.type must be enabled, disabled or adaptive, got {kind!r}", param="thinking.type")
+    return kind != "disabled"
 
 
 def stop_reason(finish_reason: str | None, stop: int | str | None, calls: bool) -> tuple[str, str | None]:

@@ -3,7 +3,8 @@
 message_start once the engine has taken the request (its prompt's cached tokens known) or after one ping
 interval, then `ping` every few seconds while the prompt is processed (so a client's read
 timeout does not fire on a long prompt); per content block content_block_start, content_block_delta
-(text_delta, or input_json_delta for a tool_use block's input) and content_block_stop; then message_delta
+(thinking_delta and, before it stops, signature_delta for a thinking block; text_delta; or input_json_delta for
+a tool_use block's input) and content_block_stop; then message_delta
 (stop_reason, usage) and message_stop. An error after the stream began is an `error` event.
 """
 
@@ -16,8 +17,6 @@ from fastapi.responses import StreamingResponse
 
 from backend.server.errors import APIError
 from backend.server.messages_shapes import message_usage, stop_reason, toolu
-from backend.server.tools.output import ToolCallStream
-from backend.server.tools.parsers import ToolParser
 
 log = logging.getLogger("backend.server")
 
@@ -50,21 +49,23 @@ async def with_pings(gen, interval: float) -> AsyncIterator:
 
 
 class _Blocks:
-    """The content blocks as they are built: at most one open at a time (text, or a tool_use)."""
+    """The content blocks as they are built: at most one open at a time (thinking, text, or a tool_use)."""
 
-    def __init__(self):
-        self.count = 0
-        self.open: str | None = None  # "text" or "tool_use"
+    def __init__(self, signature: str):
+        self.count, self.signature = 0, signature
+        self.open: str | None = None  # "thinking", "text" or "tool_use"
         self.calls: dict[int, int] = {}  # the parser's call index -> its block's index
         self.has_calls = False
 
-    def text(self, delta: str) -> list[str]:
+    def text(self, delta: str, kind: str = "text") -> list[str]:
+        """A piece of text, or of thinking (kind "thinking"), in the block of its kind (opened when needed)."""
         out = []
-        if self.open != "text":
+        if self.open != kind:
             out += self.close()
-            out.append(sse("content_block_start", index=self.count, content_block={"type": "text", "text": ""}))
-            self.open = "text"
-        out.append(sse("content_block_delta", index=self.count, delta={"type": "text_delta", "text": delta}))
+            block = {"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {})
+            out.append(sse("content_block_start", index=self.count, content_block=block))
+            self.open = kind
+        out.append(sse("content_block_delta", index=self.count, delta={"type": f"{kind}_delta", kind: delta}))
         return out
 
     def call_piece(self, piece: dict) -> list[str]:
@@ -84,12 +85,16 @@ class _Blocks:
     def close(self) -> list[str]:
         if self.open is None:
             return []
-        out = [sse("content_block_stop", index=self.count)]
+        out = []
+        if self.open == "thinking":
+            out.append(sse("content_block_delta", index=self.count,
+                           delta={"type": "signature_delta", "signature": self.signature}))
+        out.append(sse("content_block_stop", index=self.count))
         self.open, self.count = None, self.count + 1
         return out
 
 
-def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> StreamingResponse:
+def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature: str = "") -> StreamingResponse:
     async def events() -> AsyncIterator[str]:
         items = with_pings(gen, PING_SECONDS).__aiter__()
         # message_start waits for the engine's first step of the request (a ping interval at most), which tells
@@ -106,8 +111,8 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> Streami
         yield sse("message_start", message={
             "id": mid, "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": None,
             "stop_sequence": None, "usage": message_usage(prompt_len, 0, cached)})
-        blocks = _Blocks()
-        reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
+        blocks = _Blocks(signature)
+        reader = tools.new_reader()
         tokens, finished = 0, None
         try:
             async for delta in items:
@@ -120,6 +125,8 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools) -> Streami
                     if d.finished:
                         finished = d
                     for piece in reader.read(d.text, d.finished):
+                        for e in blocks.text(piece.reasoning, "thinking") if piece.reasoning else []:
+                            yield e
                         for e in blocks.text(piece.content) if piece.content else []:
                             yield e
                         for call in piece.tool_calls:

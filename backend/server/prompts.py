@@ -51,13 +51,16 @@ def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = No
 
 
 def chat_ids(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None,
-             add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
-    """The messages through the model's chat template (as /tokenize shows them too); a 400 when it refuses them."""
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             template_variables: dict | None = None) -> list[int]:
+    """The messages through the model's chat template (as /tokenize shows them too), with the request's extra
+    template variables (enable_thinking, ...); a 400 when it refuses them."""
     check_length(engine, sum(len(m.get("content") or "") for m in messages), "messages")
     try:
         return chat_prompt_ids(engine.tokenizer, messages, engine.model_name, tools=tools,
                                add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message)
+                               continue_final_message=continue_final_message,
+                               template_variables=template_variables)
     except ValueError as e:
         raise APIError(400, str(e), param="messages") from None
 
@@ -67,8 +70,10 @@ async def completion_prompts(prompt, engine: LLMEngine) -> list[tuple[list[int],
 
 
 async def chat_prompt(engine: LLMEngine, messages: list[dict], tools: list[dict] | None = None,
-                      continue_final_message: bool = False, add_generation_prompt: bool = True) -> list[int]:
-    return await off_loop(chat_ids, engine, messages, tools, add_generation_prompt, continue_final_message)
+                      continue_final_message: bool = False, add_generation_prompt: bool = True,
+                      template_variables: dict | None = None) -> list[int]:
+    return await off_loop(chat_ids, engine, messages, tools, add_generation_prompt, continue_final_message,
+                          template_variables)
 
 
 async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "response_format") -> None:

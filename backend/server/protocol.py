@@ -153,6 +153,8 @@ class ChatRequest(CommonRequest):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
     continue_final_message: bool = False  # vLLM's: the last message, an assistant's, is continued, not answered
+    chat_template_kwargs: dict | None = None  # vLLM's: the chat template's extra variables (enable_thinking, ...)
+    reasoning_effort: str | None = None  # OpenAI's: none/minimal turn a template's thinking switch off
 
 
 def new_id(prefix: str) -> str:
@@ -220,6 +222,9 @@ def chat_messages(req: ChatRequest) -> list[dict]:
         message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
         if m.tool_calls:
             message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        reasoning = (m.model_extra or {}).get("reasoning_content") or (m.model_extra or {}).get("reasoning")
+        if m.role == "assistant" and isinstance(reasoning, str) and reasoning:
+            message["reasoning_content"] = reasoning  # reasoning sent back: the template renders it as it expects
         if m.role == "tool":
             message["tool_call_id"] = m.tool_call_id
             if m.name:

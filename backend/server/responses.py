@@ -3,7 +3,8 @@
 A request becomes a chat request (instructions as the system message, input items as messages: a
 function_call or custom_tool_call item as an assistant tool call, their outputs as tool messages; tools
 as responses_tools.py lays them out), runs through the same template, grammar and parsers, and comes
-back as output items: a message with output_text, function_call and custom_tool_call items. Nothing is stored: `store` is accepted and nothing is kept, so
+back as output items: the reasoning (where the model's format has it), a message with output_text,
+function_call and custom_tool_call items. A reasoning item sent back goes with the assistant turn after it. Nothing is stored: `store` is accepted and nothing is kept, so
 previous_response_id is a 400.
 """
 
@@ -16,10 +17,12 @@ from pydantic import ValidationError
 from backend.server.chat import ChatTools, message, prepare
 from backend.server.errors import APIError
 from backend.server.protocol import ChatRequest
+from backend.server.reasoning import effort_switches
 from backend.server.responses_shapes import (
     ResponsesRequest,
     message_item,
     new_item_id,
+    reasoning_item,
     response_body,
     response_usage,
 )
@@ -53,6 +56,7 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
         origin.append(["instructions"])
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
     calls_open = False  # the last message is an assistant turn of calls that the next call joins
+    thought = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(items):
         where = "input" if isinstance(req.input, str) else f"input[{i}]"
         if not isinstance(item, dict):
@@ -73,6 +77,8 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 origin.append([where])
+                if thought:
+                    messages[-1]["reasoning_content"], thought = thought, ""
             calls_open = True
             continue
         calls_open = False
@@ -86,12 +92,16 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
                 messages[-1]["content"] += "\n\n" + text
                 continue
             messages.append({"role": role, "content": text})
+            if role == "assistant" and thought:
+                messages[-1]["reasoning_content"], thought = thought, ""
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
         elif kind == "reasoning":
-            continue  # a local model's reasoning is in its text; nothing to hand back
+            parts = item.get("content") or item.get("summary") or []
+            thought = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+            continue
         else:
             raise APIError(400, f"{where}.type {kind!r} is not supported; use message, function_call, "
                            "function_call_output, custom_tool_call or custom_tool_call_output", param=f"{where}.type")
@@ -99,6 +109,13 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
     if not messages:
         raise APIError(400, "input is empty", param="input")
     return messages, origin
+
+
+def _effort(reasoning: dict | None) -> str | None:
+    effort = (reasoning or {}).get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise APIError(400, "reasoning.effort must be a string such as \"low\" or \"none\"", param="reasoning.effort")
+    return effort
 
 
 def _response_format(text: dict | None) -> dict | None:
@@ -141,7 +158,8 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
             "tool_choice": chat_tool_choice(req.tool_choice, names, tools),
             "parallel_tool_calls": req.parallel_tool_calls, "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
-            "response_format": _response_format(req.text)}
+            "response_format": _response_format(req.text),
+            "chat_template_kwargs": effort_switches(_effort(req.reasoning)) or None}
     try:
         try:
             chat_req = ChatRequest.model_validate({k: v for k, v in chat.items() if v is not None})
@@ -160,6 +178,8 @@ def output_items(tools: ChatTools, names: ToolNames, text: str, reason: str | No
     msg, _ = message(tools, text, reason)
     status = "incomplete" if reason == "length" else "completed"
     items = []
+    if msg.get("reasoning_content"):
+        items.append(reasoning_item(new_item_id("rs"), msg["reasoning_content"], status))
     if msg.get("content"):
         items.append(message_item(new_item_id("msg"), msg["content"], status))
     for call in msg.get("tool_calls") or []:

@@ -5,7 +5,7 @@ import uuid
 from backend.server.protocol import OpenAIBody
 
 
-class ResponsesRequest(OpenAIBody):  # metadata, user, reasoning, include, truncation, ... are ignored
+class ResponsesRequest(OpenAIBody):  # metadata, user, include, truncation, ... are ignored
 
     model: str | None = None
     input: str | list[dict]
@@ -21,6 +21,7 @@ class ResponsesRequest(OpenAIBody):  # metadata, user, reasoning, include, trunc
     previous_response_id: str | None = None
     text: dict | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", "schema": ...}}
     seed: int | None = None
+    reasoning: dict | None = None  # {"effort": ...}: none/minimal turn the template's thinking switch off
 
 
 def new_item_id(prefix: str) -> str:
@@ -30,6 +31,12 @@ def new_item_id(prefix: str) -> str:
 def message_item(item_id: str, text: str, status: str) -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict:
+    """The model's reasoning as its text (reasoning_text), with no summary: nothing here summarizes it."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def response_body(req: ResponsesRequest, rid: str, model: str, created: float, status: str, output: list[dict],

@@ -2,7 +2,7 @@
 
 response.created, response.in_progress; per output item: response.output_item.added, then for a message
 response.content_part.added, response.output_text.delta..., response.output_text.done,
-response.content_part.done, or for a function call response.function_call_arguments.delta...,
+response.content_part.done, for the reasoning the same with response.reasoning_text.delta and .done, or for a function call response.function_call_arguments.delta...,
 response.function_call_arguments.done, or for a custom tool call (once its input is whole)
 response.custom_tool_call_input.delta and .done; response.output_item.done; then response.completed (or
 response.incomplete when max_output_tokens cut it short). An error after the stream began is an `error`
@@ -16,10 +16,23 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from backend.server.errors import APIError
-from backend.server.responses_shapes import message_item, new_item_id, response_body, response_usage
+from backend.server.responses_shapes import (
+    message_item,
+    new_item_id,
+    reasoning_item,
+    response_body,
+    response_usage,
+)
 from backend.server.responses_tools import ToolNames
-from backend.server.tools.output import ToolCallStream
-from backend.server.tools.parsers import ToolParser
+
+# per text item type: how it is made, its id's prefix, and its part's type (which names its events)
+TEXT_ITEMS = {"message": (message_item, "msg", "output_text"), "reasoning": (reasoning_item, "rs", "reasoning_text")}
+
+
+def _part(kind: str, text: str) -> dict:
+    if kind == "output_text":
+        return {"type": kind, "text": text, "annotations": [], "logprobs": []}
+    return {"type": kind, "text": text}
 
 log = logging.getLogger("backend.server")
 
@@ -43,20 +56,22 @@ class _Output:
         self.open: dict | None = None
         self.calls: dict[int, dict] = {}  # the parser's call index -> its item
 
-    def text(self, delta: str) -> list[str]:
+    def text(self, delta: str, item_type: str = "message") -> list[str]:
+        """A piece of the answer, or of the reasoning (item_type "reasoning"), in the item of its type."""
+        make, prefix, part = TEXT_ITEMS[item_type]
+        extra = {"logprobs": []} if part == "output_text" else {}
         out = []
-        if self.open is None or self.open["type"] != "message":
+        if self.open is None or self.open["type"] != item_type:
             out += self.close()
-            self.open = self.message_item(self.new_id("msg"), "", "in_progress")
+            self.open = make(self.new_id(prefix), "", "in_progress")
             self.open["content"] = []
             out.append(self.emit("response.output_item.added", output_index=len(self.items), item=self.open))
             out.append(self.emit("response.content_part.added", item_id=self.open["id"], output_index=len(self.items),
-                                 content_index=0, part={"type": "output_text", "text": "", "annotations": [],
-                                                        "logprobs": []}))
+                                 content_index=0, part=_part(part, "")))
             self.open["_text"] = ""
         self.open["_text"] += delta
-        out.append(self.emit("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
-                             content_index=0, delta=delta, logprobs=[]))
+        out.append(self.emit(f"response.{part}.delta", item_id=self.open["id"], output_index=len(self.items),
+                             content_index=0, delta=delta, **extra))
         return out
 
     def call_piece(self, piece: dict) -> list[str]:
@@ -84,11 +99,12 @@ class _Output:
         if item is None:
             return []
         index, out = len(self.items), []
-        if item["type"] == "message":
-            text = item.pop("_text")
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out.append(self.emit("response.output_text.done", item_id=item["id"], output_index=index,
-                                 content_index=0, text=text, logprobs=[]))
+        if item["type"] in TEXT_ITEMS:
+            text, kind = item.pop("_text"), TEXT_ITEMS[item["type"]][2]
+            part = _part(kind, text)
+            extra = {"logprobs": []} if kind == "output_text" else {}
+            out.append(self.emit(f"response.{kind}.done", item_id=item["id"], output_index=index,
+                                 content_index=0, text=text, **extra))
             out.append(self.emit("response.content_part.done", item_id=item["id"], output_index=index,
                                  content_index=0, part=part))
             item["content"] = [part]
@@ -117,7 +133,7 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
         yield emit("response.created", response=response_body(req, rid, model, created, "in_progress", [], None))
         yield emit("response.in_progress", response=response_body(req, rid, model, created, "in_progress", [], None))
         output = _Output(emit, names)
-        reader = ToolCallStream(tools.new_parser() or ToolParser(), tools.parallel)
+        reader = tools.new_reader()
         tokens, reason, cached = 0, None, 0
         try:
             async for delta in gen:
@@ -127,6 +143,9 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
                     if d.finished:
                         reason = d.finish_reason
                     for piece in reader.read(d.text, d.finished):
+                        if piece.reasoning:
+                            for e in output.text(piece.reasoning, "reasoning"):
+                                yield e
                         if piece.content:
                             for e in output.text(piece.content):
                                 yield e

@@ -162,6 +162,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
                         help="how tool calls are read from the model's output (default: from its chat template, "
                              "then its family)")
+    parser.add_argument("--reasoning-parser", default="auto", choices=["auto", "none", "think"],
+                        help="how the model's reasoning is told from its answer (reasoning_content, thinking blocks, "
+                             "reasoning items): auto (a chat template that writes </think>: think), none (all of the "
+                             "output is the answer), think (<think>...</think>)")
     parser.add_argument("--max-tokens-past-context", default="clamp", choices=["clamp", "refuse"],
                         help="a max_tokens the context cannot hold, on every API: clamp (cut to what the prompt "
                              "leaves, said in the x-max-tokens-clamped header; agent clients ask for 32k-64k) or "
@@ -209,7 +213,8 @@ def model_aliases(values: list[str], names: list[str]) -> list[tuple[str, str]]:
 def request_policy(args: argparse.Namespace) -> "RequestPolicy":
     from backend.server.state import RequestPolicy
 
-    return RequestPolicy(args.tool_call_parser, args.max_tokens_past_context, args.keep_attribution_header)
+    return RequestPolicy(args.tool_call_parser, args.max_tokens_past_context, args.keep_attribution_header,
+                         reasoning_parser=args.reasoning_parser)
 
 
 def _engine_config(args: argparse.Namespace, model: str, gpu_memory: float | int) -> EngineConfig:

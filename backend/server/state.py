@@ -27,6 +27,8 @@ class RequestPolicy:
     # Claude Code's per-request billing line in the system prompt is dropped (it changes every request, and
     # in front of the prompt it would defeat the prefix cache); True keeps it in the prompt
     keep_attribution_header: bool = False
+    # how the output's reasoning is told from its answer: "auto" (from the chat template), "none", "think"
+    reasoning_parser: str = "auto"
 
 
 class ServerState:

@@ -47,6 +47,7 @@ class _ContentGate:
 @dataclass
 class MessageDelta:
     content: str = ""
+    reasoning: str = ""  # backend/server/reasoning.py's, ahead of the content
     tool_calls: list[dict] = field(default_factory=list)  # OpenAI's delta.tool_calls entries
 
 
