@@ -23,6 +23,8 @@ class AttentionSpec:
     rope: bool = True  # False: a NoPE layer, whose q and k are not rotated (SmolLM3's every fourth layer)
     sinks: bool = False  # learned per-head attention sinks (gpt-oss): described here, not yet computed
     qk_norm: str | None = None  # one of QK_NORMS: q and k RMS-normed before rotary; None: not normed
+    # this layer's own rotary base, unscaled (Gemma 3's local layers); None: the model's rope_theta and rope_scaling
+    rope_theta: float | None = None
 
     def __post_init__(self):
         if self.kind not in ATTENTION_KINDS:
@@ -33,6 +35,10 @@ class AttentionSpec:
             )
         if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
             raise ValueError(f"q/k norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
+        if self.rope_theta is not None and not self.rope:
+            raise ValueError(
+                f"a NoPE layer with rope_theta={self.rope_theta}: only a rotating layer has a base"
+            )
         if self.window is not None and self.window < 1:
             raise ValueError(f"a sliding window of {self.window} tokens: it must be at least 1")
 

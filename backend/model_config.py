@@ -3,14 +3,15 @@
 import math
 from dataclasses import dataclass, field
 
-from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
+from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, AttentionSpec, LayerSpec, attention_of
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
                            "Phi3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
-                           "GraniteMoeSharedForCausalLM")
+                           "GraniteMoeSharedForCausalLM", "Gemma3ForCausalLM")
 _GRANITE_MOE = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SiLU (most), GELU's tanh approximation (Gemma)
 
 
 class ModelLoadError(Exception):
@@ -52,6 +53,14 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
     attention_scale: float | None = None
+    # Gemma's: norms that scale by (1 + weight) in fp32, a norm on each branch's output before it is added and
+    # one before the MLP (the sandwich), the embedding multiplier rounded to the compute dtype before it
+    # multiplies, and the logits' tanh softcap (None: none)
+    hidden_act: str = "silu"  # one of ACTIVATIONS
+    norm_unit_offset: bool = False
+    sandwich_norms: bool = False
+    embedding_multiplier_in_dtype: bool = False
+    final_logit_softcap: float | None = None
 
     def __post_init__(self):
         self.rotary_dim = self.rotary_dim or self.head_dim
@@ -116,13 +125,13 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
     if arch is None:
         raise ModelLoadError(f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "
                              f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"  # Gemma's key, everyone else's
+    if act not in ACTIVATIONS:
+        raise ModelLoadError(f"{source}: hidden activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
     if cfg.get("use_sliding_window") and arch != "SmolLM3ForCausalLM":
         raise ModelLoadError(f"{source}: use_sliding_window=true (Qwen's per-layer windows) is not supported")
     heads = cfg["num_attention_heads"]
-    theta, scaling = _rope(cfg, source)
+    theta, scaling = _rope(_gemma3_global_rope(cfg) if arch == "Gemma3ForCausalLM" else cfg, source)
     mc = ModelConfig(
         architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
         intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -130,9 +139,9 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
-        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"))
+        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"), hidden_act=act)
     if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM",
-                "OlmoeForCausalLM", *_GRANITE_MOE):
+                "OlmoeForCausalLM", "Gemma3ForCausalLM", *_GRANITE_MOE):
         mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
         mc.mlp_bias = bool(cfg.get("mlp_bias", False))
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
@@ -161,6 +170,8 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
     if arch in _GRANITE_MOE:
         _granite_moe(mc, cfg)
+    if arch == "Gemma3ForCausalLM":
+        _gemma3(mc, cfg, source)
     if arch == "Qwen2MoeForCausalLM":
         mc.shared_expert_intermediate_size = cfg.get("shared_expert_intermediate_size", 0)
     mc.layers = tuple(_hf_layer(arch, cfg, i, source) for i in range(mc.num_layers))
@@ -178,6 +189,8 @@ def _hf_layer(arch: str, cfg: dict, i: int, source: str) -> LayerSpec:
             types = cfg.get("layer_types") or ["full_attention" if r else "sliding_attention"
                                                for r in _smollm3_rope(cfg, source)]
             window = cfg["sliding_window"] if types[i] == "sliding_attention" else None
+    if arch == "Gemma3ForCausalLM":
+        return LayerSpec(_gemma3_attention(cfg, i, source), DENSE)
     qk_norm = {"Qwen3ForCausalLM": "head", "Qwen3MoeForCausalLM": "head", "OlmoeForCausalLM": "full"}.get(arch)
     attention = attention_of(window, rope=rope, qk_norm=qk_norm)
     if arch in ("MixtralForCausalLM", "OlmoeForCausalLM", *_GRANITE_MOE):
@@ -202,6 +215,51 @@ def _granite_moe(mc: ModelConfig, cfg: dict) -> None:
     mc.residual_multiplier = float(cfg.get("residual_multiplier", 1.0))
     mc.logits_scaling = float(cfg.get("logits_scaling", 1.0))
     mc.attention_scale = float(cfg.get("attention_multiplier", mc.head_dim ** -0.5))
+
+
+def _gemma3(mc: ModelConfig, cfg: dict, source: str) -> None:
+    """Gemma 3's norms, embedding scale, attention scale and logits softcap (its layers: _gemma3_attention)."""
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise ModelLoadError(f"{source}: attn_logit_softcapping (a tanh cap on attention scores) is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise ModelLoadError(f"{source}: use_bidirectional_attention (Gemma's encoder use) is not supported")
+    mc.norm_unit_offset = mc.sandwich_norms = mc.embedding_multiplier_in_dtype = True
+    mc.embedding_multiplier = mc.hidden_size ** 0.5
+    mc.attention_scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5
+    cap = cfg.get("final_logit_softcapping")
+    mc.final_logit_softcap = float(cap) if cap is not None else None
+
+
+def _gemma3_types(cfg: dict) -> list[str]:
+    """Each layer's type: config.json's layer_types, else every `sliding_window_pattern`-th layer full (6)."""
+    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+    return cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                      for i in range(cfg["num_hidden_layers"])]
+
+
+def _gemma3_global_rope(cfg: dict) -> dict:
+    """The config as _rope reads it for the full-attention layers: transformers 5 keeps one rope_parameters per
+    layer type; older files a rope_theta (1M when absent) and rope_scaling for them."""
+    params = (cfg.get("rope_parameters") or {}).get("full_attention")
+    if params is not None:
+        return {**cfg, "rope_parameters": params}
+    return {**cfg, "rope_parameters": None, "rope_theta": cfg.get("rope_theta") or 1_000_000.0}
+
+
+def _gemma3_attention(cfg: dict, i: int, source: str) -> AttentionSpec:
+    """Sliding layers rotate with their own unscaled base (rope_local_base_freq, 10k); full layers with the
+    model's rope_theta and scaling. Every layer norms q and k per head."""
+    types = _gemma3_types(cfg)
+    if len(types) != cfg["num_hidden_layers"] or set(types) - {"sliding_attention", "full_attention"}:
+        raise ModelLoadError(f"{source}: layer_types must name sliding_attention or full_attention for each of "
+                             f"{cfg['num_hidden_layers']} layers, got {types}")
+    if types[i] == "full_attention":
+        return AttentionSpec("full", qk_norm="head")
+    local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ModelLoadError(f"{source}: rope scaling {local['rope_type']!r} on sliding layers is not supported")
+    theta = local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
+    return AttentionSpec("sliding", int(cfg["sliding_window"]), qk_norm="head", rope_theta=float(theta))
 
 
 def _smollm3_rope(cfg: dict, source: str) -> list[bool]:

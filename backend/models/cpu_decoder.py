@@ -6,7 +6,8 @@ quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused la
 format), with or without biases (Qwen2), q/k norms (per head: Qwen3; over all of q and of k: OLMoE), Granite's
 multipliers, rotary (none in SmolLM3's NoPE layers) and a sliding window (each layer's own), and MoE layers whose
 router is fp32 and whose experts are in our layout (Mixtral, Qwen3-MoE, OLMoE; Qwen2-MoE's gated and Granite-MoE's
-ungated shared experts). Partial rotary (Phi-4-mini) stays with the modules.
+ungated shared experts). Partial rotary (Phi-4-mini) stays with the modules, and so does Gemma 3 ((1 + w)
+norms around each branch, GELU, a rotary base per layer kind).
 The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
 as decode rows, up to max_rows of them.
 """
@@ -113,6 +114,8 @@ class CpuDecoder:
             return None
         if cfg.rotary_dim != cfg.head_dim:  # partial rotary (Phi-4-mini): the modules rotate part of each head
             return None
+        if cfg.norm_unit_offset or cfg.sandwich_norms or cfg.hidden_act != "silu" or model.own_cos_sin is not None:
+            return None  # Gemma 3's
         layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp

@@ -1,4 +1,4 @@
-"""The SiLU-gated feed-forward of dense layers (and of Qwen2-MoE's shared expert)."""
+"""The gated feed-forward of dense layers (and of Qwen2-MoE's shared expert): SiLU, or GELU's tanh form (Gemma)."""
 
 import torch
 import torch.nn.functional as F
@@ -8,13 +8,15 @@ from backend.kernels import native
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, act: str = "silu"):
         super().__init__()
+        self.act = act  # model_config.ACTIVATIONS
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)  # gate rows, then up rows
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(silu_mul(gate_up) if self.act == "silu" else gelu_tanh_mul(gate_up))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -26,3 +28,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu(gate) in its tanh approximation, times up (transformers' gelu_pytorch_tanh)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -2,8 +2,10 @@
 
 Each layer is built from its own LayerSpec (backend/layer_spec.py): full or sliding-window attention, with or
 without rotary (SmolLM3's NoPE layers) and q/k RMSNorm per head (Qwen3) or over the whole q and k (OLMoE); a
-dense or sparse (MoE) feed-forward. What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the
-rotating part of each head (Phi's partial rotary), Granite's embedding, residual, attention and logits scalars.
+dense or sparse (MoE) feed-forward; the rotary table of its own base where it has one (Gemma 3's local layers).
+What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the rotating part of each head (Phi's partial
+rotary), Granite's embedding, residual, attention and logits scalars, Gemma's (1 + w) norms around each branch,
+GELU and logits softcap.
 Module names follow the Hugging Face checkpoints, except that q/k/v and gate/up are fused (as Phi-3's checkpoints
 store them).
 """
@@ -21,20 +23,44 @@ from backend.models.moe import SparseMoE
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, unit_offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.unit_offset = unit_offset  # Gemma's: scales by (1 + weight), the checkpoint's weight kept as it is
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.unit_offset:
+            return self._offset_norm(x, residual)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+    def _offset_norm(self, x: torch.Tensor, residual: torch.Tensor | None):
+        # As Gemma computes it: (1 + weight) in fp32, applied to the input in fp32, cast back after the weight;
+        # the residual sum in the compute dtype.
+        scale = 1.0 + self.weight.float()
+        if x.dtype == torch.float32:
+            return rms_norm(x, scale, self.eps) if residual is None else add_rms_norm(x, residual, scale, self.eps)
+        summed = x if residual is None else x + residual
+        out = rms_norm(summed.float(), scale, self.eps).to(x.dtype)
+        return out if residual is None else (out, summed)
+
+
+def _norm(cfg: ModelConfig, size: int) -> RMSNorm:
+    return RMSNorm(size, cfg.rms_norm_eps, cfg.norm_unit_offset)
+
+
+def rope_bases(cfg: ModelConfig) -> list[float | None]:
+    """The rotary tables the layers read: None (the model's rope_theta and rope_scaling) first, then each base a
+    layer has of its own (AttentionSpec.rope_theta), unscaled."""
+    return [None, *sorted({spec.attention.rope_theta for spec in cfg.layers} - {None})]
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: AttentionSpec):
         super().__init__()
+        self.rope_table = rope_bases(cfg).index(spec.rope_theta)  # which (cos, sin) of the step's it rotates by
         if spec.sinks:
             raise ModelLoadError(f"{cfg.architecture}: attention sinks are not supported yet")
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -49,13 +75,14 @@ class Attention(nn.Module):
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:  # over each head (Qwen3), or over all of q and all of k (OLMoE)
             full = spec.qk_norm == "full"
-            self.q_norm = RMSNorm(self.q_size if full else self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.kv_size if full else self.head_dim, cfg.rms_norm_eps)
+            self.q_norm = _norm(cfg, self.q_size if full else self.head_dim)
+            self.k_norm = _norm(cfg, self.kv_size if full else self.head_dim)
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
@@ -66,7 +93,7 @@ class Attention(nn.Module):
             qk = torch.cat([q, k.view(t, self.num_kv_heads, self.head_dim)], dim=1)
         else:  # q and k are adjacent columns: rotate them as one tensor of heads
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = self._rotate(qk, cos, sin) if self.rope else qk.contiguous()
+        qk = self._rotate(qk, *rope[self.rope_table]) if self.rope else qk.contiguous()
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
@@ -86,17 +113,25 @@ class DecoderLayer(nn.Module):
         if spec.mlp.kind == "moe":
             self.mlp = SparseMoE(cfg)
         else:
-            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
+        self.input_layernorm = _norm(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = _norm(cfg, cfg.hidden_size)
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:  # Gemma: post_attention_layernorm norms the attention's output, these the MLP's in and out
+            self.pre_feedforward_layernorm = _norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm = _norm(cfg, cfg.hidden_size)
         self.residual_multiplier = cfg.residual_multiplier
 
-    def forward(self, x, residual, cos, sin, meta):
+    def forward(self, x, residual, rope, meta):
+        """x: the last branch's output, not yet added to residual (None before the first layer)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self._branch(self.self_attn(x, cos, sin, meta))
+        x = self._branch(self.self_attn(x, rope, meta))
+        if self.sandwich:
+            x, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(x), residual)
+            return self.post_feedforward_layernorm(self.mlp(x)), residual
         x, residual = self.post_attention_layernorm(x, residual)
         return self._branch(self.mlp(x)), residual
 
@@ -112,17 +147,22 @@ class DecoderModel(nn.Module):
             raise ValueError(f"{cfg.architecture}: {len(cfg.layers)} layer specs for {cfg.num_layers} layers")
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, spec) for spec in cfg.layers])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = _norm(cfg, cfg.hidden_size)
         self.embedding_multiplier = cfg.embedding_multiplier
+        self.multiplier_in_dtype = cfg.embedding_multiplier_in_dtype
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        return x if self.embedding_multiplier == 1.0 else x * self.embedding_multiplier  # Granite's
+        if self.embedding_multiplier == 1.0:
+            return x
+        if self.multiplier_in_dtype:  # Gemma's sqrt(hidden), rounded to the compute dtype first as transformers does
+            return x * torch.tensor(self.embedding_multiplier, dtype=x.dtype)
+        return x * self.embedding_multiplier  # Granite's
 
-    def forward(self, input_ids, cos, sin, meta):
+    def forward(self, input_ids, rope, meta):
         x, residual = self.embed(input_ids), None
         for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, meta)
+            x, residual = layer(x, residual, rope, meta)
         x, _ = self.norm(x, residual)
         return x
 
@@ -136,6 +176,10 @@ class CausalLM(nn.Module):
         self.tie_weights()
         table = cos_sin_table(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
         self.register_buffer("cos_sin", table, persistent=False)
+        # Layers' own bases: cast with the model (loader.py rebuilds only cos_sin), which rounds them as the cast
+        # of each step's rows would; None where every layer rotates by the model's table.
+        own = [cos_sin_table(cfg.rotary_dim, theta, None, max_positions) for theta in rope_bases(cfg)[1:]]
+        self.register_buffer("own_cos_sin", torch.stack(own) if own else None, persistent=False)
 
     def tie_weights(self) -> None:
         # A GGUF's quantized table is shared by module instead (backend/quant/gguf_load.py).
@@ -144,9 +188,15 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of a flattened batch."""
-        cos_sin = self.cos_sin[positions].to(self.model.norm.weight.dtype)  # the compute dtype
-        return self.model(input_ids, cos_sin[:, 0], cos_sin[:, 1], meta)
+        dtype = self.model.norm.weight.dtype  # the compute dtype
+        tables = [self.cos_sin[positions].to(dtype)]
+        if self.own_cos_sin is not None:
+            tables += list(self.own_cos_sin[:, positions].to(dtype))
+        return self.model(input_ids, [(t[:, 0], t[:, 1]) for t in tables], meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
-        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling  # Granite's
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling  # Granite's
+        cap = self.config.final_logit_softcap  # Gemma's, where its config sets one
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -41,6 +41,12 @@ COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_l
               eos_token_id=2, pad_token_id=0)
 MOE = dict(num_experts_per_tok=2)
 GRANITE = dict(embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, attention_multiplier=0.015)
+# Gemma 3: sliding layers (a 12-token window, shorter than the test prompts) around full ones, each kind with its
+# own rotary base (the full layers' linearly scaled), q . k scaled by a query_pre_attn_scalar other than head_dim
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}
+GEMMA3 = dict(num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=24, sliding_window=12,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, rope_parameters=GEMMA3_ROPE)
 
 # name -> (transformers config class, model class, config overrides)
 FAMILIES = {
@@ -71,6 +77,7 @@ FAMILIES = {
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(num_local_experts=4, **GRANITE, **MOE)),
     "granitemoe_shared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
         num_local_experts=4, shared_intermediate_size=80, **GRANITE, **MOE)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
 }
 
 
@@ -98,6 +105,11 @@ def build_model(name: str, directory: Path, seed: int | None = None, chat_templa
     config = getattr(transformers, config_cls)(**{**COMMON, **overrides, **extra})
     torch.manual_seed(zlib.crc32(name.encode()) if seed is None else seed)
     model = getattr(transformers, model_cls)(config).eval()
+    if config_cls == "Gemma3TextConfig":  # its norms start at 0 (a scale of 1 + 0): drawn, so each one counts
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.5)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
     build_tokenizer(directory, chat_template)
