@@ -87,9 +87,22 @@ async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "
     try:
         if await off_loop(lambda: engine.guided_decoding().compiled(params.guided_json)):  # made on first use
             return
-        compiling = asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.guided_matcher, params)
+        loop, began = asyncio.get_running_loop(), asyncio.Event()
+
+        def compile_schema():
+            loop.call_soon_threadsafe(began.set)
+            return engine.guided_matcher(params)
+
+        compiling = loop.run_in_executor(_grammar_pool, compile_schema)
         # Read when it ends: after a timeout nobody awaits it, and an error left unread is logged as a fault.
         compiling.add_done_callback(lambda done: done.cancelled() or done.exception())
+        # Compiles take their turns on the grammar thread; the limit counts from this one's start, not from when
+        # it joined the queue behind another request's slow schema.
+        queued = asyncio.ensure_future(began.wait())
+        try:
+            await asyncio.wait({compiling, queued}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            queued.cancel()
         await asyncio.wait_for(asyncio.shield(compiling), limit)
     except InvalidParameter as e:
         message = str(e).replace("guided_json: ", f"{param}: ", 1) if param == "tools" else str(e)
