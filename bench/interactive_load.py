@@ -20,26 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from tests.backend.server_process import ServerProcess  # noqa: E402
+from tests.backend.server_process import ServerProcess, stream_gaps  # noqa: E402
 
 SENTENCE = "The scribe copied the manuscript line by line, and the abbot read every page. "  # ~17 tokens
-
-
-def stream(url: str, started: threading.Event, stop: threading.Event, gaps: list[float]) -> None:
-    body = {"model": "smol", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 4000,
-            "ignore_eos": True, "stream": True, "temperature": 0}
-    last = None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            now = time.monotonic()
-            if last is not None:
-                gaps.append(now - last)
-            last = now
-            started.set()
-            if stop.is_set():
-                return
 
 
 def first_token(url: str) -> float:
@@ -77,7 +60,7 @@ def burdens(long_tokens: int) -> dict:
 def beside(url: str, burden) -> dict:
     gaps: list[float] = []
     started, stop = threading.Event(), threading.Event()
-    reader = threading.Thread(target=stream, args=(url, started, stop, gaps))
+    reader = threading.Thread(target=stream_gaps, args=(url, "smol", 4000, started, gaps, stop))
     reader.start()
     started.wait(600)
     time.sleep(2)

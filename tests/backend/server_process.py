@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,3 +75,23 @@ def error_of(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
     return body["error"]
+
+
+def stream_gaps(url: str, model: str, max_tokens: int, started: threading.Event, gaps: list[float],
+                stop: threading.Event | None = None) -> None:
+    """A chat stream of max_tokens tokens: the time between its chunks goes to gaps, from its first chunk on
+    (started is set then); it returns early once stop is set."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "temperature": 0}
+    last = None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=3600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            now = time.monotonic()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+            started.set()
+            if stop is not None and stop.is_set():
+                return

@@ -11,8 +11,7 @@ from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.kernels import native
 from backend.model_config import ModelLoadError, from_hf_config
-from tests.backend.conftest import hf_greedy, interpreted_only, prompts_of_lengths
-from tests.backend.cuda_emulation import emulate_cuda
+from tests.backend.conftest import hf_greedy
 from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
 from tests.backend.tiny_models import GEMMA3_ROPE, build_model
 
@@ -120,18 +119,3 @@ def test_gemma3_decodes_through_the_modules_not_the_one_call_step(tiny_dir):
     compute."""
     engine = LLMEngine(EngineConfig(model=str(tiny_dir("gemma3")), block_size=8, quantization="int8"))
     assert engine.runner.cpu_kernels and engine.runner.cpu_decoder is None
-
-
-@interpreted_only
-def test_the_cuda_path_computes_gemma3(tiny_dir, monkeypatch):
-    """The Triton kernels (interpreted, CUDA graphs emulated) on Gemma 3's windows, bases and (1 + w) norms: the
-    CPU path's greedy tokens, on prompts longer than the window."""
-    directory, settings = str(tiny_dir("gemma3")), dict(block_size=16, max_num_seqs=4, max_model_len=256)
-    prompts = prompts_of_lengths(3, 21, 40)
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    expected = [
-        o.outputs[0].token_ids for o in LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
-    ]
-    emulate_cuda(monkeypatch)
-    outputs = LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.backend.server_process import ServerProcess
+from tests.backend.server_process import ServerProcess, stream_gaps
 
 LONG_PROMPT = "The scribe copied the manuscript line by line, and the abbot read every page. " * 300  # ~5,100 tokens
 
@@ -18,22 +18,6 @@ def smol(smollm2_path):
     server = ServerProcess("smollm2", "--served-model-name", "smol", "--max-model-len", "8192")
     yield server
     assert server.stop() == 0
-
-
-def stream_gaps(url: str, started: threading.Event, gaps: list[float]) -> None:
-    """A chat stream of 300 tokens; the time between its chunks, from its first on."""
-    body = {"model": "smol", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 300,
-            "ignore_eos": True, "stream": True, "temperature": 0}
-    last = None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            now = time.monotonic()
-            if last is not None:
-                gaps.append(now - last)
-            last = now
-            started.set()
 
 
 def first_token_seconds(url: str) -> float:
@@ -56,7 +40,7 @@ def burden(url: str, kind: str) -> None:
 def test_a_new_request_starts_and_a_stream_goes_on_beside_a_burden(smol, kind):
     gaps: list[float] = []
     started = threading.Event()
-    stream = threading.Thread(target=stream_gaps, args=(smol.url, started, gaps))
+    stream = threading.Thread(target=stream_gaps, args=(smol.url, "smol", 300, started, gaps))
     stream.start()
     assert started.wait(60)
     load = threading.Thread(target=burden, args=(smol.url, kind))
