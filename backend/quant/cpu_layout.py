@@ -1,8 +1,9 @@
 """GGUF blocks repacked at load for our CPU kernel (cpu_kernel.c), and the calls into it.
 
 The kernel reads each weight as fma(q, scale, offset) in fp32 from small integer codes (4 bits for the
-4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones) with one scale and offset per group of 32
-weights (16 for Q2_K, Q3_K and Q6_K): formats.decode's affine form, so the weights are gguf-py's dequantize bit
+4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones and for the grid and table values of the codebook
+formats, IQ*, MXFP4, TQ*) with one scale and offset per group of 32 weights (16 for Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S
+and IQ1_M): formats.decode's affine form, so the weights are gguf-py's dequantize bit
 for bit, and x, the products and the sums stay fp32. Weight rows are interleaved 16 at a time (each k's 16
 codes together), so that one decoded vector of weights meets up to 8 rows of x, register-blocked, with no
 horizontal sums: one loop for decode steps, batches and prefill chunks, whose arithmetic for a row is the same

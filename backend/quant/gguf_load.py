@@ -2,8 +2,9 @@
 
 A layer with any quantized tensor becomes a QuantLinear (q|k|v and gate|up keep one part per format);
 quantized experts become QuantExperts; a quantized embedding is looked up row by row (and, tied, is
-the output layer's weight too). Floats (norms, biases, F16/F32 weights, and the IQ*/TQ* types we have no
-kernel for, dequantized here) go through weights.load_weights under their Hugging Face names.
+the output layer's weight too). Floats (norms, biases, F16/F32 weights, the types no kernel of the device
+takes: on CUDA the codebook and ternary ones, IQ*/TQ*/MXFP4, dequantized here by gguf-py) go through
+weights.load_weights under their Hugging Face names.
 """
 
 import logging
@@ -17,9 +18,10 @@ import numpy as np
 import torch
 
 from backend.gguf_config import ROPE_PERMUTED
+from backend.kernels import use_triton
 from backend.model_config import ModelLoadError
 from backend.quant.experts import QuantExperts
-from backend.quant.formats import FORMATS
+from backend.quant.formats import FLOAT_TYPES, FORMATS
 from backend.quant.modules import QuantEmbedding, QuantLinear, QuantWeight
 from backend.weights import load_weights, materialise
 
@@ -102,16 +104,19 @@ def _unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 class GGUFLoad:
-    def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool):
+    def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool,
+                 device: torch.device):
         self.model, self.reader, self.arch, self.dtype, self.source = model, reader, arch, dtype, source
         self.cfg = model.config
         self.entries = entries(reader, source, arch)
         self.keep = keep_quantized
+        self.triton = use_triton(torch.empty(0, device=device))  # else our CPU kernel (or the torch reference)
         self.dequantized: dict[str, tuple[int, int]] = {}  # types expanded at load -> (bytes in the file, weights)
         self.targets: dict[int, tuple[QuantWeight, int, int | None]] = {}  # id(tensor) -> (weight, row, expert)
 
     def quantized(self, e: Entry) -> bool:
-        return self.keep and e.fmt is not None and e.name.split(".")[-1] != "bias"
+        return (self.keep and e.fmt is not None and (e.fmt.triton or not self.triton)
+                and e.name.split(".")[-1] != "bias")
 
     def array(self, e: Entry) -> np.ndarray:
         """The tensor as the file holds it: blocks for kernel formats we keep, else float32 weights."""
@@ -121,7 +126,7 @@ class GGUFLoad:
         else:
             from gguf.quants import dequantize
 
-            if int(t.tensor_type) not in (0, 1, 30):
+            if int(t.tensor_type) not in FLOAT_TYPES:
                 file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
                 self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
@@ -198,7 +203,8 @@ class GGUFLoad:
             names = ", ".join(sorted(self.dequantized))
             file_bytes = sum(b for b, _ in self.dequantized.values())
             held = sum(n for _, n in self.dequantized.values()) * torch.empty(0, dtype=self.dtype).element_size()
-            why = "no kernel for %s; those tensors are" if self.keep else "quantization=dequantize: %s tensors"
+            why = ("the device's kernels do not take %s; those tensors are" if self.keep
+                   else "quantization=dequantize: %s tensors")
             (log.warning if self.keep else log.info)(
                 "%s: " + why + " dequantized at load to %s: %.3f GiB in memory where the file holds %.3f GiB "
                 "(%.3f GiB more)", self.source, names, str(self.dtype).removeprefix("torch."), held / 2**30,
@@ -242,10 +248,12 @@ class GGUFLoad:
         dest.copy_(src)
 
 
-def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True) -> None:
-    """Replace the meta model's layers that the file keeps quantized, allocate, then load every tensor."""
+def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True,
+              device: torch.device | None = None) -> None:
+    """Replace the meta model's layers that the file keeps quantized (in the formats the kernels of `device` take),
+    allocate, then load every tensor."""
     arch = reader.fields["general.architecture"]
-    loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
+    loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized, device or torch.device("cpu"))
     loading.plan()
     materialise(model, "cpu")
     model.tie_weights()

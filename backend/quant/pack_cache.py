@@ -27,7 +27,7 @@ from torch import nn
 from backend.gguf_file import GGUFFile
 from backend.home import cache_dir
 from backend.kernels import native
-from backend.quant import cpu_layout, formats, modules, pack_file
+from backend.quant import block_bytes, codebooks, cpu_layout, formats, modules, pack_file
 from backend.quant.modules import QuantWeight
 from backend.quant.pack_file import Refused
 
@@ -40,7 +40,7 @@ _CODE_BITS = {4: 4, 6: 6, 7: 8, 8: 8}  # a layout's bits -> the bits each weight
 
 def _code_version() -> str:
     digest = hashlib.sha256()
-    for module in (cpu_layout, formats, modules, pack_file):
+    for module in (block_bytes, codebooks, cpu_layout, formats, modules, pack_file):
         digest.update(Path(module.__file__).read_bytes())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()[:16]

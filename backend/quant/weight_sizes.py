@@ -92,7 +92,8 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
             dense += 4 * h
         if cfg.layers[i].mlp.kind == "dense":
             inter = cfg.intermediate_size
-            dense += 2 * tensor_bytes(fmt("ffn_gate"), inter, h) + tensor_bytes(fmt("ffn_down"), h, inter)
+            dense += sum(tensor_bytes(fmt(kind), inter, h) for kind in ("ffn_gate", "ffn_up"))  # mixes differ
+            dense += tensor_bytes(fmt("ffn_down"), h, inter)
             per_expert.append(0)
             continue
         inter = cfg.moe_intermediate_size
@@ -103,7 +104,8 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
         dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
         if cfg.shared_expert_intermediate_size:
             s = cfg.shared_expert_intermediate_size
-            dense += 2 * tensor_bytes(fmt("ffn_gate_shexp"), s, h) + tensor_bytes(fmt("ffn_down_shexp"), h, s)
+            dense += sum(tensor_bytes(fmt(kind), s, h) for kind in ("ffn_gate_shexp", "ffn_up_shexp"))
+            dense += tensor_bytes(fmt("ffn_down_shexp"), h, s)
             dense += 4 * h if cfg.shared_expert_gated else 0  # its gate
     return WeightBytes(dense, experts, per_expert)
 
@@ -153,14 +155,15 @@ def loaded_recipe(reader, quantization: str | None, random_format: str | None, d
 
 
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
-    """What a GGUF file's tensors become once loaded, as a recipe: kernel formats stay as their blocks, everything
-    else (F16/BF16, and IQ*/TQ* dequantized at load) is held in the compute dtype."""
+    """What a GGUF file's tensors become once loaded on a GPU, as a recipe: the formats its kernels take stay as
+    their blocks, everything else (F16/BF16, and the codebook and ternary types, IQ*/TQ*/MXFP4, dequantized at load)
+    is held in the compute dtype."""
     formats = {}
     for t in reader.tensors:
         parts = t.name.split(".")
         layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
-        name = t.tensor_type.name
-        formats[(kind, layer)] = name if name in BY_NAME else float_name(dtype)
+        fmt = BY_NAME.get(t.tensor_type.name)
+        formats[(kind, layer)] = fmt.name if fmt is not None and fmt.triton else float_name(dtype)
     return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))
 
 

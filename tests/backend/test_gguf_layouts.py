@@ -100,18 +100,25 @@ def test_offloaded_quantized_experts_give_identical_tokens(family, tiny_gguf):
     assert caches[0].host_bytes() < 4 * 3 * inter * hidden * 4 / 2  # under half of fp32 (~0.3 at these formats)
 
 
-def test_types_without_a_kernel_are_dequantized_at_load_with_one_line(tiny_gguf, caplog):
+def test_types_without_a_kernel_are_dequantized_at_load_with_one_line(tiny_gguf, caplog, monkeypatch):
+    """TQ2_0 stays in its blocks for the CPU's kernels; where the Triton kernels run (their interpreter here, as on
+    CUDA), which do not read it, it is expanded at load, with one line saying what that costs."""
     path, _ = tiny_gguf("mistral")  # its ffn_down is TQ2_0
+    source = locate(str(path))
+    cfg, reader = read_config(source)
+    on_cpu = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+    assert isinstance(on_cpu.model.layers[0].mlp.down_proj, QuantLinear)
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with caplog.at_level(logging.WARNING, logger="backend.quant"):
-        llm = LLM(str(path), block_size=8)
-    lines = [r.getMessage() for r in caplog.records if "no kernel for" in r.getMessage()]
+        model = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+    lines = [r.getMessage() for r in caplog.records if "kernels do not take" in r.getMessage()]
     assert len(lines) == 1 and "TQ2_0" in lines[0] and "dequantized at load to float32" in lines[0]
     # what it costs: every ffn_down weight in fp32 against TQ2_0's 66 bytes per 256 weights in the file
-    cfg = llm.engine.model_config
     weights = cfg.num_layers * cfg.hidden_size * cfg.intermediate_size
     held, in_file = weights * 4 / 2**30, weights // 256 * 66 / 2**30
     assert f"{held:.3f} GiB in memory where the file holds {in_file:.3f} GiB ({held - in_file:.3f} GiB more)" in lines[0]
-    assert not isinstance(llm.engine.model.model.layers[0].mlp.down_proj, QuantLinear)
+    assert not isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
 
 
 # Refusals ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from tests.backend.conftest import KERNEL_DEVICE, fp32_order, interpreted_only, 
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
+TRITON_FORMATS = [name for name, fmt in BY_NAME.items() if fmt.triton]  # a CUDA load expands the others to floats
 ROWS = 101  # odd: six panels of 16 weight rows and a part (the CPU kernel's tiles take 1, 2 or 4 panels)
 
 
@@ -43,7 +44,7 @@ def test_torch_decoder_is_bit_exact_to_gguf(name):
     assert torch.equal(ours, gguf_dequant(raw, name))
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", TRITON_FORMATS)
 @pytest.mark.parametrize("m", [1, 3, 9, 67])
 def test_triton_kernels_match_dequantize_and_matmul(name, m):
     """m <= 4 runs the GEMV-shaped kernel, 9 the block-wise product (the per-weight tiled GEMM for formats it does
@@ -135,10 +136,14 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
     codes, scales, offsets, layout = cpu_layout.pack(torch.from_numpy(raw), BY_NAME[name], cols)
     assert torch.equal(kernel_weights(codes, scales, offsets, layout, ROWS, cols), gguf_dequant(raw, name))
     # what is stored: 4-bit codes for the 4-bit (and 2/3-bit) formats, fp16 scales where the file's are fp16, the
-    # K-quants' parts (an fp16 d a superblock, an int8 a group: kind = groups a superblock) for theirs
+    # K-quants' (and IQ4_XS's) parts (an fp16 d a superblock, an int8 a group: kind = groups a superblock) for
+    # theirs, fp32 for the IQ2/IQ3/IQ1 scales (an fp16 d times a half-integer or odd integer)
     fmt = BY_NAME[name]
     assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8)
-    assert layout.scale_kind == (fmt.block // fmt.group if name.endswith("_K") else cpu_layout.SCALES_FP16)
+    fp32 = name.startswith(("IQ1", "IQ2", "IQ3"))
+    parts = name.endswith("_K") or name == "IQ4_XS"
+    assert layout.scale_kind == (fmt.block // fmt.group if parts else cpu_layout.SCALES_FP32 if fp32
+                                 else cpu_layout.SCALES_FP16)
     # Q4_K: 4 bits of code and 2 x (8 bits a group of 32 + 16 bits a superblock of 256) a weight
     stored = codes.numel() + scales.numel() * scales.element_size() + (
         offsets.numel() * offsets.element_size() if offsets is not None else 0)
@@ -147,7 +152,7 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the swapped bytes may read as inf or nan
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", TRITON_FORMATS)
 def test_a_wrong_scale_offset_fails_the_checks(name):
     """Reading a block's fp16 scale two bytes off (here: the bytes swapped in the data) must not pass."""
     cols = cols_of(name)

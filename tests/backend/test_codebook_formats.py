@@ -1,0 +1,158 @@
+"""GGUF's codebook and ternary formats (IQ*, MXFP4, TQ*): decoded bit for bit as gguf-py's dequantize does, kept in
+their blocks on the CPU (the 8-bit kernels take them as small integers a group), expanded to floats at load where
+the GPU's kernels do not take them, and a file mixing them with K-quants, as the quantizers ship, generating as
+transformers does on the same weights."""
+
+import numpy as np
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.kernels import native
+from backend.loader import load_model, locate, read_config
+from backend.quant.formats import BY_NAME, dequantize
+from backend.quant.modules import QuantEmbedding, QuantWeight
+from backend.quant.weight_sizes import file_recipe, module_bytes, weight_bytes
+from tests.backend.conftest import hf_greedy, prompts_of_lengths
+from tests.backend.quant_blocks import gguf_dequant, random_raw
+from tests.backend.test_models_vs_transformers import prefill_logits
+
+CODEBOOKS = [
+    "IQ4_NL",
+    "IQ4_XS",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ1_S",
+    "IQ1_M",
+    "MXFP4",
+    "TQ1_0",
+    "TQ2_0",
+]
+# a quantizer's mix: five formats (three codebooks, two K-quants) and two more codebooks
+MIXED = {
+    "token_embd": "IQ4_XS",
+    "output": "Q6_K",
+    "attn_q": "IQ4_XS",
+    "attn_k": "IQ3_S",
+    "attn_v": "Q6_K",
+    "attn_output": "IQ2_XXS",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "IQ4_NL",
+    "ffn_down": "MXFP4",
+}
+PROMPTS = prompts_of_lengths(3, 17, 33)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # gguf-py's own inf and nan from random scale bytes
+@pytest.mark.parametrize("name", CODEBOOKS)
+def test_every_codebook_format_decodes_bit_for_bit_as_gguf_py(name):
+    fmt = BY_NAME[name]
+    cols = 2 * fmt.block
+    raw = random_raw(name, 37, cols, seed=4, lead=(2,))  # scales of a trained model's size
+    assert torch.equal(dequantize(torch.from_numpy(raw), fmt, cols), gguf_dequant(raw, name))
+    # every byte random, scale fields included: grid indices, sign patterns and deltas of every value, inf and nan
+    noise = np.random.default_rng(5).integers(
+        0, 256, size=(64, cols // fmt.block * fmt.block_bytes), dtype=np.uint8
+    )
+    ours = dequantize(torch.from_numpy(noise), fmt, cols).numpy()
+    assert np.array_equal(ours, gguf_dequant(noise, name).numpy(), equal_nan=True)
+
+
+def _kept(model) -> dict[str, str]:
+    """The format of each weight kept in blocks, by module name."""
+    return {
+        name: m.fmt.name
+        for name, m in model.named_modules()
+        if isinstance(m, QuantWeight) and m.fmt is not None
+    }
+
+
+@pytest.fixture
+def mixed(tiny_gguf):
+    return tiny_gguf("llama", "mixed", policy=MIXED)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "ours"])
+def test_a_file_mixing_codebooks_and_k_quants_generates_as_transformers_does(
+    kernels, mixed, hf_model, monkeypatch
+):
+    """The torch path (transformers' own arithmetic) matches its logits and greedy tokens; our C kernels (the same
+    weights, bit for bit, summed in another order) its greedy tokens."""
+    if kernels == "torch":
+        monkeypatch.setattr(native, "enabled", lambda: False)
+    elif not native.enabled():
+        pytest.skip("no C compiler for the CPU kernels")
+    path, ref_dir = mixed
+    reference = hf_model(ref_dir)
+    llm = LLM(str(path), block_size=8)
+    model = llm.engine.model
+    kept = set(_kept(model).values())
+    assert {"IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ4_NL", "MXFP4", "Q4_K", "Q6_K"} <= kept
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    if kernels == "ours":
+        assert all(m.layout is not None for m in model.modules() if isinstance(m, QuantWeight) and m.fmt)
+    else:
+        for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
+            with torch.no_grad():
+                expected = reference(torch.tensor([prompt])).logits[0]
+            torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    outputs = llm.generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 24)
+
+
+def test_the_gpus_path_expands_codebooks_at_load_and_weight_sizes_counts_it(mixed, monkeypatch):
+    """Where the Triton kernels run (here their interpreter, as on CUDA) the codebook tensors are floats from the
+    load on and the K-quants stay blocks: weight_bytes over the file's formats is what the model holds. On the CPU
+    the codebooks stay in their blocks: the model holds fewer bytes."""
+    path, _ = mixed
+    source = locate(str(path))
+    cfg, reader = read_config(source)
+    monkeypatch.setenv("SCRIPTORIUM_QUANT_CPU", "reference")  # unpacked, so bytes held are the blocks' own
+    on_cpu = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    on_gpu_path = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+    assert set(_kept(on_gpu_path).values()) == {"Q4_K", "Q6_K"}
+    assert module_bytes(on_gpu_path) == weight_bytes(cfg, file_recipe(reader)).total
+    assert {"IQ4_XS", "IQ3_S", "IQ2_XXS", "IQ4_NL", "MXFP4"} <= set(_kept(on_cpu).values())
+    assert module_bytes(on_cpu) < module_bytes(on_gpu_path) / 3
+    # the same weights either way: the blocks kept on the CPU, plain linear layers on the GPU's path
+    layer_cpu, layer_gpu = on_cpu.model.layers[0], on_gpu_path.model.layers[0]
+    for name in ("self_attn.o_proj", "mlp.down_proj"):
+        kept = layer_cpu.get_submodule(name).parts[0].dequantize(torch.float32)
+        assert torch.equal(kept, layer_gpu.get_submodule(name).weight)
+
+
+def test_codebook_expert_stacks_generate_as_transformers_does(tiny_gguf, hf_model):
+    """A MoE file whose expert stacks are codebooks (an IQ3_XXS gate, IQ4_XS up, IQ2_S down): kept in their
+    blocks, computed by our CPU kernels (or the torch path without them), transformers' greedy tokens."""
+    policy = {
+        "token_embd": "Q8_0",
+        "output": "Q6_K",
+        "attn_q": "IQ4_NL",
+        "attn_k": "IQ4_NL",
+        "attn_v": "IQ3_S",
+        "attn_output": "IQ4_XS",
+        "ffn_gate_exps": "IQ3_XXS",
+        "ffn_up_exps": "IQ4_XS",
+        "ffn_down_exps": "IQ2_S",
+    }
+    path, ref_dir = tiny_gguf("qwen3_moe", "codebooks", policy=policy)
+    llm = LLM(str(path), block_size=8)
+    experts = llm.engine.model.model.layers[0].mlp.experts
+    assert (experts.gate.fmt.name, experts.up.fmt.name, experts.down.fmt.name) == (
+        "IQ3_XXS",
+        "IQ4_XS",
+        "IQ2_S",
+    )
+    outputs = llm.generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )
+    for prompt, out in zip(PROMPTS, outputs):
+        assert out.outputs[0].token_ids == hf_greedy(hf_model(ref_dir), prompt, 24)
