@@ -6,8 +6,9 @@ fitted as a fixed part (the decode rows, the step's overhead) plus a part a prom
 token far into a long prompt costs more than one at its start, since its attention reads everything before it;
 a machine whose cores other programs take makes every part dearer). A step stays within its target: a short one
 while anything decodes or waits for its first token, a longer one (idle_factor times) for a prompt computed alone,
-where only throughput counts. When the recent steps were all of one size the two parts cannot be told apart, so
-the next step takes twice the tokens to measure them.
+where only throughput counts. Until the recent steps differ in size the two parts cannot be told apart, and every
+second is counted against the tokens (an upper bound on a token's cost, so a step that size stays within its
+target); the next step's size then differs, and the fit begins.
 """
 
 from collections import deque
@@ -45,10 +46,11 @@ class StepBudget:
     def prompt_tokens(self, busy: bool, cap: int) -> int:
         """Prompt tokens for the next step, at most cap: busy when sequences decode or wait for a first token."""
         if not self.steps:
-            return min(self.first_guess if busy else cap, cap)
+            return min(self.first_guess, cap)
         fitted = self.cost()
-        if fitted is None:  # one size so far: twice as many tokens, to see what a token costs
-            return max(MIN_CHUNK, min(cap, 2 * self.steps[-1][0]))
+        if fitted is None:  # one size so far: as if it all were the tokens' (which makes the next step's size differ)
+            tokens, seconds = self.steps[-1]
+            fitted = 0.0, seconds / tokens
         fixed, per_token = fitted
         target = self.target if busy else self.target * self.idle_factor
         return max(MIN_CHUNK, min(cap, round((target - fixed) / per_token)))

@@ -82,14 +82,14 @@ def _planned(scheduler: Scheduler) -> list[tuple[str, int]]:
 
 def test_a_prompt_alone_takes_the_whole_step_and_a_new_request_starts_in_the_next_one():
     scheduler = Scheduler(BlockManager(num_blocks=64, block_size=8), max_num_seqs=8, max_num_batched_tokens=64,
-                          max_prompt_tokens_while_decoding=10)
+                          step_budget=StepBudget(0.25, first_guess=64))
     running = _running(scheduler, _seq(0, "long", list(range(3, 203))))
     assert _planned(scheduler) == [("long", 64)]  # nothing else runs or waits: the whole budget
     running.num_computed_tokens += 64
     scheduler.add(_seq(1, "new0", list(range(3, 43))))
     # The new request starts now, beside the long prompt (in one queue it waited for the prompt's end); the two
-    # share the busy step's prompt tokens, half of them kept for the newcomer.
-    assert _planned(scheduler) == [("long", 5), ("new0", 5)]
+    # share the step's prompt tokens, half of them kept for the newcomer.
+    assert _planned(scheduler) == [("long", 32), ("new0", 32)]
 
 
 def test_while_a_sequence_decodes_the_prompt_chunks_of_a_step_stay_within_the_prefill_threshold():
@@ -127,10 +127,11 @@ def test_one_request_leaves_a_quarter_of_the_slots_to_others():
 
 def test_the_step_budget_sizes_prompt_work_from_the_measured_cost_of_a_token():
     budget = StepBudget(target=0.25, first_guess=256)
-    assert budget.prompt_tokens(busy=True, cap=2048) == 256 and budget.prompt_tokens(busy=False, cap=2048) == 2048
+    assert budget.prompt_tokens(busy=True, cap=2048) == 256 and budget.prompt_tokens(busy=False, cap=2048) == 256
     budget.observe(0, 0.05)  # a step without prompt work says nothing of a token's cost
     budget.observe(100, 0.15)  # a fixed 50 ms and 1 ms a prompt token
-    assert budget.prompt_tokens(busy=True, cap=2048) == 200  # one size so far: twice it, to tell the parts apart
+    # one size so far: every second counted against the tokens (1.5 ms each), a size that keeps within the target
+    assert budget.prompt_tokens(busy=True, cap=2048) == 167
     budget.observe(200, 0.25)
     assert budget.cost() == pytest.approx((0.05, 0.001))
     assert budget.prompt_tokens(busy=True, cap=2048) == 200  # (250 - 50) ms at 1 ms a token

@@ -2,6 +2,7 @@
 embeddings request, a running stream keeps getting tokens and a new request gets its first token within a few
 steps, where it used to wait for the whole burden to be computed."""
 
+import re
 import threading
 import time
 
@@ -77,3 +78,23 @@ def test_a_schemas_compile_time_counts_from_its_start_not_from_behind_another(sm
         assert quick.status_code == 200, quick.text
     finally:
         assert server.stop() == 0
+
+
+def running(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return float(re.search(r'^scriptorium_requests_running\{model="smol"\} ([0-9.]+)$', text, re.M).group(1))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gone_clients_long_prompt_is_aborted_within_a_step_or_two(smol, stream):
+    """A client that hangs up during a long prompt's prefill: its request stops within a few seconds, where a
+    step of the whole 2,048-token budget kept it running 24-44 s after the client had gone."""
+    body = {"model": "smol", "prompt": f"{time.time()} {LONG_PROMPT}", "max_tokens": 50, "stream": stream}
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(3.0, connect=10)) as client:
+        with client.stream("POST", f"{smol.url}/v1/completions", json=body) as r:
+            for _ in r.iter_bytes():
+                pass
+    gone = time.monotonic()
+    while running(smol.url) and time.monotonic() - gone < 60:
+        time.sleep(0.1)
+    assert running(smol.url) == 0 and time.monotonic() - gone < 6.0, time.monotonic() - gone
