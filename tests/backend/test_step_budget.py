@@ -90,10 +90,10 @@ def test_a_gone_clients_long_prompt_is_aborted_within_a_step_or_two(smol, stream
     """A client that hangs up during a long prompt's prefill: its request stops within a few seconds, where a
     step of the whole 2,048-token budget kept it running 24-44 s after the client had gone."""
     body = {"model": "smol", "prompt": f"{time.time()} {LONG_PROMPT}", "max_tokens": 50, "stream": stream}
-    with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(3.0, connect=10)) as client:
-        with client.stream("POST", f"{smol.url}/v1/completions", json=body) as r:
-            for _ in r.iter_bytes():
-                pass
+    client = httpx.Client(timeout=httpx.Timeout(3.0, connect=10))
+    with pytest.raises(httpx.ReadTimeout), client, client.stream("POST", f"{smol.url}/v1/completions", json=body) as r:
+        for _ in r.iter_bytes():
+            pass
     gone = time.monotonic()
     while running(smol.url) and time.monotonic() - gone < 60:
         time.sleep(0.1)
