@@ -73,6 +73,7 @@ def build_app(config: EngineConfig, served_model_name: str | None = None,
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
+        log.debug("answered %s %d: %s", request.url.path, e.status, e.message)  # why a client was refused
         return answer(request, e)
 
     @app.exception_handler(RequestValidationError)

@@ -59,10 +59,12 @@ def smol(tmp_path_factory):
     """SmolLM2 with room for Codex's prompt of ~9,700 tokens and aliases for Claude Code's model names. 12,288
     tokens, not serve's 32,768: Codex asks for no output limit and Claude Code for 32,000 tokens, at temperature 1,
     and a small model that rambles would run to the end of the context (many minutes); here the context ends it
-    in a few. (Claude Code's CLAUDE_CODE_MAX_OUTPUT_TOKENS is no bound: it exits 1 when an answer reaches it.)"""
+    in a few. (Claude Code's CLAUDE_CODE_MAX_OUTPUT_TOKENS is no bound: it exits 1 when an answer reaches it.) Claude Code's billing line
+    is kept in its prompt here: a random small model's answer to that prompt ends before the context does (one that
+    runs to the end makes Claude Code ask to continue past the context, which is a 400)."""
     log = tmp_path_factory.mktemp("logs") / "smol.log"
     server = LoggedServer(log, "smollm2", "--max-model-len", "12288", "--model-alias", "claude-*=smollm2",
-                          "--log-level", "debug")
+                          "--log-level", "debug", "--keep-attribution-header")
     yield server
     assert server.stop() == 0
 
@@ -78,21 +80,25 @@ def test_claude_code_answers_through_the_messages_api(smol, tmp_path):
     assert not smol.refusals()
 
 
-def test_claude_codes_second_run_reads_the_shared_prompt_from_cache(smol, tmp_path):
+def test_claude_codes_second_run_reads_the_shared_prompt_from_cache(tmp_path):
     """Claude Code puts a billing line that changes with every prompt first in its system prompt; the server
     leaves it out, so a second run with another question reads the system prompt from the prefix cache."""
     claude = cli("claude")
-    system = "You are the scriptorium's copyist: you answer questions about manuscripts in one short line. " * 3
-    env = {"ANTHROPIC_BASE_URL": smol.url, "ANTHROPIC_API_KEY": "unused"}
-    usages = []
-    for question in (ASK, "Which ink did medieval scribes use? Answer in one word."):
-        out = run([claude, "-p", question, "--model", "smollm2", "--tools", "", "--system-prompt", system,
-                   "--output-format", "json"], tmp_path, env)
-        assert out.returncode == 0, out.stdout + out.stderr
-        usages.append(json.loads(out.stdout)["usage"])
-    system_tokens = httpx.post(f"{smol.url}/tokenize", json={"model": "smollm2", "prompt": system}).json()["count"]
-    assert usages[1]["cache_read_input_tokens"] >= system_tokens - 16, usages  # all but its last, partial block
-    assert not smol.refusals()
+    server = LoggedServer(tmp_path / "cache.log", "smollm2", "--max-model-len", "12288", "--model-alias",
+                          "claude-*=smollm2", "--log-level", "info")
+    try:
+        system = "You are the scriptorium's copyist: you answer questions about manuscripts in one short line. " * 3
+        env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "unused"}
+        usages = []
+        for question in (ASK, "Which ink did medieval scribes use? Answer in one word."):
+            out = run([claude, "-p", question, "--model", "smollm2", "--tools", "", "--system-prompt", system,
+                       "--output-format", "json"], tmp_path, env)
+            assert out.returncode == 0, out.stdout + out.stderr
+            usages.append(json.loads(out.stdout)["usage"])
+        count = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2", "prompt": system}).json()["count"]
+        assert usages[1]["cache_read_input_tokens"] >= count - 16, usages  # all but its last, partial block
+    finally:
+        assert server.stop() == 0
 
 
 def test_claude_codes_whole_default_request_is_served(tmp_path, tmp_path_factory):
