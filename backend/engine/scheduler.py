@@ -29,7 +29,7 @@ from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.embedding import add_rows, mean_vector
 from backend.engine.sequence import Sequence, Status
-from backend.engine.step_budget import MIN_CHUNK, StepBudget
+from backend.engine.step_budget import MIN_CHUNK, StepBudget, fair_share, max_seqs_per_request
 from backend.engine.wait_queue import WaitQueue, group_of
 
 
@@ -67,22 +67,6 @@ def _wants_prompt_logprobs(seq: Sequence) -> bool:
 
 
 StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences first, then admissions
-
-
-def fair_share(needs: list[int], tokens: int) -> int:
-    """The most tokens each of these prompts may take so that together they take at most `tokens`, a prompt that
-    needs less than its equal part leaving the rest to the others (max-min fairness)."""
-    left, count = tokens, len(needs)
-    for i, need in enumerate(sorted(needs)):
-        if need * (count - i) >= left:
-            return left // (count - i)
-        left -= need
-    return max(needs, default=tokens)
-
-
-def max_seqs_per_request(max_num_seqs: int) -> int:
-    """The slots one running request may hold: all but a quarter, which stays for other clients."""
-    return max(1, max_num_seqs - max_num_seqs // 4)
 
 
 class Scheduler:

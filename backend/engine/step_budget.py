@@ -54,3 +54,19 @@ class StepBudget:
         fixed, per_token = fitted
         target = self.target if busy else self.target * self.idle_factor
         return max(MIN_CHUNK, min(cap, round((target - fixed) / per_token)))
+
+
+def fair_share(needs: list[int], tokens: int) -> int:
+    """The most tokens each of these prompts may take so that together they take at most `tokens`, a prompt that
+    needs less than its equal part leaving the rest to the others (max-min fairness)."""
+    left, count = tokens, len(needs)
+    for i, need in enumerate(sorted(needs)):
+        if need * (count - i) >= left:
+            return left // (count - i)
+        left -= need
+    return max(needs, default=tokens)
+
+
+def max_seqs_per_request(max_num_seqs: int) -> int:
+    """The slots one running request may hold: all but a quarter, which stays for other clients."""
+    return max(1, max_num_seqs - max_num_seqs // 4)
