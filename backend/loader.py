@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from backend.gguf_config import gguf_config
+from backend.hf_config import from_hf_config
 from backend.home import cache_dir
-from backend.model_config import ModelConfig, ModelLoadError, as_id_list, from_hf_config
+from backend.model_config import ModelConfig, ModelLoadError, as_id_list
 from backend.model_store import resolve
 from backend.models.transformer import CausalLM
 from backend.plain_tokenizer import PlainTokenizer

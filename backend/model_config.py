@@ -1,15 +1,11 @@
-"""One description of a model's shape, read from a Hugging Face config.json or from GGUF metadata."""
+"""One description of a model's shape, and what every family's config reader shares: the rotary settings, the
+common keys of a Hugging Face config.json. The readers: hf_config.py (by architecture) and gguf_config.py."""
 
 import math
 from dataclasses import dataclass, field
 
-from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, AttentionSpec, LayerSpec, attention_of
+from backend.layer_spec import LayerSpec
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                           "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM",
-                           "Phi3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
-                           "GraniteMoeSharedForCausalLM", "Gemma3ForCausalLM")
-_GRANITE_MOE = ("GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SiLU (most), GELU's tanh approximation (Gemma)
 
@@ -70,7 +66,7 @@ class ModelConfig:
         return self.num_experts > 0
 
 
-def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
+def rope_params(cfg: dict, source: str) -> tuple[float, dict | None]:
     # transformers 5 writes `rope_parameters` (theta inside); older checkpoints `rope_theta` + `rope_scaling`.
     params = dict(cfg.get("rope_parameters") or {})
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
@@ -119,20 +115,14 @@ def as_id_list(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def from_hf_config(cfg: dict, source: str) -> ModelConfig:
-    archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        raise ModelLoadError(f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "
-                             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+def base_config(cfg: dict, arch: str, source: str) -> ModelConfig:
+    """The keys every family's config.json spells alike; a family's reader sets the rest."""
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"  # Gemma's key, everyone else's
     if act not in ACTIVATIONS:
         raise ModelLoadError(f"{source}: hidden activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
-    if cfg.get("use_sliding_window") and arch != "SmolLM3ForCausalLM":
-        raise ModelLoadError(f"{source}: use_sliding_window=true (Qwen's per-layer windows) is not supported")
     heads = cfg["num_attention_heads"]
-    theta, scaling = _rope(_gemma3_global_rope(cfg) if arch == "Gemma3ForCausalLM" else cfg, source)
-    mc = ModelConfig(
+    theta, scaling = rope_params(cfg, source)
+    return ModelConfig(
         architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
         intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"], num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -140,142 +130,9 @@ def from_hf_config(cfg: dict, source: str) -> ModelConfig:
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
         torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"), hidden_act=act)
-    if arch in ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "SmolLM3ForCausalLM",
-                "OlmoeForCausalLM", "Gemma3ForCausalLM", *_GRANITE_MOE):
-        mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
-        mc.mlp_bias = bool(cfg.get("mlp_bias", False))
-    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
-        mc.qkv_bias = True  # Qwen2 always has q/k/v biases and none on o_proj
-    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
-        mc.qkv_bias = bool(cfg.get("attention_bias", False))
-        mc.o_bias = mc.qkv_bias
-    if arch == "Phi3ForCausalLM":
-        mc.rotary_dim = _rotary_dim(cfg, mc.head_dim, source)
-    if arch == "MixtralForCausalLM":
-        mc.num_experts = cfg["num_local_experts"]
-        mc.num_experts_per_tok = cfg["num_experts_per_tok"]
-        mc.moe_intermediate_size = mc.intermediate_size
-        mc.norm_topk_prob = True  # Mixtral always renormalises its top-k weights
-    if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
-        mc.num_experts = cfg.get("num_experts") or cfg["num_local_experts"]  # transformers 5 writes the latter
-        mc.num_experts_per_tok = cfg["num_experts_per_tok"]
-        mc.moe_intermediate_size = cfg["moe_intermediate_size"]
-        mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
-    if arch == "OlmoeForCausalLM":
-        if cfg.get("clip_qkv") is not None:
-            raise ModelLoadError(f"{source}: clip_qkv (OLMoE's clamped q/k/v) is not supported")
-        mc.num_experts = cfg.get("num_experts") or cfg["num_local_experts"]
-        mc.num_experts_per_tok = cfg["num_experts_per_tok"]
-        mc.moe_intermediate_size = mc.intermediate_size  # OLMoE's experts are its only feed-forward
-        mc.norm_topk_prob = bool(cfg.get("norm_topk_prob", False))
-    if arch in _GRANITE_MOE:
-        _granite_moe(mc, cfg)
-    if arch == "Gemma3ForCausalLM":
-        _gemma3(mc, cfg, source)
-    if arch == "Qwen2MoeForCausalLM":
-        mc.shared_expert_intermediate_size = cfg.get("shared_expert_intermediate_size", 0)
-    mc.layers = tuple(_hf_layer(arch, cfg, i, source) for i in range(mc.num_layers))
-    return mc
 
 
-def _hf_layer(arch: str, cfg: dict, i: int, source: str) -> LayerSpec:
-    """Layer i's kinds, from the family's own way of saying them."""
-    window, rope = None, True
-    if arch in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
-        window = cfg.get("sliding_window")  # one window for every layer, or none
-    if arch == "SmolLM3ForCausalLM":
-        rope = _smollm3_rope(cfg, source)[i]
-        if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-            types = cfg.get("layer_types") or ["full_attention" if r else "sliding_attention"
-                                               for r in _smollm3_rope(cfg, source)]
-            window = cfg["sliding_window"] if types[i] == "sliding_attention" else None
-    if arch == "Gemma3ForCausalLM":
-        return LayerSpec(_gemma3_attention(cfg, i, source), DENSE)
-    qk_norm = {"Qwen3ForCausalLM": "head", "Qwen3MoeForCausalLM": "head", "OlmoeForCausalLM": "full"}.get(arch)
-    attention = attention_of(window, rope=rope, qk_norm=qk_norm)
-    if arch in ("MixtralForCausalLM", "OlmoeForCausalLM", *_GRANITE_MOE):
-        return LayerSpec(attention, MOE_SOFTMAX_TOPK)
-    if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
-        step = cfg.get("decoder_sparse_step", 1) or 1
-        sparse = i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
-        return LayerSpec(attention, MOE_SOFTMAX_TOPK if sparse else DENSE)
-    return LayerSpec(attention, DENSE)
-
-
-def _granite_moe(mc: ModelConfig, cfg: dict) -> None:
-    """Granite-MoE's experts (its router's softmax over the top-k logits is softmax_topk renormalised), its ungated
-    shared expert (GraniteMoeShared), and its four scalars."""
-    mc.num_experts = cfg.get("num_local_experts") or cfg["num_experts"]
-    mc.num_experts_per_tok = cfg["num_experts_per_tok"]
-    mc.moe_intermediate_size = mc.intermediate_size
-    mc.norm_topk_prob = True
-    mc.shared_expert_intermediate_size = cfg.get("shared_intermediate_size") or 0
-    mc.shared_expert_gated = False
-    mc.embedding_multiplier = float(cfg.get("embedding_multiplier", 1.0))
-    mc.residual_multiplier = float(cfg.get("residual_multiplier", 1.0))
-    mc.logits_scaling = float(cfg.get("logits_scaling", 1.0))
-    mc.attention_scale = float(cfg.get("attention_multiplier", mc.head_dim ** -0.5))
-
-
-def _gemma3(mc: ModelConfig, cfg: dict, source: str) -> None:
-    """Gemma 3's norms, embedding scale, attention scale and logits softcap (its layers: _gemma3_attention)."""
-    if cfg.get("attn_logit_softcapping") is not None:
-        raise ModelLoadError(f"{source}: attn_logit_softcapping (a tanh cap on attention scores) is not supported")
-    if cfg.get("use_bidirectional_attention"):
-        raise ModelLoadError(f"{source}: use_bidirectional_attention (Gemma's encoder use) is not supported")
-    mc.norm_unit_offset = mc.sandwich_norms = mc.embedding_multiplier_in_dtype = True
-    mc.embedding_multiplier = mc.hidden_size ** 0.5
-    mc.attention_scale = float(cfg.get("query_pre_attn_scalar", 256)) ** -0.5
-    cap = cfg.get("final_logit_softcapping")
-    mc.final_logit_softcap = float(cap) if cap is not None else None
-
-
-def _gemma3_types(cfg: dict) -> list[str]:
-    """Each layer's type: config.json's layer_types, else every `sliding_window_pattern`-th layer full (6)."""
-    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
-    return cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
-                                      for i in range(cfg["num_hidden_layers"])]
-
-
-def _gemma3_global_rope(cfg: dict) -> dict:
-    """The config as _rope reads it for the full-attention layers: transformers 5 keeps one rope_parameters per
-    layer type; older files a rope_theta (1M when absent) and rope_scaling for them."""
-    params = (cfg.get("rope_parameters") or {}).get("full_attention")
-    if params is not None:
-        return {**cfg, "rope_parameters": params}
-    return {**cfg, "rope_parameters": None, "rope_theta": cfg.get("rope_theta") or 1_000_000.0}
-
-
-def _gemma3_attention(cfg: dict, i: int, source: str) -> AttentionSpec:
-    """Sliding layers rotate with their own unscaled base (rope_local_base_freq, 10k); full layers with the
-    model's rope_theta and scaling. Every layer norms q and k per head."""
-    types = _gemma3_types(cfg)
-    if len(types) != cfg["num_hidden_layers"] or set(types) - {"sliding_attention", "full_attention"}:
-        raise ModelLoadError(f"{source}: layer_types must name sliding_attention or full_attention for each of "
-                             f"{cfg['num_hidden_layers']} layers, got {types}")
-    if types[i] == "full_attention":
-        return AttentionSpec("full", qk_norm="head")
-    local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
-    if local.get("rope_type", "default") != "default":
-        raise ModelLoadError(f"{source}: rope scaling {local['rope_type']!r} on sliding layers is not supported")
-    theta = local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
-    return AttentionSpec("sliding", int(cfg["sliding_window"]), qk_norm="head", rope_theta=float(theta))
-
-
-def _smollm3_rope(cfg: dict, source: str) -> list[bool]:
-    """Whether each layer rotates: config.json's `no_rope_layers` (1: rotates, 0: a NoPE layer, despite the name),
-    else every `no_rope_layer_interval`-th layer (4 by default) is NoPE."""
-    layers = cfg["num_hidden_layers"]
-    flags = cfg.get("no_rope_layers")
-    if flags is None:
-        interval = cfg.get("no_rope_layer_interval") or 4
-        return [(i + 1) % interval != 0 for i in range(layers)]
-    if len(flags) != layers:
-        raise ModelLoadError(f"{source}: no_rope_layers has {len(flags)} entries for {layers} layers")
-    return [bool(f) for f in flags]
-
-
-def _rotary_dim(cfg: dict, head_dim: int, source: str) -> int:
+def rotary_dim_of(cfg: dict, head_dim: int, source: str) -> int:
     factor = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
     dim = int(head_dim * factor)
     if dim < 2 or dim % 2:

@@ -3,6 +3,7 @@ gpu_memory_utilization budget leaves once the weights and a measured warm-up are
 moe_gpu_experts="auto", how many experts per layer fit that budget before anything is loaded."""
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -30,8 +31,10 @@ GIB = 2**30
 
 
 def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block of every layer's paged cache, each layer's as its attention kind keeps it."""
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * model_config.num_layers * block_size * model_config.num_kv_heads * model_config.head_dim * itemsize
+    return itemsize * sum(math.prod(shape) for spec in model_config.layers for shape in
+                          spec.attention.block_shapes(block_size, model_config.num_kv_heads, model_config.head_dim))
 
 
 def available_memory(device: torch.device) -> int:

@@ -12,7 +12,7 @@ from backend.engine.step_inputs import StepInputs, lay_out
 from backend.kernels import native, use_triton
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.models.cpu_decoder import CpuDecoder
-from backend.models.transformer import Attention, CausalLM
+from backend.models.transformer import CausalLM
 
 # Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where a dense model
 # has a one-call step (CpuDecoder): per row it saves the module path's overhead but attends alone (every key read
@@ -55,17 +55,18 @@ class ModelRunner:
         self.cpu_decoder: CpuDecoder | None = None  # decode steps in one C call, where the model allows
         self.allocate_kv_cache(num_blocks)
 
-    def _attention_modules(self) -> list[Attention]:
-        return [m for m in self.model.modules() if isinstance(m, Attention)]
+    def _attention_modules(self) -> list[torch.nn.Module]:
+        """Each layer's attention module, whatever its kind: the holders of k_cache and v_cache."""
+        return [layer.self_attn for layer in self.model.model.layers]
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.model.config
-        shape = (num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
         # Zeroed: decode attention reads (and masks) slots past each sequence's end, which must be finite.
         zeros = _host_zeros if self.device.type == "cpu" else torch.zeros
-        for module in self._attention_modules():
-            module.k_cache = zeros(shape, dtype=self.kv_dtype, device=self.device)
-            module.v_cache = zeros(shape, dtype=self.kv_dtype, device=self.device)
+        for module, spec in zip(self._attention_modules(), cfg.layers, strict=True):
+            k_block, v_block = spec.attention.block_shapes(self.block_size, cfg.num_kv_heads, cfg.head_dim)
+            module.k_cache = zeros((num_blocks, *k_block), dtype=self.kv_dtype, device=self.device)
+            module.v_cache = zeros((num_blocks, *v_block), dtype=self.kv_dtype, device=self.device)
         self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
 
     def copy_block(self, source: int, target: int) -> None:

@@ -21,7 +21,7 @@ from backend.kernels.attention import AttentionMetadata
 from backend.kernels.moe_torch import c_reads
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
-from backend.models.transformer import CausalLM
+from backend.models.transformer import Attention, CausalLM
 from backend.quant.experts import ExpertStack, QuantExperts, one_call_tokens
 from backend.quant.modules import QuantLinear
 
@@ -119,7 +119,9 @@ class CpuDecoder:
         layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.k_cache.numel() == 0:
+            if not isinstance(attn, Attention) or attn.k_cache.numel() == 0:
+                return None  # the C loop runs full and sliding attention; the modules run the other kinds
+            if isinstance(mlp, SparseMoE) and mlp.router != "softmax_topk":
                 return None
             if isinstance(mlp, MLP):
                 ffn, moe = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)], _Experts()

@@ -5,13 +5,17 @@ import torch
 from torch import nn
 
 from backend.kernels.moe_torch import add_shared, fused_moe, route_rows
-from backend.model_config import ModelConfig
+from backend.layer_spec import MLPSpec
+from backend.model_config import ModelConfig, ModelLoadError
 from backend.models.mlp import MLP
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, spec: MLPSpec):
         super().__init__()
+        if spec.router != "softmax_topk":
+            raise ModelLoadError(f"{cfg.architecture}: the {spec.router} router is not supported yet")
+        self.router = spec.router
         e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         self.top_k = cfg.num_experts_per_tok
         self.renormalize = cfg.norm_topk_prob

@@ -106,12 +106,20 @@ class Attention(nn.Module):
         return torch.cat([apply_rotary(qk[..., :rot].contiguous(), cos, sin), qk[..., rot:]], dim=-1)
 
 
+def attention_module(cfg: ModelConfig, spec: AttentionSpec) -> nn.Module:
+    """A layer's attention, by its kind; each holds the k_cache and v_cache the model runner allocates for it
+    (AttentionSpec.block_shapes) and takes (x, rope, meta)."""
+    if spec.kind in ("full", "sliding"):
+        return Attention(cfg, spec)
+    raise ModelLoadError(f"{cfg.architecture}: {spec.kind} attention is not supported yet")
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: LayerSpec):
         super().__init__()
-        self.self_attn = Attention(cfg, spec.attention)
+        self.self_attn = attention_module(cfg, spec.attention)
         if spec.mlp.kind == "moe":
-            self.mlp = SparseMoE(cfg)
+            self.mlp = SparseMoE(cfg, spec.mlp)
         else:
             self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias, act=cfg.hidden_act)
         self.input_layernorm = _norm(cfg, cfg.hidden_size)

@@ -9,8 +9,9 @@ import torch
 from backend import LLM, SamplingParams
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.hf_config import from_hf_config
 from backend.kernels import native
-from backend.model_config import ModelLoadError, from_hf_config
+from backend.model_config import ModelLoadError
 from tests.backend.conftest import hf_greedy
 from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
 from tests.backend.tiny_models import GEMMA3_ROPE, build_model

@@ -11,9 +11,9 @@ from backend import LLM, SamplingParams
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.gguf_config import gguf_config
+from backend.hf_config import from_hf_config
 from backend.kernels import native
 from backend.layer_spec import AttentionSpec, LayerSpec, MLPSpec
-from backend.model_config import from_hf_config
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import emulate_cuda
 from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules
@@ -72,7 +72,9 @@ def test_smollm3_gguf_layers_rotate_as_llama_cpp_says(tiny_gguf):
 def test_a_layer_spec_refuses_what_it_cannot_be():
     with pytest.raises(ValueError, match="only sliding attention has a window"):
         AttentionSpec("full", window=8)
-    with pytest.raises(ValueError, match="attention kind 'mla' is not one of full, sliding"):
+    with pytest.raises(ValueError, match="attention kind 'mamba' is not one of full, sliding, mla, linear"):
+        AttentionSpec("mamba")
+    with pytest.raises(ValueError, match="an mla layer has its MLAShape"):
         AttentionSpec("mla")
     with pytest.raises(ValueError, match="a MoE layer names one of softmax_topk"):
         MLPSpec("moe")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
+from backend.hf_config import from_hf_config
 from backend.kernels import native
-from backend.model_config import from_hf_config
 from tests.backend.conftest import hf_greedy, prompts_of_lengths
 from tests.backend.test_models_vs_transformers import prefill_logits
 from tests.backend.tiny_models import build_model

@@ -11,8 +11,9 @@ import torch
 from backend import LLM
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
+from backend.hf_config import from_hf_config
 from backend.kernels import native
-from backend.model_config import ModelLoadError, from_hf_config
+from backend.model_config import ModelLoadError
 from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules
 from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
 from tests.backend.tiny_models import build_model

@@ -6,7 +6,7 @@ import torch
 
 from backend.config import EngineConfig
 from backend.engine.kv_budget import activation_bytes, auto_gpu_experts, kv_bytes_per_block, min_kv_bytes
-from backend.model_config import from_hf_config
+from backend.hf_config import from_hf_config
 from backend.quant.weight_sizes import file_recipe, fit_gpu_experts, module_bytes, q4_k_m, weight_bytes
 
 GIB = 2**30

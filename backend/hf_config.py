@@ -1,0 +1,15 @@
+"""A Hugging Face config.json as a ModelConfig: the family's reader, picked by the architecture it names."""
+
+from backend.families import gemma3, llama
+from backend.model_config import ModelConfig, ModelLoadError
+
+READERS = {arch: family.from_hf for family in (llama, gemma3) for arch in family.ARCHITECTURES}
+
+
+def from_hf_config(cfg: dict, source: str) -> ModelConfig:
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in READERS), None)
+    if arch is None:
+        raise ModelLoadError(f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "
+                             f"supported: {', '.join(READERS)}")
+    return READERS[arch](cfg, arch, source)
