@@ -12,6 +12,7 @@ from backend.server.tools.parsers import (
     Llama3JsonParser,
     MistralParser,
     NamedParser,
+    Phi4MiniParser,
 )
 from backend.server.tools.select import parser_name
 
@@ -66,6 +67,15 @@ CASES = [
     (MistralParser, "No calls [here]", "No calls [here]", []),
     (JsonArrayParser, '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": "z"}}]', "",
      [("a", {"x": 1}), ("b", {"y": "z"})]),
+    (Phi4MiniParser, f'<|tool_call|>[{{"name": "get_weather", "arguments": {json.dumps(WEATHER)}}}]<|/tool_call|>',
+     "", [("get_weather", WEATHER)]),
+    # the forms the model also writes: bare objects separated by commas, no closing marker; vLLM's functools[...]
+    (Phi4MiniParser, '<|tool_call|>{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}', "",
+     [("a", {}), ("b", {"x": 1})]),
+    (Phi4MiniParser, 'Checking. functools[{"name": "a", "arguments": {"q": "[x]"}}]', "Checking.", [("a", {"q": "[x]"})]),
+    (Phi4MiniParser, '<|tool_call|>{"name": "a", "arguments": {}}<|/tool_call|>Done.', "Done.", [("a", {})]),
+    (Phi4MiniParser, "I use <|tool_call|> markers and functools.", "I use <|tool_call|> markers and functools.", []),
+    (Phi4MiniParser, "<|tool_call|>not json", "<|tool_call|>not json", []),
 ]
 
 
@@ -81,6 +91,7 @@ def test_parser_whole_and_streamed(parser, text, content, calls):
     (HermesParser, '<tool_call>{"name": "a", "arguments": {"x": 1}]}</tool_call>'),  # brackets that do not match
     (Llama3JsonParser, '{"name": "a", "parameters": {"x": '),
     (MistralParser, '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}'),
+    (Phi4MiniParser, '<|tool_call|>[{"name": "a", "arguments": {"x": 1}'),
 ])
 def test_broken_calls_stay_content(parser, text):
     content, calls = parse_message(parser(), text)
@@ -134,3 +145,32 @@ def test_parser_is_chosen_from_the_template_then_the_family():
     assert parser_name(None, "{{ tools }}", "MistralForCausalLM") == "mistral"
     assert parser_name(None, "{{ messages }}", "LlamaForCausalLM") == "hermes"  # no tools: we write Hermes' format
     assert parser_name("mistral", "<tool_call>{{ tools }}", "Qwen2ForCausalLM") == "mistral"
+    assert parser_name(None, PHI4_MINI_TEMPLATE, "Phi3ForCausalLM") == "phi4_mini_json"
+
+
+# Phi-4-mini's template as its model card shows it: the functions are the system message's `tools` field.
+PHI4_MINI_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and message['tools'] is "
+    "not none %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] + '<|/tool|>' "
+    "+ '<|end|>' }}{% else %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+
+def test_phi4_minis_template_gets_the_functions_in_its_system_message_and_calls_back_as_text():
+    from jinja2 import Template
+
+    from backend.server.tools.conversation import template_input
+    from backend.server.tools.tool_defs import ToolSpec
+
+    function = {"name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}
+    spec = ToolSpec(tools=[{"type": "function", "function": function}], choice="auto")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "P"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    messages, tools = template_input(history, spec, PHI4_MINI_TEMPLATE)
+    prompt = Template(PHI4_MINI_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    assert tools is None
+    assert prompt == ('<|system|><|tool|>' + json.dumps([function]) + '<|/tool|><|end|><|user|>Weather in Paris?<|end|>'
+                      '<|assistant|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "P"}}]<|/tool_call|>'
+                      '<|end|><|tool_response|>sunny<|end|><|assistant|>')

@@ -3,7 +3,9 @@
 A template that knows tools (it mentions `tools`) gets them with tools=, assistant messages with their
 tool_calls (arguments as objects, as transformers' templates expect) and tool messages as they are. A
 template that knows none (SmolLM2's, say) gets the Hermes format written out instead: the functions in
-the system message, calls as <tool_call> text, results as <tool_response> text from the user.
+the system message, calls as <tool_call> text, results as <tool_response> text from the user. Phi-4-mini's
+reads the functions from the system message's own `tools` field (a JSON list, put between <|tool|> markers),
+so it gets them there, with calls as <|tool_call|> text and results as <|tool_response|> turns.
 """
 
 import json
@@ -18,6 +20,8 @@ HERMES_SYSTEM = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
     "<args-json-object>}}\n</tool_call>"
 )
+
+PHI4_MINI_TOOLS = "<|tool|>"  # the marker around the functions in Phi-4-mini's template
 
 
 def check_history(messages: list[dict]) -> None:
@@ -87,9 +91,29 @@ def _written_out(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
 def template_input(messages: list[dict], spec: ToolSpec | None, template: str | None
                    ) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) for the chat template: tools is None when the template is not to see any."""
+    if template and PHI4_MINI_TOOLS in template:
+        return _phi4_mini(messages, spec), None
     if template and "tools" in template:  # a template that knows tools
         tools = spec.tools if spec is not None and spec.calls_possible else None
         return [_native(m) for m in messages], tools
     if spec is None and not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return messages, None
     return _written_out(messages, spec), None
+
+
+def _phi4_mini(messages: list[dict], spec: ToolSpec | None) -> list[dict]:
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = json.dumps([{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+                                for c in m["tool_calls"]])
+            out.append({"role": "assistant", "content": f"{m['content'] or ''}<|tool_call|>{calls}<|/tool_call|>"})
+        elif m["role"] == "tool":
+            out.append({"role": "tool_response", "content": m["content"]})
+        else:
+            out.append(dict(m))
+    if spec is not None and spec.calls_possible:
+        if not out or out[0]["role"] != "system":
+            out.insert(0, {"role": "system", "content": ""})
+        out[0]["tools"] = json.dumps([t["function"] for t in spec.tools])
+    return out

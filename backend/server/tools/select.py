@@ -1,5 +1,6 @@
 """Which parser reads a model's tool calls: from --tool-call-parser, else its chat template, else its family."""
 
+from backend.server.tools.conversation import PHI4_MINI_TOOLS
 from backend.server.tools.parsers import PARSERS, JsonArrayParser, NamedParser, ToolParser
 from backend.server.tools.tool_defs import ToolSpec
 
@@ -15,6 +16,8 @@ def parser_name(override: str | None, template: str | None, architecture: str) -
         return "hermes"
     if "[TOOL_CALLS]" in text:
         return "mistral"
+    if PHI4_MINI_TOOLS in text:
+        return "phi4_mini_json"
     if "<|python_tag|>" in text or ("ipython" in text and "parameters" in text):
         return "llama3_json"
     if "tools" not in text:

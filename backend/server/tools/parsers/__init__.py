@@ -11,8 +11,9 @@ from backend.server.tools.parsers.grammar import JsonArrayParser, NamedParser
 from backend.server.tools.parsers.hermes import HermesParser
 from backend.server.tools.parsers.llama3 import Llama3JsonParser
 from backend.server.tools.parsers.mistral import MistralParser
+from backend.server.tools.parsers.phi4_mini import Phi4MiniParser
 
 __all__ = ["Content", "HermesParser", "JsonArrayParser", "Llama3JsonParser", "MistralParser", "NamedParser", "PARSERS",
-           "ToolParser"]
+           "Phi4MiniParser", "ToolParser"]
 
-PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, JsonArrayParser)}
+PARSERS = {p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, Phi4MiniParser, JsonArrayParser)}
