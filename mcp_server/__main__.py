@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -81,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {note}")
         return 0
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
     if args.http:  # imported here: under stdio, every import delays the answer to `initialize`
+        _log_to_stderr()
         from mcp_server.http import serve_http
 
         return serve_http(settings, args.host, args.port, args.budget)
@@ -90,20 +89,28 @@ def main(argv: list[str] | None = None) -> int:
     from mcp_server.stdio_front import Front
 
     def load():
+        _log_to_stderr()
         from mcp_server.server import build_server
 
         server = build_server(settings, budget=args.budget)
         return lambda: server.run("stdio")
 
-    return Front(locate(settings.home, settings.mcp_toolsets, args.budget), load).serve()
+    return Front(locate(settings.home, settings.mcp_toolsets, args.budget), load, settings.mcp_toolsets).serve()
+
+
+def _log_to_stderr() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol under stdio
 
 
 def _prime(entry_toolsets: tuple[str, ...] | None) -> list[str]:
     """The entry's server started once here, so that the agent's first start answers at once."""
+    from mcp_server.client_entries import stack_env
     from mcp_server.stdio_front import prime
 
     command = [sys.executable, "-m", "mcp_server", *(["--toolsets", ",".join(entry_toolsets)] if entry_toolsets else [])]
-    problems = prime(command, dict(os.environ), cwd=Path(__file__).resolve().parents[1])
+    problems = prime(command, {**os.environ, **stack_env()}, cwd=Path(__file__).resolve().parents[1])
     return [f"the server's first answers are not remembered yet: {p}" for p in problems]
 
 

@@ -2,7 +2,8 @@
 
 No entry ever holds a secret: each client's own reference to the token stands in for it, and the
 notes returned with an entry say what the user must export (or, for Claude Desktop, add by hand).
-Project-scope entries are meant to be committed, so they hold no absolute path and no settings.
+Project-scope entries are meant to be committed, so they hold no absolute path and no settings; the others carry
+what a server started from any directory needs to find this stack (stack_env).
 """
 
 import os
@@ -11,10 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from common.settings import Settings, SettingsError
+
 ENTRY = "scriptorium"
 CLIENTS = ("claude-desktop", "claude-code", "cursor", "vscode", "codex", "hermes", "goose")
 SCOPES = ("user", "project", "local")
-PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL")
+PASSED_ENV = ("SCRIPTORIUM_HOME", "SCRIPTORIUM_CONFIG", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_COMFYUI_URL",
+              "SCRIPTORIUM_LLM_MODEL")
 TOKEN_VAR = "SCRIPTORIUM_MCP_TOKEN"
 VSCODE_INPUT = "scriptorium-mcp-token"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -93,6 +97,22 @@ def target(client: str, scope: str, project: Path) -> Target:
     return Target(client, scope, path, "yaml", ["extensions"])
 
 
+def stack_env() -> dict[str, str]:
+    """The settings of this stack as they are here, for a server an agent starts in any directory: the data
+    directory (and the config file, when one is named) as absolute paths, the LLM's URL wherever it was set (the
+    environment, the config file or the default), ComfyUI's URL and the model when the environment sets them.
+    Never a secret: the MCP token and the LLM's API key stay in the environment or the config file."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as e:
+        raise InstallError(str(e)) from None
+    env = {"SCRIPTORIUM_HOME": str(settings.home.resolve()), "SCRIPTORIUM_LLM_URL": ",".join(settings.llm_urls)}
+    if os.environ.get("SCRIPTORIUM_CONFIG"):
+        env["SCRIPTORIUM_CONFIG"] = str(Path(os.environ["SCRIPTORIUM_CONFIG"]).expanduser().resolve())
+    env.update({k: os.environ[k] for k in ("SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL") if os.environ.get(k)})
+    return env
+
+
 def needs_token(http_url: str, token_configured: bool) -> bool:
     """Send a token when the server has one here, or when it is not on this machine (it must have one)."""
     return token_configured or (urlparse(http_url).hostname or "") not in LOCAL_HOSTS
@@ -118,7 +138,7 @@ def _stdio(client: str, scope: str, toolsets: tuple[str, ...] | None) -> Entry:
                      f"(e.g. `source {Path(sys.prefix) / 'bin' / 'activate'}`)")
         notes += [f"export {k}={os.environ[k]}" for k in PASSED_ENV if os.environ.get(k)]
     else:
-        command, env = sys.executable, {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
+        command, env = sys.executable, stack_env()
     args = ["-m", "mcp_server", *(["--toolsets", ",".join(toolsets)] if toolsets else [])]
     if client == "goose":  # Goose config.yaml extension: type stdio, cmd, args, envs, env_keys
         return Entry({"type": "stdio", "name": ENTRY, "enabled": True, "cmd": command, "args": args, "envs": env,

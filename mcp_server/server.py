@@ -3,7 +3,6 @@ resource, prompt and logging modules of this package."""
 
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError, metadata, version
 
 import anyio
 from mcp.server.mcpserver import MCPServer
@@ -14,6 +13,7 @@ from mcp.types import Tool as MCPTool
 from common.settings import Settings
 from mcp_server import (
     image_tools,
+    initialize_result,
     job_tools,
     logs,
     mcp_prompts,
@@ -27,16 +27,6 @@ from mcp_server import (
 from mcp_server.allowed_paths import FileAccess, Transport
 from mcp_server.tool_context import State
 from orchestrator.clients.router import LLMRouter
-
-INSTRUCTIONS = """Scriptorium: a local AI stack. Generate text with generate_text/chat, images with generate_image,
-and whole illustrated articles with start_pipeline (then poll get_job). Long calls return a job_id within about 45
-seconds: call get_job(job_id) until its status is done. Images come back as resource links with small thumbnails;
-articles and images of finished jobs are resources (scriptorium://jobs/{job_id}/article.md, .../images/{name}).
-File arguments must lie in your roots or the directories in SCRIPTORIUM_MCP_ALLOWED_DIRS."""
-TEAM_INSTRUCTIONS = """For a team of agents, create_run makes a shared run: research, set_outline, write_sections,
-write_section, set_section, illustrate, set_image and assemble each do or edit one part, and get_run shows every
-part with its version (the prompts research_agent, writing_agent, image_agent and integration_agent explain each
-role)."""
 
 
 def _untitled(schema):
@@ -80,26 +70,6 @@ class Server(MCPServer):
         return await super().call_tool(name, arguments, context)
 
 
-def _version() -> str:
-    try:
-        return version("scriptorium")
-    except PackageNotFoundError:
-        return "0.0.0+source"
-
-
-def _website() -> str | None:
-    """The project's home page from its package metadata ([project.urls] Homepage), if it names one."""
-    try:
-        meta = metadata("scriptorium")
-    except PackageNotFoundError:
-        return None
-    for entry in meta.get_all("Project-URL") or []:
-        label, _, url = entry.partition(",")
-        if label.strip().lower() in ("homepage", "home", "documentation", "source"):
-            return url.strip()
-    return meta.get("Home-page") or None
-
-
 def build_server(settings: Settings | None = None, budget: float | None = None,
                  transport: Transport = "stdio") -> MCPServer:
     """transport: how clients reach this server; it decides which files tools may read by default.
@@ -124,9 +94,10 @@ def build_server(settings: Settings | None = None, budget: float | None = None,
             yield State(settings, llm, budget, files, watch)
             tasks.cancel_scope.cancel()
 
-    instructions = INSTRUCTIONS + ("\n" + TEAM_INSTRUCTIONS if team else "")
-    server = Server("scriptorium", title="Scriptorium", instructions=instructions, website_url=_website(),
-                    version=_version(), lifespan=lifespan, subscriptions=bus)
+    server = Server(initialize_result.NAME, title=initialize_result.TITLE,
+                    instructions=initialize_result.instructions(settings.mcp_toolsets),
+                    website_url=initialize_result.website(), version=initialize_result.server_version(),
+                    lifespan=lifespan, subscriptions=bus)
     server.toolsets = settings.mcp_toolsets
     text_tools.register(server)
     image_tools.register(server)

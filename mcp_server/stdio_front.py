@@ -1,16 +1,19 @@
-"""The first second of stdio: `python -m mcp_server` answers a client's `initialize`, `tools/list` and
-`prompts/list` with what the SDK server answered at an earlier start, while the SDK (about 0.7 s of imports)
-loads in a thread; then every message goes through to the SDK server.
+"""The first second of stdio: `python -m mcp_server` answers a client's `initialize` at once, without the SDK
+(mcp_server/initialize_result.py), and `tools/list` and `prompts/list` with what the SDK server answered at an
+earlier start, while the SDK (0.7 s of imports, seconds on a loaded machine) loads in a thread; then every message
+goes through to the SDK server.
 
 Agents start their MCP servers beside their first model request (Codex sends it about a second after it spawns
-us) and leave out tools listed later than that. The remembered answers are checked at every start: once loaded,
-the SDK server is told the client's `initialize` and asked the same lists (ids starting with REPLAY); its answers
-are kept from the client, and where they differ from the remembered ones they replace them, and the client, told
-a list that differs, gets `notifications/<tools|prompts>/list_changed` (the initialize result the client gets
-says listChanged for both). The file is used only when it checks out (mcp_server/answers_file.py).
+us) and give up on a server that has not answered `initialize` in time. The remembered lists are checked at every
+start: once loaded, the SDK server is told the client's `initialize` (with the protocol version the client was
+answered) and asked the same lists (ids starting with REPLAY); its answers are kept from the client, and where
+they differ from the remembered ones they replace them, and the client, told a list that differs, gets
+`notifications/<tools|prompts>/list_changed` (the initialize result says listChanged for both). The file is used
+only when it checks out (mcp_server/answers_file.py); it keeps the SDK's initialize result beside the lists, as
+the record of the protocol version they were answered for.
 
-A client whose first message is not `initialize` (the stateless protocol era), or one asking for a protocol
-version not seen before, waits for the SDK server and gets its answers.
+A client whose first message is not `initialize` (the stateless protocol era), or whose `initialize` the SDK
+would refuse, waits for the SDK server and gets its answers; so do the lists of a first start.
 """
 
 import json
@@ -21,12 +24,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from mcp_server import answers_file
+from mcp_server import answers_file, initialize_result
 from mcp_server.answers_file import AnswersFile, Untrusted
 
 REPLAY = "scriptorium-front:"
 END = b'"scriptorium-front:end"\n'  # written after the SDK's last line: a copy of the pipe may outlive it
 REMEMBERED = {"tools/list": "tools", "prompts/list": "prompts"}  # method -> the capability that offers it
+FIRST_WAIT = 0.2  # seconds the SDK waits for the client's first message to be answered before it loads anyway
 
 
 def _advertised(result: dict) -> dict:
@@ -52,8 +56,8 @@ class Front:
     """Owns the real stdin and stdout; `run_sdk` serves MCP on fds 0 and 1 (the SDK's stdio transport), which
     become pipes to this front once the SDK server is loaded."""
 
-    def __init__(self, answers: AnswersFile, load: Callable[[], Callable[[], None]]):
-        self.answers_file, self.load = answers, load
+    def __init__(self, answers: AnswersFile, load: Callable[[], Callable[[], None]], toolsets: tuple[str, ...]):
+        self.answers_file, self.load, self.toolsets = answers, load, toolsets
         try:
             self.answers = answers_file.read(answers)
         except (Untrusted, OSError) as e:  # stderr: stdout is the protocol's
@@ -71,10 +75,14 @@ class Front:
         self.queued: list[bytes] = []  # lines the SDK server will get, in order
         self.init: dict | None = None  # the client's initialize request
         self.init_answered = False
+        self.version: str | None = None  # the protocol version the client was answered
         self.replies: dict[str, dict] = {}  # replayed method -> the SDK's result
         self.told: dict[str, dict] = {}  # method -> the result the client got for it from the front
         self.replayed = threading.Event()  # the SDK answered the replayed initialize
         self.handed_over = threading.Event()
+        # Set once the first message is handled: the SDK's imports, which hold the GIL most of the time, start after
+        # the answer to `initialize` (or FIRST_WAIT seconds after the start, for a client that says nothing).
+        self.first_handled = threading.Event()
 
     def serve(self) -> int:
         loader = threading.Thread(target=self._load, daemon=True)
@@ -85,6 +93,7 @@ class Front:
                     self._forward(raw)
                 else:
                     self._before_hand_over(raw)
+            self.first_handled.set()
         with self.lock:  # EOF: the client is gone, but what it asked is answered
             unanswered = self.queued or (self.init is not None and not self.init_answered)
         if unanswered:
@@ -109,9 +118,9 @@ class Front:
         method = message.get("method")
         if self.init is None and not self.queued and method == "initialize":
             self.init = message
-            result = self._remembered("initialize")
+            result = initialize_result.result(message.get("params"), self.toolsets)
             if result is not None:
-                self.init_answered = True
+                self.init_answered, self.version = True, result["protocolVersion"]
                 self.told["initialize"] = result
                 _send(self.stdout, _line({"jsonrpc": "2.0", "id": message.get("id"), "result": result}))
             return
@@ -126,15 +135,8 @@ class Front:
                 return
         self.queued.append(raw)
 
-    def _wanted(self) -> str | None:
-        """The protocol version the client's initialize asked for."""
-        params = (self.init or {}).get("params")
-        wanted = params.get("protocolVersion") if isinstance(params, dict) else None
-        return wanted if isinstance(wanted, str) else None
-
     def _remembered(self, method: str | None) -> dict | None:
-        wanted = self._wanted()
-        return self.answers.get(method, {}).get(wanted) if wanted is not None else None
+        return self.answers.get(method, {}).get(self.version) if self.version is not None else None
 
     def _forward(self, raw: bytes) -> None:
         if self.init is not None and b"notifications/initialized" in raw:
@@ -146,6 +148,7 @@ class Front:
         _send(self.sdk_in, raw)
 
     def _load(self) -> None:
+        self.first_handled.wait(FIRST_WAIT)
         try:
             run_sdk = self.load()
         except BaseException as e:  # noqa: BLE001 - the client must see the process end, with the reason
@@ -179,7 +182,10 @@ class Front:
 
     def _replay(self) -> None:
         """The client's initialize (answered by the SDK now, unless the front did), then the lists to check."""
-        _send(self.sdk_in, _line({**self.init, "id": REPLAY + "initialize"}))
+        init = {**self.init, "id": REPLAY + "initialize"}
+        if self.version is not None:  # the SDK server speaks the version the client was told
+            init["params"] = {**init["params"], "protocolVersion": self.version}
+        _send(self.sdk_in, _line(init))
         if not self.replayed.wait(60):
             return
         _send(self.sdk_in, _line({"jsonrpc": "2.0", "method": "notifications/initialized"}))
@@ -203,16 +209,29 @@ class Front:
                 continue
             method = ident[len(REPLAY):]
             if method == "initialize":
-                if isinstance(message.get("result"), dict):
-                    message = {**message, "result": _advertised(message["result"])}
-                    self.replies["initialize"] = message["result"]
-                if not self.init_answered:  # the client waits for this one
-                    self.told["initialize"] = message.get("result") or {}
-                    _send(self.stdout, _line({**message, "id": self.init.get("id")}))
-                self.replayed.set()
+                self._replayed_initialize(message)
             elif "result" in message and "nextCursor" not in message["result"]:
                 self.replies[method] = message["result"]
             self._remember()
+
+    def _replayed_initialize(self, message: dict) -> None:
+        result = message.get("result")
+        if isinstance(result, dict):
+            result = _advertised(result)
+            message = {**message, "result": result}
+            self.replies["initialize"] = result
+        if not self.init_answered:  # the client waits for this one
+            self.told["initialize"] = result or {}
+            if isinstance(result, dict) and isinstance(result.get("protocolVersion"), str):
+                self.version = result["protocolVersion"]
+            _send(self.stdout, _line({**message, "id": self.init.get("id")}))
+        elif result != self.told["initialize"]:  # a bug: initialize_result.py no longer matches the server
+            told = self.told["initialize"]
+            differ = sorted(k for k in {**result, **told} if result.get(k) != told.get(k)) \
+                if isinstance(result, dict) else [f"error {message.get('error')}"]
+            print(f"warning: the SDK server's initialize result differs from the client's in {', '.join(differ)}",
+                  file=sys.stderr, flush=True)
+        self.replayed.set()
 
     def _remember(self) -> None:
         """Once the SDK answered what it was asked, the client hears of the lists it was told that differ, and its
@@ -220,7 +239,7 @@ class Front:
         offered = self.replies.get("initialize", {}).get("capabilities")
         if offered is None or any(c in offered and m not in self.replies for m, c in REMEMBERED.items()):
             return
-        wanted = self._wanted()
+        wanted = self.version
         replies, self.replies = self.replies, {}
         told = self.told.get("initialize", {}).get("capabilities") or {}
         for method, capability in REMEMBERED.items():

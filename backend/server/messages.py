@@ -101,13 +101,16 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
         raise _renamed(e, origin) from None
     prompt = admitted.token_ids
     mid = new_message_id()
+    context_ended = admitted.params.max_tokens < req.max_tokens  # the context leaves less than the client asked
     gen = engine.generate(mid, admitted)
     if req.stream:
-        return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools, SIGNATURE), headers)
+        return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools, SIGNATURE,
+                                     context_ended), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     blocks = content_blocks(tools, c.text)
-    reason, sequence = stop_reason(c.finish_reason, c.stop_reason, any(b["type"] == "tool_use" for b in blocks))
+    reason, sequence = stop_reason(c.finish_reason, c.stop_reason, any(b["type"] == "tool_use" for b in blocks),
+                                   context_ended)
     return answer({"id": mid, "type": "message", "role": "assistant", "model": state.served_model_name,
                    "content": blocks, "stop_reason": reason, "stop_sequence": sequence,
                    "usage": message_usage(len(prompt), len(c.token_ids), out.num_cached_tokens)}, headers)

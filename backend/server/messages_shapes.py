@@ -278,10 +278,12 @@ def thinking_switch(thinking: dict | None) -> bool | None:
     return kind != "disabled"
 
 
-def stop_reason(finish_reason: str | None, stop: int | str | None, calls: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished choice."""
+def stop_reason(finish_reason: str | None, stop: int | str | None, calls: bool,
+                context_ended: bool = False) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished choice. context_ended: its length limit was the context's, the
+    client's max_tokens cut to what the prompt left (Anthropic's model_context_window_exceeded), not max_tokens."""
     if finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if context_ended else "max_tokens"), None
     if calls:
         return "tool_use", None
     if isinstance(stop, str):

@@ -94,7 +94,10 @@ class _Blocks:
         return out
 
 
-def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature: str = "") -> StreamingResponse:
+def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature: str = "",
+                   context_ended: bool = False) -> StreamingResponse:
+    """context_ended: the context, not the client's max_tokens, limits the answer's length (stop_reason)."""
+
     async def events() -> AsyncIterator[str]:
         items = with_pings(gen, PING_SECONDS).__aiter__()
         # message_start waits for the engine's first step of the request (a ping interval at most), which tells
@@ -142,7 +145,8 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature:
         for e in blocks.close():
             yield e
         reason, sequence = stop_reason(finished.finish_reason if finished else None,
-                                       finished.stop_reason if finished else None, blocks.has_calls)
+                                       finished.stop_reason if finished else None, blocks.has_calls,
+                                       context_ended)
         yield sse("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
                   usage=message_usage(prompt_len, tokens, cached))
         yield sse("message_stop")

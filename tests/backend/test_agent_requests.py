@@ -157,3 +157,42 @@ def test_keep_attribution_header_keeps_the_line(refusing):
     client = claude(refusing)
     plain = client.messages.count_tokens(model="tiny", system=SYSTEM, messages=ASK).input_tokens
     assert client.messages.count_tokens(model="tiny", system=system_blocks("e5b"), messages=ASK).input_tokens > plain
+
+
+def near_the_end(client: anthropic.Anthropic, left: int) -> list[dict]:
+    """A conversation whose prompt leaves at most `left` tokens of the context (and not many fewer)."""
+    def asking(words: int) -> list[dict]:
+        return [{"role": "user", "content": "Copy on. " + "ink " * words}]
+
+    low, high = 0, CONTEXT
+    while low < high:  # the most words that still leave `left`
+        mid = (low + high + 1) // 2
+        fits = client.messages.count_tokens(model="tiny", messages=asking(mid)).input_tokens <= CONTEXT - left
+        low, high = (mid, high) if fits else (low, mid - 1)
+    return asking(low)
+
+
+def test_an_answer_the_context_ends_says_so(clamping):
+    client = claude(clamping)
+    messages = near_the_end(client, 6)
+    prompt_tokens = client.messages.count_tokens(model="tiny", messages=messages).input_tokens
+    room = CONTEXT - prompt_tokens
+    assert 2 < room <= 8
+
+    greedy = {"extra_body": {"temperature": 0}}  # this SDK has no temperature argument; the API has the field
+    ended = client.messages.create(model="tiny", messages=messages, max_tokens=8192, **greedy)
+    assert ended.usage.output_tokens == room  # the whole rest of the context: the context ended it
+    assert ended.stop_reason == "model_context_window_exceeded"
+    with client.messages.stream(model="tiny", messages=messages, max_tokens=8192, **greedy) as stream:
+        assert stream.get_final_message().stop_reason == "model_context_window_exceeded"
+    for max_tokens in (room - 1, room):  # the client's own limit, even where it is all the context leaves
+        cut = client.messages.create(model="tiny", messages=messages, max_tokens=max_tokens, **greedy)
+        assert cut.usage.output_tokens == max_tokens and cut.stop_reason == "max_tokens"
+        with client.messages.stream(model="tiny", messages=messages, max_tokens=max_tokens, **greedy) as s:
+            assert s.get_final_message().stop_reason == "max_tokens"
+
+    # OpenAI's APIs have no reason of their own for it: "length" and max_output_tokens, as OpenAI answers
+    chat = oai(clamping).chat.completions.create(model="tiny", messages=messages, max_tokens=32000, temperature=0)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == room
+    response = oai(clamping).responses.create(model="tiny", input=messages, max_output_tokens=32000, temperature=0)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"

@@ -12,6 +12,7 @@ import tomlkit
 from ruamel.yaml import YAML
 
 from common.agent_configs import remembered
+from common.settings import DEFAULT_LLM_URL
 from mcp_server import client_entries
 from mcp_server.install import CLIENTS, InstallError, install, target, uninstall
 from tests.backend.server_process import ROOT
@@ -43,7 +44,8 @@ JSONC = """{
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for var in ("XDG_CONFIG_HOME", "CODEX_HOME", "HERMES_HOME"):
+    for var in ("XDG_CONFIG_HOME", "CODEX_HOME", "HERMES_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_CONFIG",
+                "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("SCRIPTORIUM_MCP_TOKEN", TOKEN)
@@ -103,8 +105,8 @@ def test_stdio_install_merges_backs_up_is_idempotent_and_uninstalls(client, home
         assert any("source " in n for n in result["notes"])
         assert f"export SCRIPTORIUM_HOME={home / 'data'}" in result["notes"]
     else:
-        assert servers["scriptorium"] == client_formats.stdio(client, sys.executable,
-                                                              {"SCRIPTORIUM_HOME": str(home / "data")})
+        assert servers["scriptorium"] == client_formats.stdio(client, sys.executable, {
+            "SCRIPTORIUM_HOME": str(home / "data"), "SCRIPTORIUM_LLM_URL": DEFAULT_LLM_URL})
     assert path in remembered(home / "data")  # ops backup learns which files install changed
 
     before = sorted(path.parent.iterdir())
@@ -274,3 +276,37 @@ def test_install_refuses_unknown_toolsets_and_toolsets_for_http(home):
     assert "core, team, images, all" in unknown.stderr
     with pytest.raises(InstallError, match="--toolsets is for stdio entries"):
         install("codex", "user", home, client_formats.URL, toolsets=("core",))
+
+
+def test_a_user_scope_entry_finds_the_stack_from_another_directory(home):
+    """Set up as a user would, in a project: a data directory and a config file given by relative paths, the
+    LLM's URL in that file. The entry's server, started by the agent elsewhere without those variables, uses
+    that stack's files and LLM."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    project, elsewhere = home / "project", home / "elsewhere"
+    elsewhere.mkdir()
+    (project / "stack.toml").write_text('llm_urls = "http://127.0.0.1:9/v1"\n')
+    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("SCRIPTORIUM_")}
+    done = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "cursor", "--scope", "user"],
+                          capture_output=True, text=True, cwd=project, timeout=120,
+                          env={**agent_env, "SCRIPTORIUM_HOME": "stack", "SCRIPTORIUM_CONFIG": "stack.toml",
+                               "SCRIPTORIUM_MCP_TOKEN": TOKEN})
+    assert done.returncode == 0, done.stderr
+    entry = read(home / "home" / ".cursor" / "mcp.json")["mcpServers"]["scriptorium"]
+    assert entry["env"] == {"SCRIPTORIUM_HOME": str(project / "stack"), "SCRIPTORIUM_LLM_URL": "http://127.0.0.1:9/v1",
+                            "SCRIPTORIUM_CONFIG": str(project / "stack.toml")}
+    assert TOKEN not in (home / "home" / ".cursor" / "mcp.json").read_text()
+    primed = list((project / "stack" / "cache" / "mcp").glob("answers-*.json"))  # install's start used the stack
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], cwd=str(elsewhere),
+                                   env={**agent_env, **entry["env"]})
+
+    async def status() -> dict:
+        with anyio.fail_after(120):
+            async with Client(params) as client:
+                return (await client.call_tool("stack_status", {})).structured_content
+
+    assert [u["url"] for u in anyio.run(status)["llm"]] == ["http://127.0.0.1:9/v1"]
+    assert primed and list((project / "stack" / "cache" / "mcp").glob("answers-*.json")) == primed
+    assert not (elsewhere / "stack").exists() and not (ROOT / "stack").exists()

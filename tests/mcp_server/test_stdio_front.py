@@ -1,6 +1,7 @@
 """`python -m mcp_server` over stdio, spoken to line by line: the front (mcp_server/stdio_front.py) answers
-initialize and the lists from an earlier start's answers, which must be what the SDK server itself answers, and
-hands every other message to the SDK server without the client seeing its own replayed questions."""
+initialize (mcp_server/initialize_result.py) and the lists from an earlier start's answers, which must be what
+the SDK server itself answers, and hands every other message to the SDK server without the client seeing its own
+replayed questions."""
 
 import asyncio
 import json
@@ -24,9 +25,9 @@ INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"nam
 class Raw:
     """The server as a process, JSON-RPC lines in and out."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, args: list[str] | None = None):
         env = {**os.environ, "SCRIPTORIUM_HOME": str(settings.home), "SCRIPTORIUM_LLM_URL": settings.llm_urls[0]}
-        self.proc = subprocess.Popen([sys.executable, "-m", "mcp_server"], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "mcp_server", *(args or [])], cwd=ROOT, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(json.loads(line)) for line in self.proc.stdout],
@@ -61,6 +62,7 @@ class Raw:
     def close(self) -> int:
         self.proc.stdin.close()
         code = self.proc.wait(timeout=60)
+        self.stderr = self.proc.stderr.read().decode(errors="replace")
         while not self.lines.empty():
             message = self.lines.get()
             assert "id" not in message and "method" in message, message
@@ -125,7 +127,7 @@ def test_remembered_answers_that_differ_from_the_sdks_are_replaced(settings):
     assert session(settings)["tools/list"] == true["tools/list"][INIT["protocolVersion"]]
 
 
-def test_a_new_protocol_version_waits_for_the_sdk(settings):
+def test_a_new_protocol_version_gets_the_sdk_servers_lists(settings):
     session(settings)
     raw = Raw(settings)
     result = raw.ask("initialize", {**INIT, "protocolVersion": "2025-03-26"})
