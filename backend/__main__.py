@@ -4,18 +4,26 @@ import argparse
 import json
 import sys
 
+from backend.config_flags import add_engine_arguments, engine_settings
 from backend.model_config import ModelLoadError
 from backend.model_store import ModelStoreError, format_table, list_models, pull, to_json
+from backend.server.serve_flags import add_arguments
+
+# EngineConfig's fields whose flags generate declares itself: its --seed is its one request's (SamplingParams)
+GENERATE_OWN = ("model", "seed")
 
 
 def _generate(args: argparse.Namespace) -> int:
     from backend import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
-              activations=args.activations, max_model_len=args.max_model_len, rope_scaling=args.rope_scaling,
-              quantization=args.quantization)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            seed=args.seed, stop=args.stop or None)
+    llm = LLM(args.model, **engine_settings(args, GENERATE_OWN))
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop or None,
+    )
     if args.chat:
         outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
     else:
@@ -28,7 +36,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m backend", description="Scriptorium's inference backend")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -39,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p_list = models_sub.add_parser("list", help="known models and whether they are present")
     p_list.add_argument("--json", action="store_true")
 
-    from backend.server.serve import add_arguments, add_model_arguments
-
     gen = sub.add_parser("generate", help="print one completion")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf")
-    add_model_arguments(gen)
+    gen.add_argument(
+        "--model", default="smollm2", help="an alias (smollm2), a Hugging Face directory or a .gguf"
+    )
+    add_engine_arguments(gen, GENERATE_OWN)
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -55,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     srv = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_arguments(srv)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "models" and args.action == "pull":
             from pathlib import Path
@@ -64,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             from backend.model_store import KNOWN_MODELS
 
             # A model given as a path needs no fetching: ops' prepare step pulls whatever --model names.
-            path = Path(args.name).expanduser() if args.name not in KNOWN_MODELS and Path(args.name).expanduser().exists() \
+            path = (
+                Path(args.name).expanduser()
+                if args.name not in KNOWN_MODELS and Path(args.name).expanduser().exists()
                 else pull(args.name)
+            )
             print(path)
             return 0
         if args.command == "models" and args.action == "list":

@@ -15,7 +15,7 @@ from backend.engine_args import EngineArgs
 from backend.kernels import native
 from backend.quant import cpu_layout
 from backend.quant.formats import BY_NAME
-from backend.server import serve
+from backend.server import serve, serve_flags
 from tests.backend.conftest import assert_a_sequences_bits_kept, prompts_of_lengths, use_kernel_build
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
@@ -215,7 +215,7 @@ def test_the_server_flag_and_engine_args_carry_activations():
     """--activations int8 reaches the engine's settings from the server's command line, as from EngineArgs; the
     parser refuses anything but float32 and int8."""
     parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
+    serve_flags.add_arguments(parser)
     args = parser.parse_args(["--model", "smollm2", "--activations", "int8"])
     assert serve._engine_config(args, "smollm2", 0.9).activations == "int8"
     assert EngineArgs(model="smollm2", activations="int8").create_engine_config().activations == "int8"
