@@ -56,9 +56,9 @@ def products(dtype: torch.dtype, device: torch.device, reader, quantization: str
     """What the CPU's quantized matmuls multiply: "float32", "bfloat16" or "int8" (QuantWeight.pack_for_cpu).
 
     All but "float32" are for a GGUF whose layers stay in their blocks (some of them: not an F16/BF16 file, nor one
-    of types expanded at load), which our C kernels run (all of a step in one call, which needs fp32 around the
-    matmuls). "int8" (activations="int8"): each row of x quantized per group of 16 or 32 to 8 bits, codes times
-    those integers summed in int32 (cpu_int8.c), as llama.cpp does on the CPU: no longer exact against
+    expanded at load by quantization='dequantize'), which our C kernels run (all of a step in one call, which needs
+    fp32 around the matmuls). "int8" (activations="int8"): each row of x quantized per group of 16 or 32 to 8 bits,
+    codes times those integers summed in int32 (cpu_int8.c), as llama.cpp does on the CPU: no longer exact against
     transformers, and 2-3x the fp32 kernel's speed with AVX-512 VNNI; a row's bits do not depend on the rows beside
     it, so speculation stays identical to plain decoding. "bfloat16" (dtype bfloat16): where the CPU has AMX the
     codes are stored in the tiles' order and every product is bf16's: up to 16 rows fed the codes themselves (faster
@@ -82,7 +82,8 @@ def products(dtype: torch.dtype, device: torch.device, reader, quantization: str
                              "leave dtype as auto (or float32)")
         if not blocks:
             what = ("its weights are expanded at load (quantization='dequantize')" if quantization == "dequantize"
-                    else "it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants")
+                    else "it has no GGUF blocks of a quantized type (Q4_0 .. Q8_0, the K-quants, the IQ types, "
+                    "TQ1_0/TQ2_0 or MXFP4)")
             raise ValueError(f"activations='int8' multiplies a GGUF's quantized blocks, and {model}: {what}; leave "
                              "activations as float32")
         if not cpu_layout.enabled():

@@ -11,6 +11,7 @@ import math
 import struct
 from pathlib import Path
 
+from backend.families import deepseek, gemma3
 from backend.gguf_file import GGUFFile
 from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
 from backend.model_config import ModelConfig, ModelLoadError
@@ -21,16 +22,18 @@ LAYOUTS = {"llama": ("LlamaForCausalLM", "MixtralForCausalLM"), "qwen2": ("Qwen2
            "qwen3": ("Qwen3ForCausalLM", None), "qwen2moe": (None, "Qwen2MoeForCausalLM"),
            "qwen3moe": (None, "Qwen3MoeForCausalLM"), "smollm3": ("SmolLM3ForCausalLM", None),
            "phi3": ("Phi3ForCausalLM", None), "olmoe": (None, "OlmoeForCausalLM"),
-           "granitemoe": (None, "GraniteMoeForCausalLM")}
+           "granitemoe": (None, "GraniteMoeForCausalLM"), "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM"),
+           "glm4moe": (None, "Glm4MoeForCausalLM"), "gemma3": ("Gemma3ForCausalLM", None)}
 LAYOUT_HELP = ("llama (Llama 1-3.x, Mistral, TinyLlama, SmolLM; Mixtral with experts), qwen2, qwen3, qwen2moe, "
                "qwen3moe, smollm3, phi3 (Phi-3, Phi-4), olmoe, granitemoe (Granite-MoE, with or without its shared "
-               "expert)")
+               "expert), deepseek2 (DeepSeek-V2/V3, both kv_b layouts), glm4moe (GLM-4.5), gemma3 (Gemma 3, text)")
 # layouts whose q/k rows llama.cpp's converter interleaves for its rotary
 ROPE_PERMUTED = ("llama", "smollm3", "granitemoe")
 _NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's n_no_rope_layer_step: layer i is NoPE where (i + 1) % step == 0
 _WINDOWED = ("phi3",)  # layouts whose sliding_window key llama.cpp reads (its llama layout ignores Mistral's)
 # Whether the top-k routing weights are renormalised, where the file does not say (llama.cpp's defaults).
-_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True}
+_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True,
+              "deepseek2": False, "glm4moe": False}
 
 
 def dequantizable(ggml_type: int) -> bool:
@@ -102,6 +105,12 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
                                                      or shared.shape[1])
     if arch == "granitemoe":
         _granite_scalars(mc, field)
+    if arch in deepseek.GGUF_LAYOUTS:
+        deepseek.from_gguf(mc, arch, field, tensors)
+        return mc, reader
+    if arch in gemma3.GGUF_LAYOUTS:
+        gemma3.from_gguf(mc, arch, field, tensors)
+        return mc, reader
     mc.layers = tuple(_layer(arch, field, tensors, i, head_dim) for i in range(mc.num_layers))
     return mc, reader
 

@@ -1,9 +1,9 @@
 """A Hugging Face config.json as a ModelConfig: the family's reader, picked by the architecture it names."""
 
-from backend.families import gemma3, llama
+from backend.families import deepseek, gemma3, gpt_oss, llama, qwen3_next
 from backend.model_config import ModelConfig, ModelLoadError
 
-READERS = {arch: family.from_hf for family in (llama, gemma3) for arch in family.ARCHITECTURES}
+READERS = {arch: family.from_hf for family in (llama, gemma3, deepseek, qwen3_next, gpt_oss) for arch in family.ARCHITECTURES}
 
 
 def from_hf_config(cfg: dict, source: str) -> ModelConfig:

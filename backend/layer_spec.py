@@ -29,6 +29,9 @@ class MLAShape:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    # the rotary key's and query's dimensions rotate in adjacent pairs (DeepSeek's checkpoints, llama.cpp's
+    # deepseek2), not as the two halves of the rotary part
+    rope_interleaved: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class AttentionSpec:
     kind: str = "full"
     window: int | None = None  # sliding: how many positions a query attends to, its own included
     rope: bool = True  # False: a NoPE layer, whose q and k are not rotated (SmolLM3's every fourth layer)
-    sinks: bool = False  # learned per-head attention sinks (gpt-oss): described here, not yet computed
+    sinks: bool = False  # a learned logit a query head in each of its softmaxes' denominators (gpt-oss)
     qk_norm: str | None = None  # one of QK_NORMS: q and k RMS-normed before rotary; None: not normed
     # this layer's own rotary base, unscaled (Gemma 3's local layers); None: the model's rope_theta and rope_scaling
     rope_theta: float | None = None
@@ -90,6 +93,10 @@ class MLPSpec:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0  # the routed experts' weights multiplied by it (DeepSeek, GLM)
+    bias: bool = False  # biases on the router's logits and on each expert's projections (gpt-oss)
+    # the experts' activation: None, silu(gate) * up; (alpha, limit), gpt-oss's clamped SwiGLU:
+    # gate * sigmoid(alpha * gate) * (up + 1), gate clamped to at most limit and up to [-limit, limit]
+    clamped_swiglu: tuple[float, float] | None = None
 
     def __post_init__(self):
         if self.kind not in MLP_KINDS:

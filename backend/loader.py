@@ -164,7 +164,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
     else:
         from backend.quant.gguf_load import load_gguf
 
-        load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize", device=device)
+        load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
         _pack_for_cpu(model, products, reader if source.gguf_file is not None else None)
     model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does

@@ -2,7 +2,7 @@
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 
 # Below this a temperature scales logits past what floating point holds (1e-300 gives NaN probabilities);
 # it means "greedy" in practice, as in vLLM.
@@ -17,6 +17,44 @@ class InvalidParameter(ValueError):
     def __init__(self, param: str, message: str, code: str | None = None):
         super().__init__(message)
         self.param, self.code = param, code  # code: the OpenAI error code the server reports, where one fits
+
+
+@dataclass(frozen=True)
+class Range:
+    """A setting's allowed values: low to high (None: no bound), each end included unless open."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+# The engine's ranges of the real-valued settings (vLLM's); an API's documented range may narrow one (ApiFields)
+RANGES = {"temperature": Range(0), "top_p": Range(0, 1, low_open=True), "min_p": Range(0, 1),
+          "presence_penalty": Range(-2, 2), "frequency_penalty": Range(-2, 2),
+          "repetition_penalty": Range(0, low_open=True)}
+NOTES = {"temperature": " (0 is greedy)", "repetition_penalty": " (1 means none)"}
+
+
+@dataclass(frozen=True)
+class ApiFields:
+    """How one API's request carries the settings: the field that holds each (SamplingParams' name -> the
+    request's, for errors that name what the client sent) and the ranges its reference documents, each within
+    the engine's (RANGES)."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    ranges: dict[str, Range] = field(default_factory=dict)
+
+    def name(self, setting: str) -> str:
+        return self.names.get(setting, setting)
 
 
 @dataclass
@@ -43,43 +81,40 @@ class SamplingParams:
     # vLLM's: the logprob of each prompt token given those before it (the first has none), with this many of the
     # most likely tokens besides; computed in the prefill, which then skips the prefix cache
     prompt_logprobs: int | None = None
+    # the API the settings came in by (its field names and ranges), for the server; not kept
+    api: InitVar[ApiFields | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, api: ApiFields | None) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
-        self._validate()
+        self._validate(api or ApiFields())
 
-    def _validate(self) -> None:
+    def _validate(self, api: ApiFields) -> None:
+        """Each rule of a setting, with its one message, naming the field as the request's API names it."""
         def bad(name: str, allowed: str) -> InvalidParameter:
-            return InvalidParameter(name, f"{name} must be {allowed}, got {getattr(self, name)!r}")
+            shown = api.name(name)
+            return InvalidParameter(shown, f"{shown} must be {allowed}, got {getattr(self, name)!r}")
 
         def integer(name: str) -> bool:
             value = getattr(self, name)
             return isinstance(value, int) and not isinstance(value, bool)
 
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        for name in RANGES:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise bad(name, "a finite number")
         if not integer("n") or self.n < 1:
             raise bad("n", "an integer >= 1")
-        if self.temperature < 0:
-            raise bad("temperature", ">= 0 (0 is greedy)")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", "in (0, 1]")
+        for name, engine_range in RANGES.items():
+            allowed = api.ranges.get(name, engine_range)
+            if not allowed.holds(getattr(self, name)):
+                raise bad(name, f"{allowed}{NOTES.get(name, '')}")
         if not integer("top_k") or not 0 <= self.top_k < 2**31:
             raise bad("top_k", "an integer >= 1 (at most the vocabulary size), or 0 / -1 for no limit")
-        if not 0 <= self.min_p <= 1:
-            raise bad("min_p", "in [0, 1]")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise bad(name, "in [-2, 2]")
-        if not self.repetition_penalty > 0:
-            raise bad("repetition_penalty", "> 0 (1 means none)")
         if self.max_tokens is not None and (not integer("max_tokens") or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1")
         if self.logprobs is not None and (not integer("logprobs") or not 0 <= self.logprobs <= 20):
@@ -94,7 +129,8 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LENGTH for s in self.stop):
             raise bad("stop", f"a non-empty string or a list of them, each at most {MAX_STOP_LENGTH} characters")
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidParameter("stop", f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+            shown = api.name("stop")
+            raise InvalidParameter(shown, f"{shown} takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 2**63 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids >= 0")
         if self.seed is not None and (not integer("seed") or not INT64_MIN <= self.seed <= UINT64_MAX):

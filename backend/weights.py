@@ -1,6 +1,7 @@
 """Read safetensors tensors under Hugging Face names; load them (or a GGUF's floats) into a CausalLM."""
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,19 +9,36 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from backend.families import deepseek, gpt_oss, gpt_oss_weights
 from backend.model_config import ModelLoadError
+
+log = logging.getLogger(__name__)
 
 _EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 _EXPERT_ROLE = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1, "w2": None, "down_proj": None}
 _FUSED = {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1), ".v_proj.": (".qkv_proj.", 2),
-          ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}  # theirs -> (ours, its shard)
+          ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
+          # Qwen3.5's linear attention: q|k|v then z, b then a (GatedDeltaNet's fused projections)
+          ".in_proj_qkv.": (".in_proj_qkvz.", 0), ".in_proj_z.": (".in_proj_qkvz.", 1),
+          ".in_proj_b.": (".in_proj_ba.", 0), ".in_proj_a.": (".in_proj_ba.", 1)}  # theirs -> (ours, its shard)
 # Whole tensors under other names (after Mixtral's block_sparse_moe -> mlp): Granite-MoE's expert stacks (gate
 # rows, then up rows, as ours), router and shared expert; transformers 5's own stacked expert names.
 _RENAMED = ((".mlp.input_linear.weight", ".mlp.w_gate_up"), (".mlp.output_linear.weight", ".mlp.w_down"),
             (".mlp.router.layer.weight", ".mlp.gate.weight"), (".mlp.router.weight", ".mlp.gate.weight"),
             (".mlp.experts.gate_up_proj", ".mlp.w_gate_up"), (".mlp.experts.down_proj", ".mlp.w_down"),
             (".shared_mlp.input_linear.", ".mlp.shared_expert.gate_up_proj."),
-            (".shared_mlp.output_linear.", ".mlp.shared_expert.down_proj."))
+            (".shared_mlp.output_linear.", ".mlp.shared_expert.down_proj."),
+            (".mlp.shared_experts.", ".mlp.shared_expert."),  # DeepSeek's and GLM-4.5's
+            (".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+            (".mlp.exp_probs_b.bias", ".mlp.e_score_correction_bias"),  # the same, as llama.cpp names it
+            (".linear_attn.", ".self_attn."),  # Qwen3-Next's and Qwen3.5's linear layers: each layer's attention
+            ("model.language_model.", "model."),  # Qwen3.5's and Gemma 3's multimodal checkpoints: the text model
+            ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))  # Gemma 3's, as released
+# Tensors of parts that do not run: the vision towers and projectors of Qwen3.5 and Gemma 3 (text is served, images
+# are not), Qwen3-Next's and Qwen3.5's multi-token prediction head
+_VISION = ("model.visual.", "vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+           "model.multi_modal_projector.")
+_SKIPPED = (*_VISION, "mtp.")
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -55,9 +73,13 @@ def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _shard_rows(param: str, shard: int, model: nn.Module) -> tuple[int, int]:
     cfg = model.config
-    if ".qkv_proj." in param:
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if ".qkv_proj." in param:  # q's rows: twice num_heads * head_dim with an output gate (Qwen3-Next)
+        kv = cfg.num_kv_heads * cfg.head_dim
+        q = model.get_parameter(param).shape[0] - 2 * kv
         return [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][shard]
+    if ".in_proj_qkvz." in param:
+        conv = model.get_submodule(param.rsplit(".", 2)[0]).conv_dim
+        return (0, conv) if shard == 0 else (conv, model.get_parameter(param).shape[0])
     size = model.get_parameter(param).shape[0] // 2  # gate_up_proj: gate rows then up rows
     return (0, size) if shard == 0 else (size, 2 * size)
 
@@ -66,8 +88,14 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
     """Copy every checkpoint tensor into the model's (fused) parameters; every element must be written."""
     params = dict(model.named_parameters(remove_duplicate=False))
     written = {name: 0 for name in params}
+    if model.config.architecture in gpt_oss.ARCHITECTURES:  # its experts' layout (and MXFP4) as ours
+        tensors = gpt_oss_weights.as_ours(tensors, source)
+    vision = 0
     for name, tensor in tensors:
-        if name.endswith("rotary_emb.inv_freq"):
+        if name.endswith("rotary_emb.inv_freq") or name.startswith(_SKIPPED):
+            vision += name.startswith(_VISION)
+            continue
+        if deepseek.beyond_layers(name, model.config):  # DeepSeek-V3's and GLM-4.5's multi-token prediction layers
             continue
         name = name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name for the sparse block
         for theirs, ours in _RENAMED:
@@ -81,7 +109,7 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
                 rows = (0, half) if role == 0 else (half, 2 * half)
         else:
             for ours, (fused, shard) in _FUSED.items():
-                if ours in name:
+                if ours in name and name.replace(ours, fused) in params:  # MLA keeps its q_proj apart
                     target = name.replace(ours, fused)
                     rows = _shard_rows(target, shard, model)
                     break
@@ -103,6 +131,9 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
         # Some checkpoints tie embeddings without saying so in config.json.
         model.lm_head.weight = model.model.embed_tokens.weight
         written["lm_head.weight"] = params["lm_head.weight"].numel()
+    if vision:
+        log.info("%s: the vision tower and projector (%d tensors) are not loaded: text is served, images are not",
+                 source, vision)
     missing = [n for n, count in written.items() if count != params[n].numel()]
     if model.config.tie_word_embeddings:
         missing = [n for n in missing if n != "lm_head.weight"]

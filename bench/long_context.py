@@ -40,7 +40,7 @@ def token_losses(llm: LLM, ids: list[int], unscaled: bool = False) -> torch.Tens
     engine = llm.engine
     if unscaled:  # the trained RoPE past its length: what serving without scaling would compute
         cfg = engine.model_config
-        engine.model.cos_sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, None, engine.max_model_len)
+        engine.model.cos_sin = cos_sin_table(cfg.rotary_dim, cfg.rope_theta, None, engine.max_model_len)
     engine.add_request("long", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
     assert [item.num_scheduled_tokens for item in batch] == [len(ids)], "the prompt must fit one step"

@@ -56,12 +56,13 @@ ALWAYS_INLINE void weigh_values(const float *p, const float *p2, i64 n, const i6
 }
 
 /* The group query heads of one kv head (q: group x dim, heads dim apart) over n positions whose keys and values
- * sit at at[0..n) in the caches. Without m: o = softmax(q k / sqrt) v, final. With m: the span's part of a longer
+ * sit at at[0..n) in the caches. Without m: o = softmax(q k / sqrt) v, final; sinks (the group's heads', or NULL)
+ * join each head's softmax as one more score that weighs no value (gpt-oss). With m: the span's part of a longer
  * context, o = sum of e^(score - m) v unnormalised, m its top score and l the sum of its e^(score - m), per head
- * (merged by merge_spans). scores: group x stride floats of scratch. */
+ * (merged by merge_spans, which adds the sink). scores: group x stride floats of scratch. */
 ALWAYS_INLINE void attend_span(const float *qr, i64 group, i64 dim, const void *k_cache, const void *v_cache,
                                const i64 *at, i64 n, float scale, float *scores, i64 stride, float *o, float *m,
-                               float *l, const int kind) {
+                               float *l, const float *sinks, const int kind) {
     const char *kb = k_cache, *vb = v_cache;
     const i64 size = kv_size(kind);
     i64 t = 0;
@@ -87,7 +88,7 @@ ALWAYS_INLINE void attend_span(const float *qr, i64 group, i64 dim, const void *
     for (; t < n; t++)
         for (i64 g = 0; g < group; g++) scores[g * stride + t] = dot(qr + g * dim, k_cache, at[t], dim, kind) * scale;
     for (i64 g = 0; g < group; g++) {
-        float *sc = scores + g * stride, top = -INFINITY;
+        float *sc = scores + g * stride, top = sinks ? sinks[g] : -INFINITY;
         for (t = 0; t < n; t++) top = sc[t] > top ? sc[t] : top;
         t = 0;
         V8 sum = v8_set1(0.0f);
@@ -98,6 +99,7 @@ ALWAYS_INLINE void attend_span(const float *qr, i64 group, i64 dim, const void *
         }
         float total = hsum8(sum);
         for (; t < n; t++) total += sc[t] = expf(sc[t] - top);
+        if (sinks) total += expf(sinks[g] - top);
         if (m) m[g] = top, l[g] = total;
         else
             for (t = 0; t < n; t++) sc[t] /= total;
@@ -121,19 +123,21 @@ ALWAYS_INLINE void attend_span(const float *qr, i64 group, i64 dim, const void *
 
 /* attend_span compiled for each kind of cache element */
 static void attend(const float *qr, i64 group, i64 dim, const void *k_cache, const void *v_cache, const i64 *at,
-                   i64 n, float scale, float *scores, i64 stride, float *o, float *m, float *l, int kind) {
+                   i64 n, float scale, float *scores, i64 stride, float *o, float *m, float *l, const float *sinks,
+                   int kind) {
     if (kind == KV_F16)
-        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_F16);
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, sinks, KV_F16);
     else if (kind == KV_BF16)
-        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_BF16);
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, sinks, KV_BF16);
     else
-        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, KV_F32);
+        attend_span(qr, group, dim, k_cache, v_cache, at, n, scale, scores, stride, o, m, l, sinks, KV_F32);
 }
 
 /* One head's output from its spans' parts (attend_span with m), in span order: the parts rescaled to the top
- * score of all (the flash-decoding merge). part: count parts of dim + 2 floats (o, m, l) each, stride apart. */
-static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float *o) {
-    float top = -INFINITY, total = 0.0f;
+ * score of all (the flash-decoding merge), the head's sink (-INFINITY: none) one more term of the denominator.
+ * part: count parts of dim + 2 floats (o, m, l) each, stride apart. */
+static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float sink, float *o) {
+    float top = sink, total = 0.0f;
     for (i64 c = 0; c < count; c++) top = part[c * stride + dim] > top ? part[c * stride + dim] : top;
     for (i64 i = 0; i < dim; i++) o[i] = 0.0f;
     for (i64 c = 0; c < count; c++) {
@@ -142,6 +146,7 @@ static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float
         total += pc[dim + 1] * w;
         for (i64 i = 0; i < dim; i++) o[i] += pc[i] * w;
     }
+    if (sink > -INFINITY) total += expf(sink - top);
     for (i64 i = 0; i < dim; i++) o[i] /= total;
 }
 
@@ -160,11 +165,12 @@ static void merge_spans(const float *part, i64 count, i64 stride, i64 dim, float
  * hq / hkv query heads of a kv head together, so each key and value is read once. q [rows, hq, dim] (row stride
  * ldq), out [rows, hq, dim]; tables [rows, table_stride] (a stride of 0: one table for every row, a draft's
  * verification rows). A row's arithmetic is the same whatever the other rows (speculation exact): a context of
- * more than SPAN positions is cut into spans of SPAN by its own length alone, each a job, merged in order. */
+ * more than SPAN positions is cut into spans of SPAN by its own length alone, each a job, merged in order.
+ * sinks [hq]: a learned logit a query head in each of its softmaxes' denominators (gpt-oss), or NULL. */
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
                            const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
-                           i64 max_len, int threads) {
+                           const float *sinks, i64 max_len, int threads) {
     const i64 group = hq / hkv, part_stride = dim + 2;
     /* jobs: row r's kv heads, each in spans[r] spans; first[r]: r's first job; parts for the split rows */
     i64 *first = malloc((size_t)(rows + 1) * sizeof(i64)), *part_at = malloc((size_t)rows * sizeof(i64));
@@ -205,10 +211,10 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
             const float *qr = q + r * ldq + kv * group * dim;
             if (spans == 1) {
                 attend(qr, group, dim, k_cache, v_cache, at, n, scale, scores, max_len,
-                       out + (r * hq + kv * group) * dim, NULL, NULL, kind);
+                       out + (r * hq + kv * group) * dim, NULL, NULL, sinks ? sinks + kv * group : NULL, kind);
             } else {
                 float o[group * dim], m[group], l[group];
-                attend(qr, group, dim, k_cache, v_cache, at, n, scale, scores, width, o, m, l, kind);
+                attend(qr, group, dim, k_cache, v_cache, at, n, scale, scores, width, o, m, l, NULL, kind);
                 for (i64 g = 0; g < group; g++) {  /* part of (row, head kv * group + g, span) */
                     float *pc = part + (part_at[r] + ((kv * group + g) * spans + span)) * part_stride;
                     memcpy(pc, o + g * dim, (size_t)dim * sizeof(float));
@@ -220,7 +226,8 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
         for (i64 rh = 0; rh < rows * hq; rh++) {
             i64 r = rh / hq, h = rh % hq, spans = (first[r + 1] - first[r]) / hkv;
             if (spans > 1)
-                merge_spans(part + (part_at[r] + h * spans) * part_stride, spans, part_stride, dim, out + rh * dim);
+                merge_spans(part + (part_at[r] + h * spans) * part_stride, spans, part_stride, dim,
+                            sinks ? sinks[h] : -INFINITY, out + rh * dim);
         }
         free(scores);
         free(at);

@@ -101,7 +101,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             store_kv_elements(L->v_cache, slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
         }
         decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
-                              tables, table_stride, lens, L->window, s->scale, max_len, threads);
+                              tables, table_stride, lens, L->window, s->scale, NULL, max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         scale_branch(out, M * H, s->residual_scale);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);

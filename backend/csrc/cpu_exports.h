@@ -123,11 +123,15 @@ void rms_norm_rows(const float *x, const float *residual, const float *weight, f
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
                  const float *sin, i64 ldc);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
+/* cpu_delta_rule.c: the gated delta rule's recurrent update of decode rows, on the state pool in place */
+void delta_rule_rows(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                     float *states, const int64_t *slots, const uint8_t *fresh, float *out, i64 rows, i64 hk,
+                     i64 hv, i64 dk, i64 dv, int threads);
 void kv_store(void *cache, const float *x, i64 n, int kind);
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
                            const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
-                           i64 max_len, int threads);
+                           const float *sinks, i64 max_len, int threads);
 
 /* --- the one-call decode step (cpu_decoder.c) */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,

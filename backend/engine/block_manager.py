@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from backend.engine.sequence import Sequence
+from backend.engine.state_pool import StatePool
 
 if TYPE_CHECKING:
     from backend.engine.disk_prefix_cache import DiskPrefixCache
@@ -39,8 +40,12 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 disk: "DiskPrefixCache | None" = None):
+                 disk: "DiskPrefixCache | None" = None, state_slots: int = 0):
         self.block_size = block_size
+        # A hybrid model's linear-attention states, a slot a running sequence; it takes no prefix hit, as a cached
+        # prefix's state is not kept (engine/state_pool.py)
+        self.states = StatePool(state_slots) if state_slots else None
+        enable_prefix_caching = enable_prefix_caching and self.states is None
         self.enable_prefix_caching = enable_prefix_caching
         self.disk = disk if enable_prefix_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -120,8 +125,10 @@ class BlockManager:
         num_hit_tokens = len(hit_ids) * self.block_size
         needed = self.blocks_for(num_hit_tokens + num_new_tokens) - len(hit_ids)
         revived = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)  # these leave the free list
-        if needed + revived > len(self.free):
+        if needed + revived > len(self.free) or (self.states is not None and not self.states.num_free):
             return False
+        if self.states is not None:
+            seq.state_slot = self.states.take()
         for block_id in hit_ids:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -148,6 +155,8 @@ class BlockManager:
         """Give child the parent's first num_computed tokens of KV: full blocks shared (never written again),
         the partial last block, which both will append to, as a fresh copy. Returns (source, copy) block ids
         when a copy is needed, None when none is, False when no block is free for it (nothing changed)."""
+        if self.states is not None:  # the parent's state is not copied: a hybrid model's siblings prefill apart
+            raise RuntimeError("a hybrid model's sequences do not fork; each prefills its own prompt")
         full, partial = divmod(num_computed, self.block_size)
         if partial and not self.free:
             return False
@@ -215,3 +224,6 @@ class BlockManager:
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        if self.states is not None and seq.state_slot is not None:
+            self.states.give_back(seq.state_slot)
+            seq.state_slot = None

@@ -206,9 +206,10 @@ def model_identity(engine: "LLMEngine") -> list:
 
 
 def for_engine(engine: "LLMEngine") -> DiskPrefixCache | None:
-    """The engine's disk prefix cache, or None where it is off (disk_cache_bytes 0, or no prefix caching)."""
+    """The engine's disk prefix cache, or None where it is off (disk_cache_bytes 0, no prefix caching, or a hybrid
+    model's, which takes no prefix hit: engine/state_pool.py)."""
     config, mc = engine.config, engine.model_config
-    if not config.disk_cache_bytes or not config.enable_prefix_caching:
+    if not config.disk_cache_bytes or not config.enable_prefix_caching or engine.runner.state_slots:
         return None
     layout = engine.runner.kv_block_layout()
     if not layout:

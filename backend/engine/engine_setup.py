@@ -7,6 +7,7 @@ import torch
 from backend.arithmetic import pick_dtype, products
 from backend.config import EngineConfig
 from backend.engine.kv_budget import check_cuda_block_size
+from backend.engine.state_pool import is_hybrid
 from backend.kernels import native
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import module_bytes
@@ -50,6 +51,9 @@ def speculation(spec: SpeculativeConfig | None, draft_model, target, device: tor
     """(proposer, speculator): a draft model's or n-gram lookup's, or (None, None) without speculation."""
     if spec is None:
         return None, None
+    if draft_model is not None and is_hybrid(draft_model.config):
+        raise ValueError(f"a draft model with linear-attention layers ({draft_model.config.architecture}) is not "
+                         "supported: its state cannot follow the target's accepted drafts; use a transformer draft")
     if draft_model is not None:
         proposer = DraftProposer(draft_model, device, dtype, 0, block_size, kv_dtype, bridge)
         # A decode step reads its weights once: the draft's cost relative to the target's is their bytes

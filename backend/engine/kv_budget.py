@@ -15,6 +15,7 @@ from backend.context_length import fit_context
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
+from backend.engine.state_pool import is_hybrid, state_pool_bytes
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
@@ -98,13 +99,14 @@ def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: tor
     while sum(lengths) < tokens:
         lengths.append(min(max_model_len - 1, tokens - sum(lengths)))
     blocks = sum((n + block_size - 1) // block_size for n in lengths)
-    runner = ModelRunner(model, blocks, block_size, device, dtype, kv_dtype)
+    slots = len(lengths) if is_hybrid(model.config) else 0  # a hybrid model's prompts each need a state slot
+    runner = ModelRunner(model, blocks, block_size, device, dtype, kv_dtype, state_slots=slots)
     batch, next_block = [], 0
     for n in lengths:
         seq = Sequence(seq_id=-1, request_id="warm-up", index=0, token_ids=[0] * n, num_prompt_tokens=n,
                        params=SamplingParams(max_tokens=1))
         count = (n + block_size - 1) // block_size
-        seq.block_table = list(range(next_block, next_block + count))
+        seq.block_table, seq.state_slot = list(range(next_block, next_block + count)), len(batch)
         next_block += count
         batch.append(ScheduledSeq(seq, n))
     runner.execute(batch)
@@ -151,21 +153,22 @@ def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     block_size = config.block_size
     per_block = sum(kv_bytes_per_block(m.config, block_size, shape.kv_dtype) for m in models)
     needed_per_seq = (shape.max_model_len + block_size - 1) // block_size
+    states = sum(state_pool_bytes(m.config, config.max_num_seqs) for m in models)  # hybrid models' (state_pool.py)
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks
     elif config.kv_cache_memory is None and shape.device.type == "cuda":
-        blocks = min(_profile_cuda(config, shape, models, per_block), MAX_CUDA_BLOCKS)
+        blocks = min(_profile_cuda(config, shape, models, per_block, states), MAX_CUDA_BLOCKS)
     elif config.kv_cache_memory is not None:
         m = config.kv_cache_memory
         budget = m if isinstance(m, int) else int(m * available_memory(shape.device))
-        blocks = budget // per_block
+        blocks = (budget - states) // per_block
     else:
         # Enough for every sequence slot at full length, but no more than a fifth of free memory
         # (and 2 GiB on the CPU, where the zeroed cache is paid for at start-up).
         cap_bytes = available_memory(shape.device) // 5
         if shape.device.type == "cpu":
             cap_bytes = min(cap_bytes, 2 << 30)
-        blocks = max(min(config.max_num_seqs * needed_per_seq, cap_bytes // per_block), needed_per_seq)
+        blocks = max(min(config.max_num_seqs * needed_per_seq, (cap_bytes - states) // per_block), needed_per_seq)
     if blocks < needed_per_seq:
         raise ValueError(
             f"the KV cache holds {blocks} blocks of {block_size} tokens, but one sequence of max_model_len="
@@ -173,7 +176,7 @@ def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     return blocks
 
 
-def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_block: int) -> int:
+def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_block: int, states: int) -> int:
     """Blocks that fit in gpu_memory_utilization once the weights (the draft's too) and the peak
     activations of the largest batch are counted: a warm-up runs that batch and measures it."""
     device = shape.device
@@ -195,7 +198,7 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
     warm_cache = kv_bytes_per_block(models[0].config, config.block_size, shape.kv_dtype) * warm_blocks
     # Each layer's K and V tensors are rounded up to the allocator's 2 MiB segments.
     rounding = sum(2 * m.config.num_layers for m in models) * 2 * 2**20
-    return kv_cache_blocks(allowed_bytes(config.gpu_memory_utilization, total) - rounding, weights, peak, warm_cache,
+    return kv_cache_blocks(allowed_bytes(config.gpu_memory_utilization, total) - rounding - states, weights, peak, warm_cache,
                            free, per_block, config.gpu_memory_utilization)
 
 
@@ -257,17 +260,18 @@ def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, 
     if draft is not None:
         per_block += kv_bytes_per_block(draft.config, config.block_size, shape.kv_dtype)
         reserved += module_bytes(draft)
-    reserved += min_kv_bytes(config, per_block, shape.max_model_len)
+    reserved += min_kv_bytes(config, per_block, shape.max_model_len) + state_pool_bytes(cfg, config.max_num_seqs)
     return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)
 
 
 def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,
-                  host_experts: int = 0) -> None:
+                  host_experts: int = 0, states: int = 0) -> None:
     """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache;
     CUDA graphs); the CUDA context comes on top. On the CPU, the weights and the cache only."""
     how = "computed there by the CPU" if config.moe_cpu_compute else \
         ("pinned, " if device.type == "cuda" else "") + "copied in when routed to"
-    held_weights = f"weights {weights / GIB:.2f} GiB" + (
+    held_weights = (f"linear-attention states {states / GIB:.2f} GiB ({config.max_num_seqs} slots); " if states
+                    else "") + f"weights {weights / GIB:.2f} GiB" + (
         f" (and {host_experts / GIB:.2f} GiB of experts in host memory, {how})" if host_experts else "")
     if device.type != "cuda":
         log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, held_weights)

@@ -31,6 +31,7 @@ from backend.engine.plan_sampling import sample_plan
 from backend.engine.sampler import Sampler
 from backend.engine.scheduler import Scheduler
 from backend.engine.sequence import Sequence
+from backend.engine.state_pool import is_hybrid, state_pool_bytes
 from backend.engine.step_budget import StepBudget
 from backend.engine_args import EngineArgs
 from backend.loader import load_tokenizer, locate, read_config
@@ -63,7 +64,8 @@ class LLMEngine:
         self.model, draft_model = residency.load_models(self, reader)
         models = [m for m in (self.model, draft_model) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
-        self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype)
+        self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype,
+                                  config.max_num_seqs if is_hybrid(self.model_config) else 0)
         target = config.step_time_budget or (0.25 if self.device.type == "cpu" else 0.05)
         self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
                                    self.max_num_batched_tokens,
@@ -79,7 +81,7 @@ class LLMEngine:
         residency.start_cache(self)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
-                      sum(host_expert_bytes(m) for m in models))
+                      sum(host_expert_bytes(m) for m in models), state_pool_bytes(self.model_config, config.max_num_seqs))
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}  # each request's prompt text, for the outputs of step()
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas
@@ -151,10 +153,13 @@ class LLMEngine:
             )
             seqs.append(seq)
         # The prompt is prefilled once, for the first sequence; the others fork from it (Scheduler.start_forks).
-        seqs[0].forks = seqs[1:]
+        # A hybrid model's prefill each their own: a linear layer's state is not shared as blocks are.
+        hybrid = self.runner.state_slots > 0
+        seqs[0].forks = [] if hybrid else seqs[1:]
         if params.prompt_logprobs is not None:
             seqs[0].prompt_logprobs = [None] * len(token_ids)
-        self.scheduler.add(seqs[0])
+        for seq in seqs if hybrid else seqs[:1]:
+            self.scheduler.add(seq)
         self.requests[request_id] = seqs
         self.prompts[request_id] = text
 
@@ -212,6 +217,7 @@ class LLMEngine:
         forks = self.scheduler.start_forks(plan, self.runner.copy_block)
         plan, logit_rows = plan + [f for _, f in forks], out.logit_rows + [out.logit_rows[i] for i, _ in forks]
         tokens, logprobs, failed = sample_plan(self.sampler, plan, out.logits, logit_rows)
+        self.runner.commit_states(plan, tokens)
         failed += self.scheduler.postprocess(plan, tokens, self.eos_token_ids, self.max_model_len, self.tokenizer,
                                              out.pooled, out.prompt_logprobs, logprobs)
         if self.speculator:

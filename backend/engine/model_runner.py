@@ -8,10 +8,13 @@ import torch
 
 from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
+from backend.engine.state_pool import allocate_states, free_states
 from backend.engine.step_inputs import StepInputs, lay_out
 from backend.kernels import native, use_triton
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
+from backend.kernels.delta_rule import StateRows
 from backend.models.cpu_decoder import CpuDecoder
+from backend.models.gated_deltanet import GatedDeltaNet
 from backend.models.transformer import CausalLM
 
 # Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where a dense model
@@ -41,8 +44,9 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, state_slots: int = 0):
         self.model = model
+        self.state_slots = state_slots  # a hybrid model's linear-attention states (engine/state_pool.py)
         self.device = device
         self.block_size = block_size
         self.dtype = dtype
@@ -67,6 +71,7 @@ class ModelRunner:
             k_block, v_block = spec.attention.block_shapes(self.block_size, cfg.num_kv_heads, cfg.head_dim)
             module.k_cache = zeros((num_blocks, *k_block), dtype=self.kv_dtype, device=self.device)
             module.v_cache = zeros((num_blocks, *v_block), dtype=self.kv_dtype, device=self.device)
+        allocate_states(self._attention_modules(), self.state_slots, self.device)
         self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
 
     def copy_block(self, source: int, target: int) -> None:
@@ -96,6 +101,7 @@ class ModelRunner:
         self.cpu_decoder = None
         for module in self._attention_modules():
             module.k_cache = module.v_cache = torch.empty(0)
+        free_states(self._attention_modules())
 
     # CUDA graphs for decode steps -------------------------------------------------------------------------
 
@@ -109,6 +115,8 @@ class ModelRunner:
         from backend.models.moe import SparseMoE
 
         if any(isinstance(m, SparseMoE) and m.expert_cache is not None for m in self.model.modules()):
+            return
+        if self.state_slots:  # a captured step has no rows' state slots to read: hybrid models stay eager
             return
         largest = max_rows
         sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
@@ -188,8 +196,10 @@ class ModelRunner:
         # With our CPU kernels or the Triton ones a verification run is decode rows too (each row attending exactly as
         # it would decoding, so greedy speculation keeps plain decoding's tokens), and so is a short prompt chunk with
         # the one-call step: the step stays a decode step.
-        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and item.num_draft > 0) or (
-            self.triton and item.num_draft > 0 and item.seq.num_computed_tokens <= DECODE_ROWS_CONTEXT) or (
+        # A hybrid model's verification is a run of its own (GatedDeltaNet keeps its state apart until commit).
+        drafts = item.num_draft > 0 and not self.state_slots
+        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and drafts) or (
+            self.triton and drafts and item.seq.num_computed_tokens <= DECODE_ROWS_CONTEXT) or (
             self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
             and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
 
@@ -212,6 +222,9 @@ class ModelRunner:
             table = torch.tensor(item.seq.block_table, dtype=torch.long) if self.device.type == "cpu" else None
             meta.prefills.append(PrefillChunk(rows.start, rows.stop, item.seq.num_computed_tokens + item.num_scheduled_tokens,
                                               table, verifies=item.num_draft > 0 and item.seq.params.greedy))
+        if self.state_slots:  # each decode row's sequence's state slot, then each prompt chunk's
+            slots = [plan[i].seq.state_slot for i in inputs.decode] + [plan[i].seq.state_slot for i in inputs.prefill]
+            meta.states = StateRows(self._tensor(slots), tuple(plan[i].num_draft > 0 for i in inputs.prefill))
         if inputs.prefill:
             meta.prefill_cu_q = self._tensor([c.start - n for c in meta.prefills] + [meta.prefills[-1].end - n])
             meta.prefill_context_lens = self._tensor([c.context_len for c in meta.prefills])
@@ -226,6 +239,16 @@ class ModelRunner:
         """Block tables as one tensor, each padded with 0 to the longest."""
         width = max(len(t) for t in tables)
         return self._tensor([t + [0] * (width - len(t)) for t in tables])
+
+    @torch.inference_mode()
+    def commit_states(self, plan: StepPlan, tokens: list[list[int] | None]) -> None:
+        """A hybrid model's runs that verified drafts keep the state after the rows postprocess keeps: the last
+        known token and the accepted drafts (len(tokens[i]), as postprocess counts them)."""
+        kept = [len(new) if new else 1 for item, new in zip(plan, tokens) if item.num_draft]
+        if self.state_slots and kept:
+            for module in self._attention_modules():
+                if isinstance(module, GatedDeltaNet):
+                    module.commit(kept)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:

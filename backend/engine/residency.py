@@ -48,7 +48,7 @@ def start_cache(engine: "LLMEngine") -> None:
     """A fresh KV cache and prefix cache (the draft's too), and the CUDA graphs that read them."""
     c = engine.config
     engine.block_manager = BlockManager(engine.num_kv_blocks, c.block_size, c.enable_prefix_caching,
-                                        engine.disk_cache)
+                                        engine.disk_cache, engine.runner.state_slots)
     engine.scheduler.block_manager = engine.block_manager
     engine.runner.allocate_kv_cache(engine.num_kv_blocks)
     if isinstance(engine.proposer, DraftProposer):

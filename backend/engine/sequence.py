@@ -39,6 +39,7 @@ class Sequence:
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of the leading full blocks
+    state_slot: int | None = None  # a hybrid model's: its linear-attention state's slot (engine/state_pool.py)
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | str | None = None
     error: str | None = None  # why processing this sequence failed (finish_reason "error")

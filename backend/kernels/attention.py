@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.kernels import native, use_triton
+from backend.kernels.delta_rule import StateRows
 
 
 @dataclass
@@ -42,6 +43,9 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor | None = None
     prefill_block_tables: torch.Tensor | None = None
     prefill_max_len: int = 0
+    # A hybrid model's: which linear-attention state each decode row and prompt chunk reads (engine/state_pool.py);
+    # None without linear layers
+    states: StateRows | None = None
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -57,29 +61,53 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-            scale: float) -> torch.Tensor:
-    """q [B, Hq, S, D], k/v [B, Hkv, L, D], mask [B, 1, S, L] (True = attend) or None for plain causal."""
+            scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, Hq, S, D], k/v [B, Hkv, L, D], mask [B, 1, S, L] (True = attend) or None for plain causal (S == L)."""
+    if sinks is not None:
+        return _attend_with_sinks(q, k, v, mask, scale, sinks)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
+def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                       scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """_attend with one learned logit a query head (sinks [Hq], gpt-oss's) in each softmax's denominator, as one
+    more key every query attends: q carries sink / scale in an extra dimension that only that key reads (1 there,
+    0 in every other key), and its value is zero. Through SDPA, whose fused kernel never holds a chunk's whole
+    score matrix (a 2,048-token chunk over 8,192 positions, 16 heads: 0.1 GB where scores written out take 3 GB,
+    measured)."""
+    b, hq, s, d = q.shape
+    n = k.shape[2]
+    extra = (sinks.to(q.dtype) / scale).view(1, hq, 1, 1).expand(b, hq, s, 1)
+    q = torch.cat([q, extra], dim=-1)
+    k = F.pad(k, (0, 1, 0, 1))  # a dimension of zeros, then the sink's key
+    k[:, :, n, d] = 1.0
+    v = F.pad(v, (0, 1, 0, 1))  # the sink's value: zeros (and the padded dimension, dropped after)
+    if mask is None:  # plain causal: the chunk is the whole context
+        mask = torch.ones(s, n, dtype=torch.bool, device=q.device).tril()[None, None]
+    mask = torch.cat([mask, mask.new_ones(*mask.shape[:-1], 1)], dim=-1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hq != k.shape[1])
+    return out[..., :d]
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
-                     uniform_len: int | None = None) -> torch.Tensor:
+                     uniform_len: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence, attending to its whole context. q [B, Hq, D] -> [B, Hq, D].
 
     Slots past a sequence's end are read (block tables are padded) and masked out; the cache is
     zero-initialised so they always hold finite numbers. With uniform_len (every context that long, as a
     single sequence's always is) they are sliced off instead: no mask to build, a faster attention.
+    sinks [Hq]: a learned logit a head in every softmax's denominator (gpt-oss), or None.
     """
     if _native(q, k_cache, v_cache):
-        return _native_rows(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window)
+        return _native_rows(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, sinks)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     blocks = block_tables.flatten()
     k = k_cache.index_select(0, blocks).to(q.dtype).view(b, -1, hkv, d).transpose(1, 2)
     v = v_cache.index_select(0, blocks).to(q.dtype).view(b, -1, hkv, d).transpose(1, 2)
-    if uniform_len is not None and sliding_window is None:
+    if uniform_len is not None and sliding_window is None and sinks is None:
         k, v = k[:, :, :uniform_len], v[:, :, :uniform_len]
         return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
                                               enable_gqa=hq != hkv).squeeze(2)
@@ -87,7 +115,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     mask = pos[None, :] < context_lens[:, None]
     if sliding_window is not None:
         mask &= pos[None, :] >= context_lens[:, None] - sliding_window
-    return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale).squeeze(2)
+    return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale, sinks).squeeze(2)
 
 
 def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -97,19 +125,22 @@ def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bo
 
 
 def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-                 lens: torch.Tensor, scale: float, sliding_window: int | None) -> torch.Tensor:
+                 lens: torch.Tensor, scale: float, sliding_window: int | None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Our C kernel (cpu_attention.c): each row of q as one sequence's decoding token, reading the cache in place."""
     out = q.new_empty(q.shape)
     rows, hq, d = q.shape
+    sinks = sinks.float().contiguous() if sinks is not None else None  # held here while the kernel reads it
     native.library().decode_attention_rows(
         q.data_ptr(), q.stride(0), out.data_ptr(), rows, hq, k_cache.shape[2], d, k_cache.data_ptr(), v_cache.data_ptr(),
         native.KV_KINDS[k_cache.dtype], k_cache.shape[1], tables.data_ptr(), tables.stride(0), lens.data_ptr(), sliding_window or 0, scale,
-        tables.shape[1] * k_cache.shape[1], torch.get_num_threads())
+        sinks.data_ptr() if sinks is not None else None, tables.shape[1] * k_cache.shape[1], torch.get_num_threads())
     return out
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                      context_len: int, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                      context_len: int, scale: float, sliding_window: int | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a chunk of S query tokens, the last S of a context already in the cache.
 
     q [S, Hq, D] -> [S, Hq, D]. Query i sits at position context_len - S + i.
@@ -129,25 +160,26 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         if sliding_window is not None:
             mask &= k_pos > q_pos - sliding_window
         mask = mask[None, None]
-    out = _attend(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale)
+    out = _attend(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), mask, scale, sinks)
     return out.squeeze(0).transpose(0, 1)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     context_len: int, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                     context_len: int, scale: float, sliding_window: int | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A chunk that scores drafts, each of its S rows attended exactly as decode_attention attends a single
     sequence's token at that position: the same kernel on the same shapes, so that greedy speculation accepts
     exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently)."""
     s, hq, d = q.shape
     if _native(q, k_cache, v_cache):
         lens = torch.arange(context_len - s + 1, context_len + 1)
-        return _native_rows(q, k_cache, v_cache, block_table.expand(s, -1), lens, scale, sliding_window)
+        return _native_rows(q, k_cache, v_cache, block_table.expand(s, -1), lens, scale, sliding_window, sinks)
     out = torch.empty_like(q)
-    if sliding_window is not None:  # decoding masks the window, whatever the length
+    if sliding_window is not None or sinks is not None:  # decoding masks these rows, whatever the length
         for i in range(s):
             n = torch.tensor([context_len - s + i + 1], device=q.device)
             out[i:i + 1] = decode_attention(q[i:i + 1], k_cache, v_cache, block_table[None], n, scale,
-                                            sliding_window)
+                                            sliding_window, sinks=sinks)
         return out
     hkv = k_cache.shape[2]
     blocks = block_table[:(context_len + k_cache.shape[1] - 1) // k_cache.shape[1]]
@@ -162,36 +194,37 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                    scale: float, sliding_window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
     if use_triton(q):
-        return _paged_attention_cuda(q, k_cache, v_cache, meta, scale, sliding_window)
+        return _paged_attention_cuda(q, k_cache, v_cache, meta, scale, sliding_window, sinks)
     n = meta.num_decode
     if not meta.prefills:  # a decode step: no copy into a shared output
         return decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                sliding_window, meta.decode_uniform_len)
+                                sliding_window, meta.decode_uniform_len, sinks)
     out = torch.empty_like(q)
     if n:
         out[:n] = decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   scale, sliding_window, meta.decode_uniform_len)
+                                   scale, sliding_window, meta.decode_uniform_len, sinks)
     for chunk in meta.prefills:
         attend = verify_attention if chunk.verifies else prefill_attention
         out[chunk.start:chunk.end] = attend(q[chunk.start:chunk.end], k_cache, v_cache, chunk.block_table,
-                                            chunk.context_len, scale, sliding_window)
+                                            chunk.context_len, scale, sliding_window, sinks)
     return out
 
 
-def _paged_attention_cuda(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, sliding_window):
+def _paged_attention_cuda(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, sliding_window, sinks):
     from backend.kernels import triton_kernels
 
     n = meta.num_decode
     if not meta.prefills:
         return triton_kernels.decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
-                                               meta.decode_context_lens, scale, sliding_window)
+                                               meta.decode_context_lens, scale, sliding_window, sinks)
     out = torch.empty_like(q)
     if n:
         out[:n] = triton_kernels.decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables,
-                                                  meta.decode_context_lens, scale, sliding_window)
+                                                  meta.decode_context_lens, scale, sliding_window, sinks)
     out[n:] = triton_kernels.prefill_attention(q[n:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_q,
-                                               meta.prefill_context_lens, meta.prefill_max_len, scale, sliding_window)
+                                               meta.prefill_context_lens, meta.prefill_max_len, scale, sliding_window,
+                                               sinks)
     return out

@@ -22,19 +22,25 @@ from backend.kernels.gguf_bytes_triton import (
     k_header,
     k_scale_min_words,
 )
+from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS, codebook_tables, codebook_weights
 
-# GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
-BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14)
+# GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and the codebook and ternary formats
+# (quant_codebook_triton.py, whose ids are the ones from 16 on).
+BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14, *CODEBOOK_FORMATS)
 MOE_BLOCK_N = 16  # rows of an expert a (token, expert) program reads
 GEMM_MAX_ROWS = 64  # past it (a prompt's chunk) the per-weight tiled GEMM, whose tiles reuse weights over 64 rows
 
 
 @triton.jit
-def block_dot(w_ptr, row_off, kb, x_ptr, K, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+def block_dot(w_ptr, row_off, kb, x_ptr, K, tab_ptr, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
     """[BLOCK_N] dot products of columns kb*256 .. kb*256+255 of the rows at row_off (byte offsets; element
-    offsets for plain floats) with x (one row, K long), in fp32."""
+    offsets for plain floats) with x (one row, K long), in fp32. tab_ptr: codebook_tables, for the codebooks."""
     k0 = kb * 256
-    if FMT == 0:
+    if FMT >= 16:
+        k = k0 + tl.arange(0, 256)
+        x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        return tl.sum(codebook_weights(w_ptr, row_off, kb, K, tab_ptr, FMT, BLOCK_N) * x[None, :], axis=1)
+    elif FMT == 0:
         k = k0 + tl.arange(0, 256)
         w = tl.load(w_ptr + row_off[:, None] + k[None, :], mask=(k < K)[None, :], other=0.0).to(tl.float32)
         x = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
@@ -108,12 +114,14 @@ def block_dot(w_ptr, row_off, kb, x_ptr, K, FMT: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def block_weights(w_ptr, row_off, kb, K, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
+def block_weights(w_ptr, row_off, kb, K, tab_ptr, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
     """[BLOCK_N, 256] fp32 weights of columns kb*256 .. kb*256+255 of the rows at row_off, in column order, read
     block by block as block_dot reads them, each the reference's q * scale + offset (exact products, one rounding):
     the decoded tile a matrix product of many rows of x multiplies."""
     k0 = kb * 256
-    if FMT == 0:
+    if FMT >= 16:
+        return codebook_weights(w_ptr, row_off, kb, K, tab_ptr, FMT, BLOCK_N)
+    elif FMT == 0:
         k = k0 + tl.arange(0, 256)
         return tl.load(w_ptr + row_off[:, None] + k[None, :], mask=(k < K)[None, :], other=0.0).to(tl.float32)
     elif FMT == 2 or FMT == 3 or FMT == 8:  # 8 blocks of 32 columns
@@ -167,7 +175,7 @@ def block_weights(w_ptr, row_off, kb, K, FMT: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _block_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride, FMT: tl.constexpr, BLOCK_M: tl.constexpr,
+def _block_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride, tab_ptr, FMT: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr):
     # Several rows of x (a decode batch, a short chunk): each 256-column tile of weights decoded once per program
     # and multiplied into BLOCK_M rows on the tensor cores.
@@ -179,32 +187,37 @@ def _block_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride, FMT: tl.constexpr
         k = kb * 256 + tl.arange(0, 256)
         x = tl.load(x_ptr + m.to(tl.int64)[:, None] * K + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :],
                     other=0.0)
-        w = block_weights(w_ptr, row_off, kb, K, FMT, BLOCK_N).to(x.dtype)  # rounded as the reference rounds it
+        w = block_weights(w_ptr, row_off, kb, K, tab_ptr, FMT, BLOCK_N).to(x.dtype)  # rounded as the reference rounds it
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
     tl.store(out_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(m < M)[:, None] & (n < N)[None, :])
 
 
-def gemm_tiles(m: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the block-wise matrix product for m rows of x. Not tuned on a device yet."""
-    return (16, 32) if m <= 16 else (32, 32)
+def gemm_tiles(m: int, fmt: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the block-wise matrix product for m rows of x. Not tuned on a device yet. A codebook's
+    fp32 tile of 32 rows by 32 takes up to 128 KiB of shared memory (sm_89 has 99)."""
+    if m <= 16:
+        return 16, 32
+    return (32, 16) if fmt in CODEBOOK_FORMATS and element_size == 4 else (32, 32)
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
-    """x [M, cols] @ W.T -> [M, rows] for up to GEMM_MAX_ROWS rows of x; fmt one of BLOCK_FORMATS."""
+    """x [M, cols] @ W.T -> [M, rows] (for up to GEMM_MAX_ROWS rows of x where the per-weight GEMM reads the
+    format too); fmt one of BLOCK_FORMATS."""
     m = x.shape[0]
     check_word_aligned((w, fmt))
     x = x.contiguous()
     out = torch.empty(m, rows, dtype=x.dtype, device=x.device)
     if m:
-        bm, bn = gemm_tiles(m)
+        bm, bn = gemm_tiles(m, fmt, x.element_size())
         _block_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(rows, bn))](
-            x, w, out, m, rows, cols, cols if fmt == 0 else row_bytes, FMT=fmt, BLOCK_M=bm, BLOCK_N=bn)
+            x, w, out, m, rows, cols, cols if fmt == 0 else row_bytes, codebook_tables(x.device), FMT=fmt, BLOCK_M=bm,
+            BLOCK_N=bn)
     return out
 
 
 @triton.jit
-def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, blocks_per_split, FMT: tl.constexpr,
+def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, blocks_per_split, tab_ptr, FMT: tl.constexpr,
                        BLOCK_N: tl.constexpr):
     # Program (i, m, s): BLOCK_N rows of row m of x over the s-th run of blocks_per_split 256-column blocks; out
     # is [splits, M, N] (summed by the caller in a fixed order, so the result is the same every run).
@@ -215,7 +228,7 @@ def _block_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride, blocks_per_split, FM
     acc = tl.zeros([BLOCK_N], tl.float32)
     first = split * blocks_per_split
     for kb in range(first, tl.minimum(first + blocks_per_split, tl.cdiv(K, 256))):
-        acc += block_dot(w_ptr, row_off, kb, x_ptr + m * K, K, FMT, BLOCK_N)
+        acc += block_dot(w_ptr, row_off, kb, x_ptr + m * K, K, tab_ptr, FMT, BLOCK_N)
     out = out_ptr + (split * tl.num_programs(1) + m) * N + n
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n < N)
 
@@ -251,13 +264,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_b
     splits = triton.cdiv(blocks, per_split)
     out = torch.empty(splits, m, rows, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
     grid = (triton.cdiv(rows, cfg.block_n), m, splits)
-    args = (x.contiguous(), w, out, rows, cols, cols if fmt == 0 else row_bytes, per_split)
+    args = (x.contiguous(), w, out, rows, cols, cols if fmt == 0 else row_bytes, per_split, codebook_tables(x.device))
     _block_gemv_kernel[grid](*args, FMT=fmt, BLOCK_N=cfg.block_n, num_warps=cfg.warps)
     return out[0] if splits == 1 else out.sum(0).to(x.dtype)
 
 
 @triton.jit
-def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, TOP_K: tl.constexpr,
+def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, tab_ptr, TOP_K: tl.constexpr,
                    FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_N: tl.constexpr):
     # One program per (token, expert) pair and BLOCK_N rows of that expert's gate and up: SiLU(gate) * up.
     pair = tl.program_id(0).to(tl.int64)
@@ -268,14 +281,14 @@ def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, st
     gate = tl.zeros([BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_N], tl.float32)
     for kb in range(0, tl.cdiv(H, 256)):
-        gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, FMT_GATE, BLOCK_N)
-        up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, FMT_UP, BLOCK_N)
+        gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, tab_ptr, FMT_GATE, BLOCK_N)
+        up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, tab_ptr, FMT_UP, BLOCK_N)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(inter_ptr + pair * INTER + n, act.to(inter_ptr.dtype.element_ty), mask=n < INTER)
 
 
 @triton.jit
-def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, FMT: tl.constexpr,
+def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, tab_ptr, FMT: tl.constexpr,
                      BLOCK_N: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -283,7 +296,7 @@ def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, I
     rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for kb in range(0, tl.cdiv(INTER, 256)):
-        acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, FMT, BLOCK_N)
+        acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, tab_ptr, FMT, BLOCK_N)
     acc = acc * tl.load(weights_ptr + pair).to(tl.float32)
     tl.store(out_ptr + pair * H + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)
 
@@ -302,10 +315,11 @@ def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
     ids = topk_ids.flatten().contiguous()
     inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
     out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    tables = codebook_tables(x.device)
     _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, MOE_BLOCK_N))](
         x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
-        hidden if fmt_u == 0 else rb_u, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
+        hidden if fmt_u == 0 else rb_u, tables, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
     _block_moe_down_kernel[(pairs, triton.cdiv(hidden, MOE_BLOCK_N))](
         inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
-        inter_size if fmt_d == 0 else rb_d, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
+        inter_size if fmt_d == 0 else rb_d, tables, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
     return out_pairs.view(tokens, top_k, hidden).sum(1)

@@ -2,8 +2,10 @@
 
 Same plan as the float kernels (pairs sorted by expert into blocks of BLOCK_M rows, one grouped GEMM
 for gate and up with SiLU, one for down with the routing weight), with each expert's weight tile
-decoded by quant_triton.dequant_tile as it is loaded. gate, up and down each have their own format
-(Q4_K_M files keep ffn_down in Q6_K), and a stack may also be plain floats (format 0).
+decoded as it is loaded: block by block (quant_gemv_triton.block_weights) in tiles of 256 columns where the
+format has a block reader, else weight by weight (quant_triton.dequant_tile). gate, up and down each have their
+own format (Q4_K_M files keep ffn_down in Q6_K; the quantizers' mixes put codebooks beside K-quants), and a stack
+may also be plain floats (format 0).
 """
 
 import torch
@@ -12,14 +14,16 @@ import triton.language as tl
 
 from backend.kernels.gguf_bytes_triton import check_word_aligned
 from backend.kernels.moe_triton import block_rows, moe_buffers, moe_tiles
+from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS, codebook_tables
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_weights, moe_gemv
 from backend.kernels.quant_triton import dequant_tile
 
 
 @triton.jit
 def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, rb_gate, rb_up,
-                    TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKWISE: tl.constexpr):
+                    tab_ptr, TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKWISE_GATE: tl.constexpr,
+                    BLOCKWISE_UP: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
         return
@@ -36,14 +40,16 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
         k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
         kmask = k < H
         x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
-        if BLOCKWISE:  # BLOCK_K is 256: the rows' next blocks, read block by block
-            wg = tl.trans(block_weights(wg_ptr, n_rows * (H if FMT_GATE == 0 else rb_gate), k0, H, FMT_GATE,
-                                        BLOCK_N)).to(x.dtype)
-            wu = tl.trans(block_weights(wu_ptr, n_rows * (H if FMT_UP == 0 else rb_up), k0, H, FMT_UP,
+        cols = tl.minimum(k, H - 1)[:, None]
+        if BLOCKWISE_GATE:  # BLOCK_K is 256: the rows' next blocks, read block by block
+            wg = tl.trans(block_weights(wg_ptr, n_rows * (H if FMT_GATE == 0 else rb_gate), k0, H, tab_ptr,
+                                        FMT_GATE, BLOCK_N)).to(x.dtype)
+        else:
+            wg = dequant_tile(wg_ptr, w_rows, cols, rb_gate, H, FMT_GATE).to(x.dtype)
+        if BLOCKWISE_UP:
+            wu = tl.trans(block_weights(wu_ptr, n_rows * (H if FMT_UP == 0 else rb_up), k0, H, tab_ptr, FMT_UP,
                                         BLOCK_N)).to(x.dtype)
         else:
-            cols = tl.minimum(k, H - 1)[:, None]
-            wg = dequant_tile(wg_ptr, w_rows, cols, rb_gate, H, FMT_GATE).to(x.dtype)
             wu = dequant_tile(wu_ptr, w_rows, cols, rb_up, H, FMT_UP).to(x.dtype)
         gate += tl.dot(x, wg, input_precision="ieee")
         up += tl.dot(x, wu, input_precision="ieee")
@@ -54,7 +60,7 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
 
 @triton.jit
 def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER, rb_down,
-                      FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      tab_ptr, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCKWISE: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
@@ -71,7 +77,7 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
         kmask = k < INTER
         a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
         if BLOCKWISE:
-            w = tl.trans(block_weights(w_ptr, n_rows * (INTER if FMT == 0 else rb_down), k0, INTER, FMT,
+            w = tl.trans(block_weights(w_ptr, n_rows * (INTER if FMT == 0 else rb_down), k0, INTER, tab_ptr, FMT,
                                        BLOCK_N)).to(a.dtype)
         else:
             w = dequant_tile(w_ptr, w_rows, tl.minimum(k, INTER - 1)[:, None], rb_down, INTER, FMT).to(a.dtype)
@@ -90,10 +96,13 @@ GEMV_TOKENS = 1
 
 def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
     """x [T, H] -> [T, H]. gate, up, down: (tensor, format, row_bytes), tensors [E, I, ..] / [E, H, ..].
-    tiles: the grouped GEMM's, which then runs whatever the token count."""
+    tiles: the grouped GEMM's, which then runs whatever the token count (its BLOCK_K 256 where a stack is a codebook,
+    whose only reader is block-wise)."""
     (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
     tokens, hidden = x.shape
-    block_formats = {fmt_g, fmt_u, fmt_d} <= set(BLOCK_FORMATS)
+    formats = (fmt_g, fmt_u, fmt_d)
+    block_formats = set(formats) <= set(BLOCK_FORMATS)
+    codebooks = bool(set(formats) & set(CODEBOOK_FORMATS))
     if tiles is None and tokens <= GEMV_TOKENS and block_formats:
         return moe_gemv(x, gate, up, down, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
@@ -102,17 +111,23 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
         return torch.zeros_like(x)
     # Formats read block by block: tiles of 256 columns (16 rows, so that x, gate's and up's tiles fit sm_89's
     # shared memory in fp32); the others decode each weight of the per-weight tiles.
-    block_m, block_n, block_k = tiles or ((16, 32, 256) if block_formats else moe_tiles(tokens * top_k, num_experts))
-    blockwise = block_formats and block_k == 256
-    if blockwise:
-        check_word_aligned((wg, fmt_g), (wu, fmt_u), (wd, fmt_d))
+    block_m, block_n, block_k = tiles or ((16, 32, 256) if block_formats or codebooks
+                                          else moe_tiles(tokens * top_k, num_experts))
+    if codebooks and (block_k != 256 or x.element_size() == 4):
+        # read block-wise only, in the block tiles (larger ones overflow shared memory; in fp32 two codebook tiles of
+        # 32 rows take 112 KiB, sm_89 has 99)
+        block_m, block_n, block_k = 16, 16 if x.element_size() == 4 else 32, 256
+    bw_g, bw_u, bw_d = (block_k == 256 and fmt in BLOCK_FORMATS for fmt in formats)
+    check_word_aligned(*[(w, fmt) for w, fmt, blockwise in zip((wg, wu, wd), formats, (bw_g, bw_u, bw_d)) if blockwise])
+    tables = codebook_tables(x.device)
     sorted_pairs, block_expert, used, inter, out_pairs = moe_buffers(x, topk_ids, num_experts, inter_size, block_m)
     blocks = block_expert.numel()
     x = x.contiguous()
     _qmoe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
-        x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, TOP_K=top_k,
-        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=blockwise)
+        x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, tables, TOP_K=top_k,
+        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE_GATE=bw_g,
+        BLOCKWISE_UP=bw_u)
     _qmoe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
         inter, wd, sorted_pairs, block_expert, used, topk_weights.flatten().contiguous(), out_pairs, hidden,
-        inter_size, rb_d, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=blockwise)
+        inter_size, rb_d, tables, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=bw_d)
     return out_pairs.view(tokens, top_k, hidden).sum(1)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from backend.kernels.gguf_bytes_triton import byte_at, f16_at, k_scale_min, nibble
+from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, GEMM_MAX_ROWS, gemm, gemv
 
 
@@ -133,7 +134,8 @@ def linear_tiles(m: int) -> tuple[int, int, int]:
 def qlinear(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_bytes: int) -> torch.Tensor:
     """x [M, cols] @ W.T -> [M, rows]; w holds W's blocks ([rows, row_bytes] uint8) or W itself (fmt 0)."""
     m = x.shape[0]
-    if fmt in BLOCK_FORMATS and m <= GEMM_MAX_ROWS:
+    # the codebooks have block readers only (a grid entry a weight is no read for dequant_tile's scattered loads)
+    if fmt in BLOCK_FORMATS and (m <= GEMM_MAX_ROWS or fmt in CODEBOOK_FORMATS):
         return (gemv if m <= GEMV_MAX_ROWS else gemm)(x, w, fmt, rows, cols, row_bytes)
     x = x.contiguous()
     out = torch.empty(m, rows, dtype=x.dtype, device=x.device)

@@ -41,9 +41,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 KV_TILE = 64
 
 @triton.jit
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, scale, window,
-                   table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, TILE: tl.constexpr):
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, sinks_ptr, scale, window,
+                   table_stride, HAS_SINKS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   TILE: tl.constexpr):
     # One program per (sequence, kv head): the GROUP query heads that share a kv head read its keys and
     # values once, as the rows of a matrix product (padded to BLOCK_G >= 16 rows, the tensor-core minimum).
     b = tl.program_id(0)
@@ -77,19 +78,31 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_pt
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
         denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
+    if HAS_SINKS:
+        acc, denom = _with_sink(acc, denom, m, tl.load(sinks_ptr + heads, mask=gmask, other=0.0).to(tl.float32))
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # a padding row (length 0) writes zeros
     tl.store(out_ptr + (b * HQ + heads)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=gmask[:, None] & dmask[None, :])
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None):
+@triton.jit
+def _with_sink(acc, denom, m, sink):
+    # The sink (one logit a head, gpt-oss's) as one more softmax term that weighs no value: the running sums
+    # rescaled to the larger of their top score and the sink, the sink's own term added to the denominator.
+    top = tl.maximum(m, sink)
+    alpha = tl.exp(m - top)
+    return acc * alpha[:, None], denom * alpha + tl.exp(sink - top)
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window=None, sinks=None):
     b, hq, d = q.shape
     hkv, bs = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
     window = sliding_window if sliding_window is not None else 1 << 30
     group = hq // hkv
-    _decode_kernel[(b, hkv)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out, scale, window,
-                             block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
+    _decode_kernel[(b, hkv)](q.contiguous(), k_cache, v_cache, block_tables, context_lens, out,
+                             sinks if sinks is not None else q, scale, window, block_tables.stride(0),
+                             HAS_SINKS=sinks is not None, HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
                              GROUP=group, BLOCK_G=max(_pow2(group), 16), TILE=KV_TILE)
     return out
 
@@ -97,9 +110,10 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, sli
 # Prefill attention over a paged cache with a prefix-cached context ------------------------------------
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_ptr, out_ptr, scale, window,
-                    table_stride, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BS: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr):
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_ptr, out_ptr, sinks_ptr, scale,
+                    window, table_stride, HAS_SINKS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    TILE: tl.constexpr):
     # One program per (sequence, query head, tile of BLOCK_M queries); keys in tiles of TILE tokens,
     # each token's cache block looked up in the table (a tile spans several blocks).
     seq = tl.program_id(0)
@@ -143,13 +157,16 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, lens_
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee").to(tl.float32)
             denom = denom * alpha + tl.sum(p, axis=1)
             m = m_new
+        if HAS_SINKS:
+            sink = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h).to(tl.float32)
+            acc, denom = _with_sink(acc, denom, m, sink)
         out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
         tl.store(out_ptr + ((q_start + rows[:, None]) * HQ + h) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & dmask[None, :])
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max_q_len, scale,
-                      sliding_window=None, block_m: int = 64):
+                      sliding_window=None, sinks=None, block_m: int = 64):
     """q [T, Hq, D]: every chunk's queries back to back (cu_q [N+1] offsets), each the last tokens of a
     context of context_lens[i] tokens already in the cache (block_tables [N, max_blocks])."""
     t, hq, d = q.shape
@@ -158,8 +175,9 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_q, context_lens, max
     window = sliding_window if sliding_window is not None else 1 << 30
     block_m = min(block_m, max(_pow2(max_q_len), 16))  # short chunks (speculative verification) in short tiles
     grid = (context_lens.shape[0], hq, triton.cdiv(max_q_len, block_m))
-    _prefill_kernel[grid](q.contiguous(), k_cache, v_cache, block_tables, cu_q, context_lens, out, scale, window,
-                          block_tables.stride(0), HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
+    _prefill_kernel[grid](q.contiguous(), k_cache, v_cache, block_tables, cu_q, context_lens, out,
+                          sinks if sinks is not None else q, scale, window, block_tables.stride(0),
+                          HAS_SINKS=sinks is not None, HQ=hq, HKV=hkv, D=d, BLOCK_D=max(_pow2(d), 16), BS=bs,
                           BLOCK_M=block_m, TILE=KV_TILE)
     return out
 

@@ -109,6 +109,8 @@ class CpuDecoder:
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
         """For a model on the CPU whose layers the C loop covers, with its KV cache allocated; else None."""
         cfg = model.config
+        if not all(isinstance(layer.self_attn, Attention) for layer in model.model.layers):
+            return None  # the C loop runs full and sliding attention; the modules run the other kinds
         norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
@@ -119,8 +121,8 @@ class CpuDecoder:
         layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(attn, Attention) or attn.k_cache.numel() == 0:
-                return None  # the C loop runs full and sliding attention; the modules run the other kinds
+            if not isinstance(attn, Attention) or attn.k_cache.numel() == 0 or attn.sinks is not None:
+                return None  # the C loop runs full and sliding attention without sinks; the modules the rest
             if isinstance(mlp, SparseMoE) and mlp.router != "softmax_topk":
                 return None
             if isinstance(mlp, MLP):

@@ -2,27 +2,31 @@
 (with its ungated shared expert, in GraniteMoeShared)."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from backend.kernels.moe_torch import add_shared, fused_moe, route_rows
+from backend.kernels.moe_torch import add_shared, fused_moe, route_groups, route_rows
 from backend.layer_spec import MLPSpec
-from backend.model_config import ModelConfig, ModelLoadError
+from backend.model_config import ModelConfig
 from backend.models.mlp import MLP
 
 
 class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: MLPSpec):
         super().__init__()
-        if spec.router != "softmax_topk":
-            raise ModelLoadError(f"{cfg.architecture}: the {spec.router} router is not supported yet")
-        self.router = spec.router
+        self.router, self.spec = spec.router, spec
         e, i, h = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
         self.top_k = cfg.num_experts_per_tok
         self.renormalize = cfg.norm_topk_prob
-        self.gate = nn.Linear(h, e, bias=False)
+        self.gate = nn.Linear(h, e, bias=spec.bias)
+        # sigmoid_bias: added to the scores for the choice of experts only (DeepSeek-V3's e_score_correction_bias)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(e)) if spec.router == "sigmoid_bias" else None
         # Experts stacked so a grouped kernel can address them by index: gate and up fused per expert.
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h))
         self.w_down = nn.Parameter(torch.empty(e, h, i))
+        # gpt-oss's: a bias on each expert's gate/up rows and on its down rows (None elsewhere)
+        self.w_gate_up_bias = nn.Parameter(torch.empty(e, 2 * i)) if spec.bias else None
+        self.w_down_bias = nn.Parameter(torch.empty(e, h)) if spec.bias else None
         self.experts = None  # a QuantExperts in place of w_gate_up/w_down when a GGUF keeps them quantized
         self.expert_cache = None  # set by offload(): experts in host memory, some resident
         self.shared_expert = self.shared_expert_gate = None
@@ -32,6 +36,7 @@ class SparseMoE(nn.Module):
 
     def use_quantized(self, experts: nn.Module) -> None:
         """Compute with these (backend.quant.experts.QuantExperts) instead of the float stacks."""
+        self._only_plain_experts("quantized")
         del self.w_gate_up, self.w_down
         self.experts = experts
 
@@ -39,6 +44,7 @@ class SparseMoE(nn.Module):
         """Keep `slots` experts on `device` and the rest in host memory: copied in when routed to (ExpertCache: as
         many slots rotate as one token routes to, so that any token's experts are on the device together), or
         with cpu_compute computed where they are (SplitExperts)."""
+        self._only_plain_experts("offloaded")
         from backend.models.expert_cache import ExpertCache
 
         if cpu_compute:
@@ -53,6 +59,11 @@ class SparseMoE(nn.Module):
         self.expert_cache = ExpertCache([self.w_gate_up.data, self.w_down.data], slots, self.top_k, device,
                                         lambda x, stacks, w, ids: fused_moe(x, stacks[0], stacks[1], w, ids))
         del self.w_gate_up, self.w_down  # no longer parameters: module.to(device) must not move them
+
+    def _only_plain_experts(self, what: str) -> None:
+        if self.spec.bias or self.spec.clamped_swiglu:
+            raise ValueError(f"experts with biases and the clamped SwiGLU (gpt-oss) cannot be {what} yet: load the "
+                             "model without quantization and with every expert on the device")
 
     def _split(self, slots: int, device: torch.device):
         from backend.models.split_experts import SplitExperts
@@ -83,14 +94,27 @@ class SparseMoE(nn.Module):
                 self.expert_cache.to(probe.device)
         return module
 
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's experts and their weights (fp32), by this layer's router."""
+        if self.router == "softmax_topk":
+            weights, ids = route_rows(x, self.gate, self.top_k, self.renormalize)
+        else:  # DeepSeek's and GLM's routers take fp32 logits
+            bias = self.gate.bias.float() if self.gate.bias is not None else None
+            logits = F.linear(x.float(), self.gate.weight.float(), bias)
+            weights, ids = route_groups(logits, self.top_k, self.renormalize, self.router, self.spec.n_group,
+                                        self.spec.topk_group, self.e_score_correction_bias)
+        scale = self.spec.routed_scaling_factor
+        return (weights, ids) if scale == 1.0 else (weights * scale, ids)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route_rows(x, self.gate, self.top_k, self.renormalize)
+        weights, ids = self._route(x)
         if self.expert_cache is not None:
             out = self.expert_cache.compute(x, weights.to(x.dtype), ids)
         elif self.experts is not None:
             out = self.experts(x, weights.to(x.dtype), ids)
         else:
-            out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids)
+            out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids, self.w_gate_up_bias, self.w_down_bias,
+                            self.spec.clamped_swiglu)
         if self.shared_expert_gate is not None:
             out = add_shared(out, x, self.shared_expert_gate, self.shared_expert(x))
         elif self.shared_expert is not None:  # Granite-MoE's, added as it is

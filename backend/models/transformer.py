@@ -1,7 +1,8 @@
 """The decoder-only transformer shared by every supported family.
 
 Each layer is built from its own LayerSpec (backend/layer_spec.py): full or sliding-window attention, with or
-without rotary (SmolLM3's NoPE layers) and q/k RMSNorm per head (Qwen3) or over the whole q and k (OLMoE); a
+without rotary (SmolLM3's NoPE layers), q/k RMSNorm per head (Qwen3) or over the whole q and k (OLMoE), and a
+sigmoid gate on its output (Qwen3-Next), or linear attention (models/gated_deltanet.py); a
 dense or sparse (MoE) feed-forward; the rotary table of its own base where it has one (Gemma 3's local layers).
 What stays model-wide is in ModelConfig: q/k/v and o biases (Qwen2), the rotating part of each head (Phi's partial
 rotary), Granite's embedding, residual, attention and logits scalars, Gemma's (1 + w) norms around each branch,
@@ -18,6 +19,7 @@ from backend.kernels.norm import add_rms_norm, rms_norm
 from backend.kernels.rotary import apply_rotary, cos_sin_table
 from backend.layer_spec import AttentionSpec, LayerSpec
 from backend.model_config import ModelConfig, ModelLoadError
+from backend.models.gated_deltanet import GatedDeltaNet
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
 
@@ -61,22 +63,25 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: AttentionSpec):
         super().__init__()
         self.rope_table = rope_bases(cfg).index(spec.rope_theta)  # which (cos, sin) of the step's it rotates by
-        if spec.sinks:
-            raise ModelLoadError(f"{cfg.architecture}: attention sinks are not supported yet")
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
+        # Qwen3-Next's output gate: q's projection is twice as wide, each head's query then its gate's columns
+        self.output_gate = spec.output_gate
+        self.q_width = self.q_size * (2 if spec.output_gate else 1)
         self.scale = cfg.attention_scale or self.head_dim ** -0.5  # Granite's attention_multiplier where set
         self.sliding_window = spec.window
         self.rope = spec.rope
         self.rotary_dim = cfg.rotary_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_width + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:  # over each head (Qwen3), or over all of q and all of k (OLMoE)
             full = spec.qk_norm == "full"
             self.q_norm = _norm(cfg, self.q_size if full else self.head_dim)
             self.k_norm = _norm(cfg, self.kv_size if full else self.head_dim)
+        # gpt-oss's: a learned logit a head in each of its softmaxes' denominators
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if spec.sinks else None
         # Bound by the model runner once the KV cache is allocated.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -85,19 +90,27 @@ class Attention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        qw, gate = self.q_width, None
+        v = qkv[:, qw + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        q_cols = qkv[:, :qw]
+        if self.output_gate:
+            q_cols, gate = q_cols.view(t, self.num_heads, 2, self.head_dim).unbind(2)
+            q_cols, gate = q_cols.reshape(t, self.q_size), gate.reshape(t, self.q_size)
         if self.qk_norm:
             width = self.q_norm.weight.shape[0]  # head_dim, or q_size for a norm over all of q
-            q = self.q_norm(qkv[:, :self.q_size].reshape(-1, width)).view(t, self.num_heads, self.head_dim)
-            k = self.k_norm(qkv[:, self.q_size:self.q_size + self.kv_size].reshape(-1, self.k_norm.weight.shape[0]))
+            q = self.q_norm(q_cols.reshape(-1, width)).view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(qkv[:, qw:qw + self.kv_size].reshape(-1, self.k_norm.weight.shape[0]))
             qk = torch.cat([q, k.view(t, self.num_kv_heads, self.head_dim)], dim=1)
+        elif self.output_gate:
+            qk = torch.cat([q_cols, qkv[:, qw:qw + self.kv_size]], dim=1).view(t, -1, self.head_dim)
         else:  # q and k are adjacent columns: rotate them as one tensor of heads
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = self._rotate(qk, *rope[self.rope_table]) if self.rope else qk.contiguous()
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(t, self.q_size))
+        out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window, self.sinks)
+        out = out.reshape(t, self.q_size)
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.rotary_dim == self.head_dim:
@@ -111,6 +124,12 @@ def attention_module(cfg: ModelConfig, spec: AttentionSpec) -> nn.Module:
     (AttentionSpec.block_shapes) and takes (x, rope, meta)."""
     if spec.kind in ("full", "sliding"):
         return Attention(cfg, spec)
+    if spec.kind == "linear":
+        return GatedDeltaNet(cfg, spec)
+    if spec.kind == "mla":
+        from backend.models.mla import LatentAttention  # it builds on this module's RMSNorm
+
+        return LatentAttention(cfg, spec)
     raise ModelLoadError(f"{cfg.architecture}: {spec.kind} attention is not supported yet")
 
 

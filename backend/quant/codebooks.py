@@ -16,7 +16,7 @@ from backend.quant.block_bytes import bits, f16, nibbles, words
 
 
 @functools.cache
-def _grid(name: str, device: torch.device) -> torch.Tensor:
+def grid_values(name: str, device: torch.device) -> torch.Tensor:
     """gguf-py's grid of the type as int8 [entries, width]."""
     from gguf import quants
 
@@ -26,7 +26,7 @@ def _grid(name: str, device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
-def _table(name: str, device: torch.device) -> torch.Tensor:
+def table_values(name: str, device: torch.device) -> torch.Tensor:
     """IQ4_NL's and MXFP4's 16 values as int8."""
     from gguf import quants
 
@@ -34,7 +34,7 @@ def _table(name: str, device: torch.device) -> torch.Tensor:
 
 
 @functools.cache
-def _sign_patterns(device: torch.device) -> torch.Tensor:
+def sign_patterns(device: torch.device) -> torch.Tensor:
     """The 128 sign patterns of 8 weights the IQ2/IQ3 types index (bit i set: weight i negative) as +-1 [128, 8]."""
     from gguf import quants
 
@@ -50,7 +50,7 @@ def _signs_of_bits(b: torch.Tensor) -> torch.Tensor:
 
 def _on_grid(name: str, index: torch.Tensor) -> torch.Tensor:
     """Grid entries [n, k] -> their values int8 [n, k * width]."""
-    return _grid(name, index.device)[index].reshape(index.shape[0], -1)
+    return grid_values(name, index.device)[index].reshape(index.shape[0], -1)
 
 
 def _iq2_scale(d: torch.Tensor, s: torch.Tensor, last: float) -> torch.Tensor:
@@ -69,7 +69,7 @@ def _iq2_xxs(b: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         index, aux = b[:, 2:66], words(b[:, 66:98], 32)
         scale = _iq2_scale(d, aux >> 28, 0.5)
     sign_index = (aux[:, :, None] >> torch.tensor([0, 7, 14, 21], device=b.device)) & 0x7F
-    signs = _sign_patterns(b.device)[sign_index.reshape(n, -1)].reshape(n, -1)
+    signs = sign_patterns(b.device)[sign_index.reshape(n, -1)].reshape(n, -1)
     return _on_grid(name, index.long()) * signs, scale
 
 
@@ -77,7 +77,7 @@ def _iq2_xs(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """IQ2_XS: d, 32 16-bit words (a 9-bit grid index and a 7-bit sign index per 8 weights), 4-bit scales per 16."""
     n, d = b.shape[0], f16(b[:, 0:2])
     qs = words(b[:, 2:66], 16)
-    signs = _sign_patterns(b.device)[(qs >> 9).reshape(-1)].reshape(n, -1)
+    signs = sign_patterns(b.device)[(qs >> 9).reshape(-1)].reshape(n, -1)
     return _on_grid("IQ2_XS", qs & 511) * signs, _iq2_scale(d, bits(b[:, 66:74], 2, 4, 1), 0.25)
 
 
@@ -143,7 +143,7 @@ def decode_codebook(b: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Ten
     """Blocks [n, block_bytes] of a codebook or ternary type -> q [n, block] int8, scale [n, groups] fp32; None for
     the other types."""
     if name in ("IQ4_NL", "MXFP4"):
-        q = _table(name, b.device)[nibbles(b[:, 2 if name == "IQ4_NL" else 1 :], 16).long()]
+        q = table_values(name, b.device)[nibbles(b[:, 2 if name == "IQ4_NL" else 1 :], 16).long()]
         if name == "IQ4_NL":
             return q, f16(b[:, 0:2])
         e = b[:, 0:1].to(torch.int32)  # e8m0, as gguf-py halves it: 2^(e - 128)
@@ -167,5 +167,5 @@ def iq4_xs_parts(b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     low = bits(b[:, 4:8], 2, 4, 1)
     high = (words(b[:, 2:4], 16) >> torch.arange(0, 16, 2, device=b.device)) & 3
     sc = (low.to(torch.int16) | (high.to(torch.int16) << 4)) - 32
-    q = _table("IQ4_NL", b.device)[nibbles(b[:, 8:136], 16).long()]
+    q = table_values("IQ4_NL", b.device)[nibbles(b[:, 8:136], 16).long()]
     return q.reshape(n, -1), f16(b[:, 0:2]), sc.to(torch.int8), None, None

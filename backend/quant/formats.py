@@ -23,8 +23,6 @@ class Format:
     block: int  # weights per block
     block_bytes: int
     group: int  # weights sharing one scale (and offset)
-    # whether the Triton kernels decode it; a CUDA load expands the others to floats (the CPU kernel takes every one)
-    triton: bool = True
 
 
 FORMATS = {f.ggml_type: f for f in (
@@ -38,18 +36,18 @@ FORMATS = {f.ggml_type: f for f in (
     Format("Q4_K", 12, QK_K, 144, 32),
     Format("Q5_K", 13, QK_K, 176, 32),
     Format("Q6_K", 14, QK_K, 210, 16),
-    Format("IQ2_XXS", 16, QK_K, 66, 32, triton=False),
-    Format("IQ2_XS", 17, QK_K, 74, 16, triton=False),
-    Format("IQ3_XXS", 18, QK_K, 98, 32, triton=False),
-    Format("IQ1_S", 19, QK_K, 50, 32, triton=False),
-    Format("IQ4_NL", 20, 32, 18, 32, triton=False),
-    Format("IQ3_S", 21, QK_K, 110, 32, triton=False),
-    Format("IQ2_S", 22, QK_K, 82, 16, triton=False),
-    Format("IQ4_XS", 23, QK_K, 136, 32, triton=False),
-    Format("IQ1_M", 29, QK_K, 56, 16, triton=False),
-    Format("TQ1_0", 34, QK_K, 54, 32, triton=False),
-    Format("TQ2_0", 35, QK_K, 66, 32, triton=False),
-    Format("MXFP4", 39, 32, 17, 32, triton=False),
+    Format("IQ2_XXS", 16, QK_K, 66, 32),
+    Format("IQ2_XS", 17, QK_K, 74, 16),
+    Format("IQ3_XXS", 18, QK_K, 98, 32),
+    Format("IQ1_S", 19, QK_K, 50, 32),
+    Format("IQ4_NL", 20, 32, 18, 32),
+    Format("IQ3_S", 21, QK_K, 110, 32),
+    Format("IQ2_S", 22, QK_K, 82, 16),
+    Format("IQ4_XS", 23, QK_K, 136, 32),
+    Format("IQ1_M", 29, QK_K, 56, 16),
+    Format("TQ1_0", 34, QK_K, 54, 32),
+    Format("TQ2_0", 35, QK_K, 66, 32),
+    Format("MXFP4", 39, 32, 17, 32),
 )}
 BY_NAME = {f.name: f for f in FORMATS.values()}
 FLOAT_TYPES = {0: "F32", 1: "F16", 30: "BF16"}

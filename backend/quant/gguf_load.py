@@ -2,9 +2,8 @@
 
 A layer with any quantized tensor becomes a QuantLinear (q|k|v and gate|up keep one part per format);
 quantized experts become QuantExperts; a quantized embedding is looked up row by row (and, tied, is
-the output layer's weight too). Floats (norms, biases, F16/F32 weights, the types no kernel of the device
-takes: on CUDA the codebook and ternary ones, IQ*/TQ*/MXFP4, dequantized here by gguf-py) go through
-weights.load_weights under their Hugging Face names.
+the output layer's weight too). Floats (norms, biases, F16/F32 weights, and any type gguf-py reads that no
+kernel of ours takes, dequantized here by gguf-py) go through weights.load_weights under their Hugging Face names.
 """
 
 import logging
@@ -17,8 +16,8 @@ from itertools import groupby
 import numpy as np
 import torch
 
+from backend.families.deepseek import kv_b_from_split
 from backend.gguf_config import ROPE_PERMUTED
-from backend.kernels import use_triton
 from backend.model_config import ModelLoadError
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import FLOAT_TYPES, FORMATS
@@ -35,9 +34,26 @@ _LAYER = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # deepseek2's latent attention (attn_k_b and attn_v_b, the split kv_b, are joined at load) and the sigmoid
+    # router's selection bias (deepseek2, glm4moe)
+    "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm", "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj", "attn_k_b": "self_attn.kv_b_proj", "attn_v_b": "self_attn.kv_b_proj",
+    "exp_probs_b": "mlp.exp_probs_b",
 }
+_SPLIT_KV_B = ("attn_k_b", "attn_v_b")
+# expanded to floats at load: the latent attention reads kv_b as a float matrix (attn_k_b transposed)
+_FLOAT_KINDS = ("attn_kv_b", *_SPLIT_KV_B)
 # phi3 stores q|k|v and gate|up fused, as our modules hold them (its ffn_up is gate rows, then up rows)
-_LAYOUT_LAYER = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+_LAYOUT_LAYER = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+                 # Gemma 3's sandwich: ffn_norm is the MLP's input norm, post_attention_norm the attention output's
+                 "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                            "post_ffw_norm": "post_feedforward_layernorm"},
+                 # GLM-4.5's norm before the MLP, under the name llama.cpp's glm4moe gives it
+                 "glm4moe": {"post_attention_norm": "post_attention_layernorm"}}
+# layouts whose converter stores each (1 + w) norm as 1 + w; our norms add the 1 themselves (in fp32, which a
+# bf16 copy of 1 + w would round away)
+_NORMS_PLUS_ONE = ("gemma3",)
 _EXPERT_ROLE = {"ffn_gate": 0, "ffn_up": 1, "ffn_down": 2}
 _LEGACY_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")  # older Mixtral files: one tensor per expert
 _FUSED = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
@@ -65,10 +81,14 @@ class Entry:
 
 def entries(reader, source: str, arch: str) -> list[Entry]:
     out, layer_names = [], {**_LAYER, **_LAYOUT_LAYER.get(arch, {})}
+    fields = reader.fields
+    run = int(fields.get(f"{arch}.block_count", 0) or 0) - int(fields.get(f"{arch}.nextn_predict_layers", 0) or 0)
     for t in reader.tensors:
         parts = t.name.split(".")
         if parts[0] == "blk":
             layer, kind, suffix = int(parts[1]), ".".join(parts[2:-1]), parts[-1]
+            if layer >= run:
+                continue  # glm4moe's multi-token prediction layers, which we do not run
         else:
             layer, kind, suffix = None, ".".join(parts[:-1]), parts[-1]
         if kind in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
@@ -84,6 +104,14 @@ def entries(reader, source: str, arch: str) -> list[Entry]:
             raise ModelLoadError(f"{source}: GGUF tensor {t.name!r} is not one this layout uses; expected the "
                                  f"tensors of llama.cpp's {arch} layout")
     return out
+
+
+def _is_module(model, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _module_of(name: str) -> tuple[str, int]:
@@ -104,19 +132,16 @@ def _unpermute_rope(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 class GGUFLoad:
-    def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool,
-                 device: torch.device):
+    def __init__(self, model, reader, arch: str, dtype: torch.dtype, source: str, keep_quantized: bool):
         self.model, self.reader, self.arch, self.dtype, self.source = model, reader, arch, dtype, source
         self.cfg = model.config
         self.entries = entries(reader, source, arch)
         self.keep = keep_quantized
-        self.triton = use_triton(torch.empty(0, device=device))  # else our CPU kernel (or the torch reference)
         self.dequantized: dict[str, tuple[int, int]] = {}  # types expanded at load -> (bytes in the file, weights)
         self.targets: dict[int, tuple[QuantWeight, int, int | None]] = {}  # id(tensor) -> (weight, row, expert)
 
     def quantized(self, e: Entry) -> bool:
-        return (self.keep and e.fmt is not None and (e.fmt.triton or not self.triton)
-                and e.name.split(".")[-1] != "bias")
+        return self.keep and e.fmt is not None and e.name.split(".")[-1] != "bias" and e.kind not in _FLOAT_KINDS
 
     def array(self, e: Entry) -> np.ndarray:
         """The tensor as the file holds it: blocks for kernel formats we keep, else float32 weights."""
@@ -126,7 +151,7 @@ class GGUFLoad:
         else:
             from gguf.quants import dequantize
 
-            if int(t.tensor_type) not in FLOAT_TYPES:
+            if int(t.tensor_type) not in FLOAT_TYPES and e.kind not in _FLOAT_KINDS:  # expanded by design
                 file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
                 self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
@@ -142,8 +167,10 @@ class GGUFLoad:
         for e in self.entries:
             if e.role is not None:
                 experts.setdefault(e.name, {}).setdefault(e.role, []).append(e)
-            elif e.name.endswith(".weight") and e.kind not in ("token_embd",) and not e.kind.endswith("norm"):
+            elif e.name.endswith(".weight") and e.kind != "token_embd" and not e.kind.endswith("norm"):
                 module, shard = _module_of(e.name)
+                if not _is_module(self.model, module):  # latent attention's q_proj, not fused with k and v
+                    module, shard = e.name.rsplit(".", 1)[0], 0
                 linear.setdefault(module, {})[shard] = e
         for module, shards in linear.items():
             if any(self.quantized(e) for e in shards.values()):
@@ -203,7 +230,7 @@ class GGUFLoad:
             names = ", ".join(sorted(self.dequantized))
             file_bytes = sum(b for b, _ in self.dequantized.values())
             held = sum(n for _, n in self.dequantized.values()) * torch.empty(0, dtype=self.dtype).element_size()
-            why = ("the device's kernels do not take %s; those tensors are" if self.keep
+            why = ("our kernels do not take %s; those tensors are" if self.keep
                    else "quantization=dequantize: %s tensors")
             (log.warning if self.keep else log.info)(
                 "%s: " + why + " dequantized at load to %s: %.3f GiB in memory where the file holds %.3f GiB "
@@ -211,12 +238,21 @@ class GGUFLoad:
                 file_bytes / 2**30, (held - file_bytes) / 2**30)
 
     def _floats(self) -> Iterator[tuple[str, torch.Tensor]]:
+        split: dict[int, dict[str, np.ndarray]] = {}  # a layer's attn_k_b and attn_v_b, until both are read
         for e in self.entries:
             target = self.targets.get(id(e))
             if target is not None:
                 self._copy(e, *target)
                 continue
+            if e.kind in _SPLIT_KV_B:
+                parts = split.setdefault(e.layer, {})
+                parts[e.kind] = self.array(e)
+                if len(parts) == 2:
+                    yield e.name, torch.from_numpy(kv_b_from_split(parts["attn_k_b"], parts["attn_v_b"]))
+                continue
             data = torch.from_numpy(self.array(e).copy())
+            if self.arch in _NORMS_PLUS_ONE and e.kind.endswith("norm"):
+                data -= 1.0
             if e.role is not None:  # float experts: the per-expert names weights.load_weights knows
                 proj = ["gate_proj", "up_proj", "down_proj"][e.role]
                 stack = data if e.expert is None else data[None]
@@ -248,12 +284,11 @@ class GGUFLoad:
         dest.copy_(src)
 
 
-def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True,
-              device: torch.device | None = None) -> None:
-    """Replace the meta model's layers that the file keeps quantized (in the formats the kernels of `device` take),
+def load_gguf(model, reader, dtype: torch.dtype, source: str, keep_quantized: bool = True) -> None:
+    """Replace the meta model's layers that the file keeps quantized (every format of formats.py, on every device),
     allocate, then load every tensor."""
     arch = reader.fields["general.architecture"]
-    loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized, device or torch.device("cpu"))
+    loading = GGUFLoad(model, reader, arch, dtype, source, keep_quantized)
     loading.plan()
     materialise(model, "cpu")
     model.tie_weights()

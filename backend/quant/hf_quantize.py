@@ -21,8 +21,9 @@ log = logging.getLogger("backend.quant")
 
 MODES = {"int8": "Q8_0", "int4": "Q4_1"}
 GROUP = 32
-# Linear layers that keep the checkpoint's dtype: routers (a few rows that decide every expert) and the output.
-KEEP = ("mlp.gate", "mlp.shared_expert_gate", "lm_head")
+# Linear layers that keep the checkpoint's dtype: routers (a few rows that decide every expert) and the output;
+# DeepSeek's kv_b_proj, which the latent attention reads as a float matrix (models/mla.py).
+KEEP = ("mlp.gate", "mlp.shared_expert_gate", "lm_head", "self_attn.kv_b_proj")
 
 
 def _f16_bytes(x: torch.Tensor) -> torch.Tensor:

@@ -104,7 +104,7 @@ class QuantWeight(nn.Module):
         data = tensors[0] if expert is None else tensors[0][expert]
         if self.fmt is None:
             return F.linear(x, data)
-        if use_triton(x) and self.fmt.triton:
+        if use_triton(x):
             from backend.kernels.quant_triton import qlinear
 
             lead = x.shape[:-1]

@@ -83,11 +83,15 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     for i in range(cfg.num_layers):
         fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
         qk_norm = cfg.layers[i].attention.qk_norm  # a head's width each, or all of q and all of k
-        dense += 2 * 4 * h + {"head": 2 * 4 * d, "full": 4 * (heads + kv) * d}.get(qk_norm, 0)
-        dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
-        dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
-        if cfg.qkv_bias:
-            dense += 4 * (heads + 2 * kv) * d
+        norms = 4 if cfg.sandwich_norms else 2  # Gemma's sandwich: each branch's input and output normed
+        dense += norms * 4 * h + {"head": 2 * 4 * d, "full": 4 * (heads + kv) * d}.get(qk_norm, 0)
+        if cfg.layers[i].attention.kind == "mla":
+            dense += _latent_attention_bytes(cfg, cfg.layers[i].attention.mla, fmt)
+        else:
+            dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
+            dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
+            if cfg.qkv_bias:
+                dense += 4 * (heads + 2 * kv) * d
         if cfg.o_bias:
             dense += 4 * h
         if cfg.layers[i].mlp.kind == "dense":
@@ -102,12 +106,29 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
         per_expert.append(one)
         experts += one * cfg.num_experts
         dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
+        if cfg.layers[i].mlp.router == "sigmoid_bias":
+            dense += 4 * cfg.num_experts  # the router's selection bias (exp_probs_b)
         if cfg.shared_expert_intermediate_size:
             s = cfg.shared_expert_intermediate_size
             dense += sum(tensor_bytes(fmt(kind), s, h) for kind in ("ffn_gate_shexp", "ffn_up_shexp"))
             dense += tensor_bytes(fmt("ffn_down_shexp"), h, s)
             dense += 4 * h if cfg.shared_expert_gated else 0  # its gate
     return WeightBytes(dense, experts, per_expert)
+
+
+def _latent_attention_bytes(cfg: ModelConfig, m, fmt) -> int:
+    """DeepSeek's latent attention's projections and norms (models/mla.py); kv_b as one tensor, which every loader
+    holds as floats (a GGUF's attn_kv_b, or its attn_k_b and attn_v_b, are dequantized at load): the recipe's
+    format for it is the float one of the file's other tensors or the compute dtype's, never a quantized one."""
+    h, heads, qk = cfg.hidden_size, cfg.num_heads, m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        q = tensor_bytes(fmt("attn_q_a"), m.q_lora_rank, h) + 4 * m.q_lora_rank
+        q += tensor_bytes(fmt("attn_q_b"), heads * qk, m.q_lora_rank)
+    else:
+        q = tensor_bytes(fmt("attn_q"), heads * qk, h)
+    kv = tensor_bytes(fmt("attn_kv_a_mqa"), m.kv_lora_rank + m.qk_rope_head_dim, h) + 4 * m.kv_lora_rank
+    kv += tensor_bytes(fmt("attn_kv_b"), heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+    return q + kv + tensor_bytes(fmt("attn_output"), h, heads * m.v_head_dim)
 
 
 def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_experts: int) -> int | None:
@@ -132,7 +153,7 @@ def linear_recipe(fmt: str, dtype: torch.dtype) -> Recipe:
     """The decoder's linear layers and experts in `fmt`; embeddings, output and routers in the compute dtype
     (what hf_quantize.py and random_blocks.py build)."""
     name = float_name(dtype)
-    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp")
+    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp", "attn_kv_b")
     return lambda kind, layer, cfg: name if kind in kept else fmt
 
 
@@ -155,15 +176,23 @@ def loaded_recipe(reader, quantization: str | None, random_format: str | None, d
 
 
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
-    """What a GGUF file's tensors become once loaded on a GPU, as a recipe: the formats its kernels take stay as
-    their blocks, everything else (F16/BF16, and the codebook and ternary types, IQ*/TQ*/MXFP4, dequantized at load)
-    is held in the compute dtype."""
+    """What a GGUF file's tensors become once loaded: every format of formats.py stays as its blocks, everything else
+    (F16/BF16, and the types gguf-py reads that we do not compute on, dequantized at load) is held in the compute
+    dtype. Fused tensors (phi3's attn_qkv, and its ffn_up holding gate's rows then up's) give their format to the
+    parts weight_bytes counts."""
     formats = {}
     for t in reader.tensors:
         parts = t.name.split(".")
         layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
         fmt = BY_NAME.get(t.tensor_type.name)
-        formats[(kind, layer)] = fmt.name if fmt is not None and fmt.triton else float_name(dtype)
+        formats[(kind, layer)] = fmt.name if fmt is not None else float_name(dtype)
+    for (kind, layer), name in list(formats.items()):
+        if kind == "attn_qkv":
+            formats.update({(part, layer): name for part in ("attn_q", "attn_k", "attn_v")})
+        elif kind == "ffn_up" and ("ffn_gate", layer) not in formats:
+            formats[("ffn_gate", layer)] = name
+    for _, layer in [k for k in formats if k[0] in ("attn_kv_b", "attn_k_b", "attn_v_b")]:
+        formats[("attn_kv_b", layer)] = float_name(dtype)  # deepseek2's kv_b: expanded at load (gguf_load.py)
     return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))
 
 

@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from backend.sampling_params import ApiFields
+from backend.server import harmony
+from backend.server.api_fields import OPENAI_CHAT, with_output_limit
 from backend.server.async_engine import AsyncEngine
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
@@ -92,6 +95,8 @@ async def templated(engine: AsyncEngine, req: ChatRequest, add_generation_prompt
     check_history(messages)
     template = getattr(engine.engine.tokenizer, "chat_template", None)
     messages, template_tools = template_input(messages, spec, template)
+    if reasoning_format(None, template) == "harmony":
+        messages = harmony.template_messages(messages)
     return spec, await chat_prompt(engine.engine, messages, template_tools, req.continue_final_message,
                                    add_generation_prompt, template_variables(req))
 
@@ -111,12 +116,12 @@ def template_variables(req: ChatRequest) -> dict:
     return {**effort_switches(req.reasoning_effort), **given}
 
 
-async def prepare(state: ServerState, req: ChatRequest):
+async def prepare(state: ServerState, req: ChatRequest, api: ApiFields = OPENAI_CHAT):
     """The engine, the request as the engine admitted it (the prompt's token ids and the sampling settings), the
-    tool reading of a chat request, and the headers its answer carries (a max_tokens clamped to the context)."""
+    tool reading of a chat request, and the headers its answer carries (a max_tokens clamped to the context).
+    api: the API the request came in by (Messages and Responses translate theirs to a chat request), whose names
+    and ranges the settings are checked with."""
     engine = state.ready_engine()
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise APIError(400, f"top_logprobs must be in [0, 20], got {req.top_logprobs}", param="top_logprobs")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     spec, prompt = await templated(engine, req)
@@ -125,12 +130,15 @@ async def prepare(state: ServerState, req: ChatRequest):
     name = parser_name(state.policy.tool_call_parser, template, engine.engine.model_config.architecture)
     tools = ChatTools(spec, name, keeps_special_tokens(spec, name, tokenizer), tokenizer)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    which = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    api = with_output_limit(api, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+    which = api.name("max_tokens")
     clamp = state.policy.max_tokens_past_context == "clamp"
     allowed = budget(engine.engine, len(prompt), requested, which, "messages", clamp)
     guided = spec.guided_json() if spec is not None else None
+    # harmony's markers are special tokens, which its reader reads
+    markers = reasoning_format(state.policy.reasoning_parser, template) == "harmony"
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
-                             skip_special_tokens=not tools.keep_special)
+                             skip_special_tokens=not (tools.keep_special or markers), api=api)
     if params.guided_json is None:  # a grammar holds from the first token: all of a guided output is the answer
         tools.reasoning = reasoning_format(state.policy.reasoning_parser, template)
         tools.in_thinking = tools.reasoning == "think" and prompt_opens_thinking(tokenizer, prompt)

@@ -33,8 +33,6 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of must equal n (candidates are not ranked)", param="best_of")
-    if req.logprobs is not None and not 0 <= req.logprobs <= 20:
-        raise APIError(400, f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
     if req.max_tokens == 0 and not req.echo:
         raise APIError(400, "max_tokens must be at least 1, or 0 with echo: true (the prompt's logprobs alone)",
                        param="max_tokens")

@@ -10,6 +10,7 @@ from backend.arithmetic import pick_dtype
 from backend.config import EngineConfig
 from backend.context_length import serving_config
 from backend.engine.kv_budget import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
+from backend.engine.state_pool import state_pool_bytes
 from backend.loader import locate, read_config
 from backend.quant.weight_sizes import loaded_recipe, weight_bytes
 from backend.spec.speculative_config import SpeculativeConfig
@@ -20,7 +21,9 @@ class ModelNeed:
     name: str
     model: str
     weights: int  # what a load puts on the card (quantized blocks stay as they are): the file, or its resident part
-    kv_cache: int  # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for)
+    # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for), and a hybrid
+    # model's linear-attention states (a slot for each of max_num_seqs)
+    kv_cache: int
     activations: int
     max_model_len: int
     host_experts: int = 0  # offloaded experts (--moe-gpu-experts N), pinned in host memory instead
@@ -65,7 +68,8 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
         per_block += kv_bytes_per_block(draft_cfg, config.block_size, shape.kv_dtype)
-    return ModelNeed(name, config.model, weights, min_kv_bytes(config, per_block, shape.max_model_len),
+    kv_cache = min_kv_bytes(config, per_block, shape.max_model_len) + state_pool_bytes(cfg, config.max_num_seqs)
+    return ModelNeed(name, config.model, weights, kv_cache,
                      activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len,
                      host)
 

@@ -9,6 +9,7 @@ import uuid
 from fastapi import Request
 from pydantic import ValidationError
 
+from backend.server.api_fields import ANTHROPIC_MESSAGES
 from backend.server.chat import ChatTools, message, prepare, templated
 from backend.server.errors import APIError
 from backend.server.messages_shapes import (
@@ -96,7 +97,7 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
     fields, origin = chat_request(req, state.policy.keep_attribution_header)
     chat = _chat(fields, origin)
     try:
-        engine, admitted, tools, headers = await prepare(state, chat)
+        engine, admitted, tools, headers = await prepare(state, chat, ANTHROPIC_MESSAGES)
     except APIError as e:
         raise _renamed(e, origin) from None
     prompt = admitted.token_ids

@@ -14,7 +14,7 @@ import logging
 from pydantic import BaseModel, ConfigDict, Field
 
 from backend.server.errors import APIError
-from backend.server.protocol import UnicodeBody
+from backend.server.protocol import UnicodeBody, text_of
 
 log = logging.getLogger("backend.server")
 
@@ -73,22 +73,6 @@ class Block(BaseModel):
     type: str
 
 
-def _text_of(content, where: str) -> str:
-    """A system prompt's or a tool result's content: a string, or a list of text blocks."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"{where}: expected a string or a list of text blocks", param=where)
-    texts = []
-    for j, block in enumerate(content):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
-            raise APIError(400, f"{where}[{j}]: {kind!r} blocks are not supported here (this server's models read "
-                           "text only); send text blocks", param=f"{where}[{j}]")
-        texts.append(str(block.get("text", "")))
-    return "\n".join(texts)
-
-
 def _turn(i: int, message: dict) -> list[dict]:
     """One Anthropic message as chat messages: tool results first, then the text (and the turn's calls)."""
     where = f"messages[{i}]"
@@ -118,7 +102,7 @@ def _turn(i: int, message: dict) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise APIError(400, f"{here}.tool_use_id is required", param=f"{here}.tool_use_id")
-            text = _text_of(block.get("content", ""), f"{here}.content")
+            text = text_of(block.get("content", ""), f"{here}.content", separator="\n")
             if block.get("is_error"):
                 text = f"Error: {text}"
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
@@ -172,7 +156,7 @@ def chat_messages(req: MessagesRequest | CountTokensRequest, keep_attribution: b
     origin: list[str] = []
     system = req.system if keep_attribution or not req.system else without_attribution(req.system)
     if system:
-        messages.append({"role": "system", "content": _text_of(system, "system")})
+        messages.append({"role": "system", "content": text_of(system, "system", separator="\n")})
         origin.append("system")
     for i, message in enumerate(req.messages):
         if not isinstance(message, dict):
@@ -258,11 +242,7 @@ def chat_request(req: MessagesRequest | CountTokensRequest, keep_attribution: bo
         chat["chat_template_kwargs"] = {"enable_thinking": switch}
     if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
         chat["continue_final_message"] = True  # a prefill: the answer goes on from it, and holds only what follows
-    if isinstance(req, MessagesRequest):
-        if req.temperature is not None and not 0 <= req.temperature <= 1:
-            raise APIError(400, f"temperature: must be in [0, 1], got {req.temperature}", param="temperature")
-        if req.max_tokens < 1:
-            raise APIError(400, f"max_tokens: must be at least 1, got {req.max_tokens}", param="max_tokens")
+    if isinstance(req, MessagesRequest):  # checked with Anthropic's ranges (api_fields.py) as the chat request runs
         chat.update(max_completion_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
     return {k: v for k, v in chat.items() if v is not None}, origin

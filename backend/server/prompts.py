@@ -22,12 +22,16 @@ async def off_loop(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(_pool, fn, *args)
 
 
+def too_long(limit: int, prompt: str, param: str) -> APIError:
+    """The one answer to a prompt the context cannot hold, measured in tokens or (before tokenizing) characters."""
+    return APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has {prompt}; "
+                    "shorten it.", param=param, code="context_length_exceeded")
+
+
 def check_length(engine: LLMEngine, chars: int, param: str) -> None:
     limit = engine.limits.max_prompt_chars
     if limit is not None and chars > limit:
-        raise APIError(400, f"This model's maximum context length is {engine.max_model_len} tokens, and a prompt "
-                       f"of {chars} characters is certainly longer; shorten it.", param=param,
-                       code="context_length_exceeded")
+        raise too_long(engine.max_model_len, f"{chars} characters, more than that many tokens can hold", param)
 
 
 def token_lists(engine: LLMEngine, value, param: str, max_items: int | None = None) -> list[tuple[list[int], str]]:
@@ -127,15 +131,13 @@ async def admit(engine: LLMEngine, prompt: list[int], params: SamplingParams, pa
 def budget(engine: LLMEngine, prompt_len: int, requested: int | None, param: str, prompt_param: str,
            clamp: bool) -> int:
     """The output tokens a request may generate: what it asked for, or with clamp, at most what the context leaves
-    after its prompt (RequestPolicy.max_tokens_past_context); otherwise more than that is vLLM's 400."""
+    after its prompt (RequestPolicy.max_tokens_past_context); otherwise more than that is vLLM's 400. A request
+    for less than one token is passed on for SamplingParams to refuse."""
     limit = engine.max_model_len
     if prompt_len >= limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has "
-                       f"{prompt_len} tokens; shorten it.", param=prompt_param, code="context_length_exceeded")
+        raise too_long(limit, f"{prompt_len} tokens", prompt_param)
     if requested is None:
         return limit - prompt_len
-    if requested < 1:
-        raise APIError(400, f"{param} must be an integer >= 1, got {requested}", param=param)
     if prompt_len + requested > limit:
         if clamp:
             return limit - prompt_len

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backend.outputs import Logprob
-from backend.sampling_params import InvalidParameter, SamplingParams
+from backend.sampling_params import ApiFields, InvalidParameter, SamplingParams
+from backend.server.api_fields import OPENAI_COMPLETIONS
 from backend.server.errors import APIError  # noqa: F401 re-exported: the routes raise it from here
 from backend.server.prompt_logprobs_shapes import completion_logprobs, json_logprob, token_text
 from backend.server.tools.tool_defs import ToolDef
@@ -181,11 +182,11 @@ def guided_json(req: CommonRequest) -> dict | str | bool | None:
 
 
 def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, guided: dict | None = None,
-                    skip_special_tokens: bool = True, prompt_logprobs: int | None = None) -> SamplingParams:
-    """The request's sampling settings; guided (a tool call's schema) replaces response_format's; prompt_logprobs
-    (echo's) replaces the request's own."""
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        raise APIError(400, f"temperature must be in [0, 2], got {req.temperature}", param="temperature")
+                    skip_special_tokens: bool = True, prompt_logprobs: int | None = None,
+                    api: ApiFields = OPENAI_COMPLETIONS) -> SamplingParams:
+    """The request's sampling settings, checked by SamplingParams with the API's ranges (a 400 naming the field as
+    the API names it); guided (a tool call's schema) replaces response_format's; prompt_logprobs (echo's) replaces
+    the request's own."""
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     try:
@@ -197,9 +198,26 @@ def sampling_params(req: CommonRequest, max_tokens: int, logprobs: int | None, g
             max_tokens=max_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             logprobs=logprobs, guided_json=guided if guided is not None else guided_json(req),
             skip_special_tokens=skip_special_tokens and req.skip_special_tokens, logit_bias=req.logit_bias, allowed_token_ids=req.allowed_token_ids,
-            prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs)
+            prompt_logprobs=req.prompt_logprobs if prompt_logprobs is None else prompt_logprobs, api=api)
     except InvalidParameter as e:
-        raise APIError(400, str(e), param=e.param) from None
+        raise APIError(400, str(e), param=e.param, code=e.code) from None
+
+
+def text_of(content, where: str, kinds: tuple[str, ...] = ("text",), separator: str = "") -> str:
+    """Content sent as a string or as a list of text parts (of these types) as one text, the parts joined by
+    separator; a 400 naming the first part that is not text (this server's models read text only)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where} must be a string or a list of text parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in kinds:
+            raise APIError(400, f"{where}[{j}]: {kind!r} parts are not supported here (this server's models read "
+                           "text only); send the content as text", param=f"{where}[{j}]")
+        texts.append(str(part.get("text", "")))
+    return separator.join(texts)
 
 
 def chat_messages(req: ChatRequest) -> list[dict]:

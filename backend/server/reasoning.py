@@ -4,18 +4,18 @@ One reader per output format; today the `<think>...</think>` format (Qwen3, Smol
 The reasoning is what the model writes between `<think>` and `</think>`, a think block opening the output
 (or left open by the prompt, as templates that open it in the generation prompt do); everything after the
 block is the answer, which the tool-call parser then reads. Whitespace around the reasoning and before the
-answer is dropped. A format with channels (gpt-oss's harmony: analysis vs final) is another reader with the
-same feed/finish methods, chosen by reasoning_format below.
+answer is dropped. gpt-oss's harmony channels (analysis vs final, commentary calls) are read by harmony.py's
+reader, with the same feed/finish methods, chosen by reasoning_format below.
 
 Streamed and whole readings agree: a marker split across pieces is held until it is whole, and so is
 whitespace at the reasoning's end.
 """
 
-from dataclasses import dataclass
-
+from backend.server.harmony import CHANNEL, HarmonyReader
+from backend.server.reasoning_delta import ReasoningDelta
 from backend.server.tools.output import MessageDelta, ToolCallStream
 
-REASONING_PARSERS = ("auto", "none", "think")  # serve --reasoning-parser
+REASONING_PARSERS = ("auto", "none", "think", "harmony")  # serve --reasoning-parser
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -25,6 +25,8 @@ def reasoning_format(override: str | None, template: str | None) -> str | None:
     if override and override != "auto":
         return None if override == "none" else override
     text = template or ""
+    if CHANNEL in text:  # gpt-oss's template writes harmony's channels
+        return "harmony"
     return "think" if THINK_OPEN in text or THINK_CLOSE in text else None
 
 
@@ -56,17 +58,6 @@ def effort_switches(effort: str | None) -> dict:
     if effort in ("none", "minimal"):
         return {"enable_thinking": False}
     return {"enable_thinking": True, "reasoning_effort": effort}
-
-
-@dataclass
-class ReasoningDelta:
-    reasoning: str = ""
-    content: str = ""
-
-    def __iadd__(self, other: "ReasoningDelta") -> "ReasoningDelta":
-        self.reasoning += other.reasoning
-        self.content += other.content
-        return self
 
 
 def _partial_marker(text: str, marker: str) -> int:
@@ -135,12 +126,14 @@ class ThinkReader:
         return text
 
 
-def new_reader(fmt: str | None, in_thinking: bool = False) -> ThinkReader | None:
+def new_reader(fmt: str | None, in_thinking: bool = False) -> ThinkReader | HarmonyReader | None:
     """A fresh reader of one choice's output in this format (None: no reasoning to take apart)."""
     if fmt is None:
         return None
     if fmt == "think":
         return ThinkReader(in_thinking)
+    if fmt == "harmony":
+        return HarmonyReader()
     raise ValueError(f"unknown reasoning parser {fmt!r}; use one of {', '.join(REASONING_PARSERS)}")
 
 
@@ -158,7 +151,7 @@ class ChoiceReader:
     """One choice's text as it is generated, read for reasoning first and then, in the answer alone, for tool
     calls: deltas of reasoning, content and tool-call pieces, in that order."""
 
-    def __init__(self, reasoning: ThinkReader | None, calls: ToolCallStream | None):
+    def __init__(self, reasoning: ThinkReader | HarmonyReader | None, calls: ToolCallStream | None):
         self.reasoning, self.calls = reasoning, calls
 
     @property

@@ -14,9 +14,10 @@ import time
 from fastapi import Request
 from pydantic import ValidationError
 
+from backend.server.api_fields import OPENAI_RESPONSES
 from backend.server.chat import ChatTools, message, prepare
 from backend.server.errors import APIError
-from backend.server.protocol import ChatRequest
+from backend.server.protocol import ChatRequest, text_of
 from backend.server.reasoning import effort_switches
 from backend.server.responses_shapes import (
     ResponsesRequest,
@@ -31,19 +32,7 @@ from backend.server.responses_tools import ToolNames, chat_tool_choice, chat_too
 from backend.server.state import ServerState
 from backend.server.streams import answer, collect, until_disconnect
 
-
-def _text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"{where} must be a string or a list of text parts", param=where)
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise APIError(400, f"{where}[{j}]: only text parts are supported, got {kind!r}", param=f"{where}[{j}]")
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
+TEXT_PARTS = ("input_text", "output_text", "text")  # the part types an input item's text comes in
 
 
 def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
@@ -85,7 +74,7 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
         if kind == "message":
             if item.get("role") not in ("user", "system", "developer", "assistant"):
                 raise APIError(400, f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
-            text = _text(item.get("content", ""), f"{where}.content")
+            text = text_of(item.get("content", ""), f"{where}.content", TEXT_PARTS)
             role = "system" if item["role"] == "developer" else item["role"]
             if role == "system" and messages and messages[-1]["role"] == "system":
                 # Codex sends its instructions as several developer messages; templates want one system message
@@ -97,7 +86,7 @@ def to_messages(req: ResponsesRequest) -> tuple[list[dict], list[list[str]]]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
+                             "content": text_of(output, f"{where}.output", TEXT_PARTS)})
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             thought = "".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
@@ -166,7 +155,7 @@ async def prepare_response(state: ServerState, req: ResponsesRequest):
         except ValidationError as e:
             param = _validation_param(e)
             raise APIError(400, f"{param}: {e.errors()[0]['msg']}", param=param) from None
-        return *await prepare(state, chat_req), names
+        return *await prepare(state, chat_req, OPENAI_RESPONSES), names
     except APIError as e:
         param = _param(e.param, origin)
         if param != e.param:  # the message names the chat request's field

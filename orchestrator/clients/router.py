@@ -16,7 +16,7 @@ the answer is incomplete. With a single upstream the client's own retries apply.
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -151,31 +151,52 @@ class LLMRouter:
             up.in_flight -= 1
             self.health.publish()
 
-    async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
-        if len(self.pool) == 1:
-            async with self._alone() as client:
-                return await client.chat(messages, model=model or self.model, **kwargs)
-        model = await self._resolve(model)
-        body, run = chat_body(model, messages, **kwargs), Run()
+    async def _routed(self, model: str, attempt: Callable[[Upstream], AsyncIterator]) -> AsyncIterator:
+        """What attempt(upstream) yields, from the upstream each attempt goes to: the one retry loop of chat and
+        stream_chat. attempt raises Busy or Failed (through _classify) for an answer that is not a success; a
+        transfer that breaks is a failure of that upstream, unless part of the answer is out (asking elsewhere would
+        repeat it), which ends the request."""
+        run = Run()
         while True:
             up = await self._next(model, run)
+            yielded = False
             try:
                 try:
-                    response = await up.client.http.post("/chat/completions", json=body)
+                    async for item in attempt(up):
+                        yielded = True
+                        yield item
+                    return
                 except httpx.ConnectError as e:
                     raise Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
                 except httpx.TransportError as e:
+                    if yielded:
+                        self.health.fail(up, f"stream broke off: {e}")
+                        raise broken_stream(up.url, e) from None
                     raise Failed(f"{up.url}: {type(e).__name__}: {e}") from None
-                if response.status_code >= 400:
-                    self._classify(up, response)
-                up.served += 1
-                return chat_result(up.url, response.json())
             except Busy:
                 continue
             except Failed as failure:
                 self._failed(up, failure, run)
             finally:
                 self._done(up)
+
+    async def chat(self, messages: list[dict], model: str | None = None, **kwargs) -> dict:
+        if len(self.pool) == 1:
+            async with self._alone() as client:
+                return await client.chat(messages, model=model or self.model, **kwargs)
+        model = await self._resolve(model)
+        body = chat_body(model, messages, **kwargs)
+
+        async def attempt(up: Upstream) -> AsyncIterator[dict]:
+            response = await up.client.http.post("/chat/completions", json=body)
+            if response.status_code >= 400:
+                self._classify(up, response)
+            result = chat_result(up.url, response.json())
+            up.served += 1
+            yield result
+
+        async with contextlib.aclosing(self._routed(model, attempt)) as results:
+            return await anext(results)
 
     async def stream_chat(self, messages: list[dict], model: str | None = None, info: StreamInfo | None = None,
                           **kwargs) -> AsyncIterator[str]:
@@ -186,43 +207,35 @@ class LLMRouter:
                     yield delta
             return
         model = await self._resolve(model)
-        body, run = {**chat_body(model, messages, **kwargs), **stream_body(info)}, Run()
-        while True:
-            up = await self._next(model, run)
-            yielded, error = False, None
-            try:
-                try:
-                    async with up.client.http.stream("POST", "/chat/completions", json=body) as response:
-                        if response.status_code >= 400:
-                            await response.aread()
-                            self._classify(up, response)
-                        async for line in response.aiter_lines():
-                            try:
-                                deltas = stream_deltas(line, info)
-                            except StreamError as e:
-                                if not e.server_side:
-                                    raise
-                                if yielded:
-                                    self.health.fail(up, str(e))
-                                    raise
-                                raise Failed(f"{up.url}: {e}") from None
-                            if deltas is None:
-                                up.served += 1
-                                return
-                            for delta in deltas:
-                                yielded = True
-                                yield delta
-                except httpx.ConnectError as e:
-                    raise Failed(f"{up.url}: {type(e).__name__}: {e or 'connection refused'}", False) from None
-                except httpx.TransportError as e:
-                    error = e
-                if yielded:  # part of the answer is out: asking elsewhere would repeat it
-                    self.health.fail(up, f"stream broke off: {error or 'no data: [DONE]'}")
-                    raise broken_stream(up.url, error)
-                raise Failed(f"{up.url}: the stream ended before any text ({error or 'no data: [DONE]'})")
-            except Busy:
-                continue
-            except Failed as failure:
-                self._failed(up, failure, run)
-            finally:
-                self._done(up)
+        body = {**chat_body(model, messages, **kwargs), **stream_body(info)}
+
+        async def attempt(up: Upstream) -> AsyncIterator[str]:
+            yielded = False
+            async with up.client.http.stream("POST", "/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    self._classify(up, response)
+                async for line in response.aiter_lines():
+                    try:
+                        deltas = stream_deltas(line, info)
+                    except StreamError as e:
+                        if not e.server_side:
+                            raise
+                        if yielded:
+                            self.health.fail(up, str(e))
+                            raise
+                        raise Failed(f"{up.url}: {e}") from None
+                    if deltas is None:
+                        up.served += 1
+                        return
+                    for delta in deltas:
+                        yielded = True
+                        yield delta
+            if yielded:  # it ended without data: [DONE]
+                self.health.fail(up, "stream broke off: no data: [DONE]")
+                raise broken_stream(up.url, None)
+            raise Failed(f"{up.url}: the stream ended before any text (no data: [DONE])")
+
+        async with contextlib.aclosing(self._routed(model, attempt)) as deltas:
+            async for delta in deltas:
+                yield delta

@@ -123,14 +123,16 @@ CASES = [(90, torch.bfloat16, "mixtral-8x7b"), (90, torch.float16, "qwen3-30b-a3
          (90, torch.float32, "smollm2-135m"), (89, torch.bfloat16, "qwen3-30b-a3b"),
          (89, torch.float16, "mixtral-8x7b"), (89, torch.float32, "smollm2-135m"), (80, torch.bfloat16, "mixtral-8x7b")]
 # GGUF formats per case (the quantized linear kernels) and (gate, up, down) of the quantized MoE: every format
-# on sm_90 and on sm_89, split across their cases to bound the compile time; K-quants only where the model's
-# rows hold whole 256-blocks (SmolLM2's 576 does not).
-QUANT = [(("Q4_K", "Q5_K", "Q6_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K")),
-         (("Q2_K", "Q3_K", "Q4_0"), ("Q3_K", "Q2_K", "Q4_0")),
-         (("Q4_1", "Q5_0", "Q5_1"), ("Q8_0", "Q5_0", "Q4_1")),
-         (("Q4_K", "Q5_K", "Q6_K", "Q2_K"), ("Q5_K", "Q4_K", "Q6_K")),
-         (("Q3_K", "Q8_0", "Q4_0"), ("Q8_0", "Q8_0", "Q4_0")),
-         (("Q4_1", "Q5_0", "Q5_1"), ("Q5_1", "Q4_0", "Q8_0")),
+# on sm_90 and on sm_89, split across their cases to bound the compile time; K-quants and the 256-block codebooks
+# only where the model's rows hold whole 256-blocks (SmolLM2's 576 does not).
+CODEBOOKS_A = ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS")
+CODEBOOKS_B = ("IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
+QUANT = [(("Q4_K", "Q5_K", "Q6_K", "Q8_0", *CODEBOOKS_A), ("Q4_K", "Q4_K", "Q6_K")),
+         (("Q2_K", "Q3_K", "Q4_0", *CODEBOOKS_B), ("IQ3_XXS", "Q2_K", "IQ2_S")),
+         (("Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"), ("Q8_0", "Q5_0", "Q4_1")),
+         (("Q4_K", "Q5_K", "Q6_K", "Q2_K", *CODEBOOKS_A), ("Q5_K", "Q4_K", "Q6_K")),
+         (("Q3_K", "Q8_0", "Q4_0", *CODEBOOKS_B), ("IQ1_M", "Q8_0", "Q4_0")),
+         (("Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4"), ("MXFP4", "Q5_1", "Q8_0")),
          (("Q4_K", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"))]
 QUANT_KERNELS = ("_qgemv_kernel", "_qgemm_kernel", "_qmoe_up_kernel", "_qmoe_down_kernel", "_block_gemv_kernel",
                  "_block_gemm_kernel", "_block_moe_up_kernel", "_block_moe_down_kernel")

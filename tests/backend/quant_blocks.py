@@ -4,9 +4,10 @@ bytes with sane fp16 scales written over their scale fields."""
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-from backend.quant.formats import BY_NAME, row_bytes
+from backend.quant.formats import BY_NAME
 
 # byte offsets of each format's fp16 fields (d, and dmin/m where it has one)
 SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
@@ -22,12 +23,13 @@ GGUF_QUANTIZES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXF
 def random_raw(name: str, rows: int, cols: int, seed: int = 0, lead: tuple[int, ...] = ()) -> np.ndarray:
     """uint8 [*lead, rows, row_bytes] of the format."""
     rng = np.random.default_rng(seed)
-    fmt = BY_NAME[name]
     if name in GGUF_QUANTIZES:
         w = rng.standard_normal((*lead, rows, cols)).astype(np.float32) * 0.1
         return quantize(w, getattr(T, name))
-    raw = rng.integers(0, 256, size=(*lead, rows, row_bytes(fmt, cols) // fmt.block_bytes, fmt.block_bytes),
-                       dtype=np.uint8)
+    # types we do not compute on (NVFP4): gguf-py's block sizes, every byte random
+    block, block_bytes = (BY_NAME[name].block, BY_NAME[name].block_bytes) if name in BY_NAME \
+        else GGML_QUANT_SIZES[getattr(T, name)]
+    raw = rng.integers(0, 256, size=(*lead, rows, cols // block, block_bytes), dtype=np.uint8)
     for i, offset in enumerate(SCALE_FIELDS.get(name, ())):
         # d sized so that q times the sub-block scale lands near 0.1; mins a little smaller
         scale = rng.uniform(0.5, 1.5, size=raw.shape[:-1]) * K_SCALE[name] * (1.0 if i == 0 else 0.5)

@@ -207,7 +207,7 @@ def test_int8_activations_refused_where_they_cannot_run(tiny_gguf, settings, mes
 def test_int8_activations_need_quantized_blocks(tiny_gguf):
     kinds = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     path, _ = tiny_gguf("llama", "f16", policy=dict.fromkeys(kinds, "F16"))
-    with pytest.raises(ValueError, match="it has no GGUF blocks of Q4_0 .. Q8_0 or the K-quants; leave activations"):
+    with pytest.raises(ValueError, match=r"it has no GGUF blocks of a quantized type \(Q4_0 .. Q8_0, the K-quants, the IQ"):
         LLM(str(path), activations="int8", block_size=8)
 
 

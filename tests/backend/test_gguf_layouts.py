@@ -101,24 +101,27 @@ def test_offloaded_quantized_experts_give_identical_tokens(family, tiny_gguf):
 
 
 def test_types_without_a_kernel_are_dequantized_at_load_with_one_line(tiny_gguf, caplog, monkeypatch):
-    """TQ2_0 stays in its blocks for the CPU's kernels; where the Triton kernels run (their interpreter here, as on
-    CUDA), which do not read it, it is expanded at load, with one line saying what that costs."""
-    path, _ = tiny_gguf("mistral")  # its ffn_down is TQ2_0
+    """A type gguf-py reads that no kernel of ours takes (NVFP4) is expanded at load, on the CPU and where the Triton
+    kernels run (their interpreter here, as on CUDA) alike, with one line saying what that costs; the file's other
+    quantized tensors stay in their blocks (TQ2_0 too, which every kernel reads)."""
+    path, _ = tiny_gguf("mistral", "nvfp4", policy={**POLICY["mistral"], "ffn_down": "NVFP4", "ffn_up": "TQ2_0"})
     source = locate(str(path))
     cfg, reader = read_config(source)
-    on_cpu = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
-    assert isinstance(on_cpu.model.layers[0].mlp.down_proj, QuantLinear)
-    monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with caplog.at_level(logging.WARNING, logger="backend.quant"):
-        model = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
-    lines = [r.getMessage() for r in caplog.records if "kernels do not take" in r.getMessage()]
-    assert len(lines) == 1 and "TQ2_0" in lines[0] and "dequantized at load to float32" in lines[0]
-    # what it costs: every ffn_down weight in fp32 against TQ2_0's 66 bytes per 256 weights in the file
     weights = cfg.num_layers * cfg.hidden_size * cfg.intermediate_size
-    held, in_file = weights * 4 / 2**30, weights // 256 * 66 / 2**30
-    assert f"{held:.3f} GiB in memory where the file holds {in_file:.3f} GiB ({held - in_file:.3f} GiB more)" in lines[0]
-    assert not isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
+    held, in_file = weights * 4 / 2**30, weights // 64 * 36 / 2**30  # fp32 against NVFP4's 36 bytes per 64 weights
+    for triton in (False, True):
+        if triton:
+            monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
+            monkeypatch.setenv("TRITON_INTERPRET", "1")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="backend.quant"):
+            model = load_model(source, cfg, reader, torch.float32, torch.device("cpu"), 64)
+        lines = [r.getMessage() for r in caplog.records if "kernels do not take" in r.getMessage()]
+        assert len(lines) == 1 and "NVFP4" in lines[0] and "dequantized at load to float32" in lines[0]
+        assert f"{held:.3f} GiB in memory where the file holds {in_file:.3f} GiB ({held - in_file:.3f} GiB more)" \
+            in lines[0]
+        assert not isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
+        assert [p.fmt.name for p in model.model.layers[0].mlp.gate_up_proj.parts] == ["Q5_0", "TQ2_0"]
 
 
 # Refusals ------------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from tests.backend.conftest import KERNEL_DEVICE, fp32_order, interpreted_only, 
 from tests.backend.quant_blocks import SCALE_FIELDS, gguf_dequant, random_raw
 
 FORMATS = list(BY_NAME)
-TRITON_FORMATS = [name for name, fmt in BY_NAME.items() if fmt.triton]  # a CUDA load expands the others to floats
 ROWS = 101  # odd: six panels of 16 weight rows and a part (the CPU kernel's tiles take 1, 2 or 4 panels)
 
 
@@ -44,11 +43,11 @@ def test_torch_decoder_is_bit_exact_to_gguf(name):
     assert torch.equal(ours, gguf_dequant(raw, name))
 
 
-@pytest.mark.parametrize("name", TRITON_FORMATS)
+@pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("m", [1, 3, 9, 67])
 def test_triton_kernels_match_dequantize_and_matmul(name, m):
     """m <= 4 runs the GEMV-shaped kernel, 9 the block-wise product (the per-weight tiled GEMM for formats it does
-    not read), 67 the per-weight tiled GEMM."""
+    not read), 67 the per-weight tiled GEMM (the block-wise product still for the codebooks, which it alone reads)."""
     cols = cols_of(name)
     raw = random_raw(name, ROWS, cols, seed=2)
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
@@ -152,7 +151,7 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the swapped bytes may read as inf or nan
-@pytest.mark.parametrize("name", TRITON_FORMATS)
+@pytest.mark.parametrize("name", list(SCALE_FIELDS))
 def test_a_wrong_scale_offset_fails_the_checks(name):
     """Reading a block's fp16 scale two bytes off (here: the bytes swapped in the data) must not pass."""
     cols = cols_of(name)

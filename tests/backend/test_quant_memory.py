@@ -73,7 +73,7 @@ def test_a_budget_below_one_expert_per_layer_is_refused():
         fit_gpu_experts(weight_bytes(cfg, q4_k_m), 4 * GIB, GIB, cfg.num_experts)
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "llama3_rope_tied"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "llama3_rope_tied", "phi3"])
 def test_the_arithmetic_is_what_a_loaded_model_holds(family, tiny_gguf, monkeypatch):
     """On the device path the blocks are the file's bytes: weight_bytes over the file's formats is exact."""
     from backend.loader import load_model, locate, read_config

@@ -1,0 +1,159 @@
+"""The Gated DeltaNet layer (linear attention) of Qwen3-Next and Qwen3.5, as transformers defines it.
+
+Each token is projected to q|k|v (through a short causal depthwise convolution with SiLU), z (the output's gate),
+b (beta = sigmoid(b), how strongly the token writes) and a (the decay, g = -exp(A_log) * softplus(a + dt_bias)).
+The gated delta rule (kernels/delta_rule.py) reads and writes one state per sequence; the output is RMS-normed per
+value head, multiplied by SiLU(z), and projected back.
+
+A sequence's state lives outside the paged cache: conv_state [slots, conv_dim, kernel - 1] (the last inputs of the
+convolution) and delta_state [slots, value_heads, key_dim, value_dim], both fp32, bound by the model runner; the
+step's metadata says each decode row's and each prompt chunk's slot (AttentionMetadata.states). A row at a
+sequence's first position starts from zeros, whatever its slot held before. A run that verifies drafts keeps the
+state it started from until the model runner commits the accepted rows (commit): rejected drafts leave no trace.
+
+Weights: Qwen3.5 projects q|k|v, z, b and a apart (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, fused on load
+into in_proj_qkvz and in_proj_ba); Qwen3-Next projects them together grouped by key head (each key head's q, k,
+then its value heads' v and z; its value heads' b, then a), reordered here after the product.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.kernels import delta_rule
+from backend.kernels.attention import AttentionMetadata
+from backend.layer_spec import AttentionSpec
+from backend.model_config import ModelConfig
+
+GROUPED_PROJECTIONS = ("Qwen3NextForCausalLM",)  # the architectures whose projections are grouped by key head
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, spec: AttentionSpec):
+        super().__init__()
+        shape = spec.linear
+        self.num_k_heads, self.num_v_heads = shape.num_key_heads, shape.num_value_heads
+        self.k_dim, self.v_dim = shape.key_head_dim, shape.value_head_dim
+        self.key_size, self.value_size = self.num_k_heads * self.k_dim, self.num_v_heads * self.v_dim
+        self.conv_dim = 2 * self.key_size + self.value_size
+        self.grouped = cfg.architecture in GROUPED_PROJECTIONS
+        self.eps = cfg.rms_norm_eps
+        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, self.conv_dim + self.value_size, bias=False)
+        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * self.num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim, self.conv_dim, shape.conv_kernel, groups=self.conv_dim, bias=False
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(self.v_dim))
+        self.out_proj = nn.Linear(self.value_size, cfg.hidden_size, bias=False)
+        # The paged cache this kind keeps none of (AttentionSpec.block_shapes), and the state pool's tensors: both
+        # bound by the model runner.
+        self.k_cache = self.v_cache = torch.empty(0)
+        self.conv_state = torch.empty(0)
+        self.delta_state = torch.empty(0)
+        # the last forward's runs that verify drafts: (slot, its conv and delta states before, its rows' inputs)
+        self.pending: list[tuple] = []
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One sequence's conv state and delta-rule state (fp32)."""
+        return (self.conv_dim, self.conv1d.kernel_size[0] - 1), (self.num_v_heads, self.k_dim, self.v_dim)
+
+    def _ungroup(self, qkvz: torch.Tensor, ba: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3-Next's per-key-head layout as q|k|v|z and b|a."""
+        t, per = qkvz.shape[0], self.num_v_heads // self.num_k_heads
+        grouped = qkvz.view(t, self.num_k_heads, -1)
+        q, k, v, z = grouped.split([self.k_dim, self.k_dim, per * self.v_dim, per * self.v_dim], dim=-1)
+        b, a = ba.view(t, self.num_k_heads, 2 * per).split([per, per], dim=-1)
+        return (
+            torch.cat([x.reshape(t, -1) for x in (q, k, v, z)], dim=-1),
+            torch.cat([b.reshape(t, -1), a.reshape(t, -1)], dim=-1),
+        )
+
+    def forward(self, x: torch.Tensor, rope, meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        if self.grouped:
+            qkvz, ba = self._ungroup(qkvz, ba)
+        mixed, z = qkvz[:, : self.conv_dim], qkvz[:, self.conv_dim :]
+        beta = ba[:, : self.num_v_heads].float().sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(ba[:, self.num_v_heads :].float() + self.dt_bias.float())
+        core = torch.empty(t, self.num_v_heads, self.v_dim, dtype=torch.float32, device=x.device)
+        n, states, self.pending = meta.num_decode, meta.states, []
+        if n:
+            core[:n] = self._decode(
+                mixed[:n], g[:n], beta[:n], states.slots[:n], meta.decode_context_lens == 1
+            )
+        for j, chunk in enumerate(meta.prefills):
+            rows, slot = slice(chunk.start, chunk.end), states.slots[n + j : n + j + 1]
+            if states.drafts and states.drafts[j]:
+                core[rows] = self._verify(mixed[rows], g[rows], beta[rows], slot)
+            else:
+                fresh = chunk.context_len == chunk.end - chunk.start
+                core[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, fresh)
+        return self.out_proj(self._gated_norm(core, z.reshape(t, self.num_v_heads, self.v_dim)).to(x.dtype))
+
+    def _split(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = mixed.shape[0]
+        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        return (
+            q.reshape(t, self.num_k_heads, self.k_dim),
+            k.reshape(t, self.num_k_heads, self.k_dim),
+            v.reshape(t, self.num_v_heads, self.v_dim),
+        )
+
+    def _decode(self, mixed, g, beta, slots: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+        """One token of each of n sequences, each from its slot's state (zeros where fresh)."""
+        conv = self.conv_state.index_select(0, slots)
+        conv = torch.where(fresh[:, None, None], 0.0, conv)
+        window = torch.cat([conv, mixed.float()[:, :, None]], dim=-1)  # [n, conv_dim, kernel]
+        self.conv_state.index_copy_(0, slots, window[:, :, 1:])
+        mixed = F.silu((window * self.conv1d.weight[:, 0].float()).sum(-1))
+        return delta_rule.recurrent_in_pool(*self._split(mixed), g, beta, self.delta_state, slots, fresh)
+
+    def _verify(self, mixed, g, beta, slot: torch.Tensor) -> torch.Tensor:
+        """A run that verifies drafts: each row computed as a decode row (the same arithmetic, so that greedy
+        speculation keeps plain decoding's tokens), the state before the run kept for commit."""
+        self.pending.append(
+            (slot, self.conv_state[slot].clone(), self.delta_state[slot].clone(), mixed, g, beta)
+        )
+        resumes = torch.zeros(1, dtype=torch.bool, device=mixed.device)
+        rows = range(mixed.shape[0])
+        return torch.cat(
+            [self._decode(mixed[i : i + 1], g[i : i + 1], beta[i : i + 1], slot, resumes) for i in rows]
+        )
+
+    def commit(self, kept: list[int]) -> None:
+        """Each verifying run of the last forward keeps the state after its first kept[i] rows (its last known
+        token and the accepted drafts): where a draft was rejected, the state before the run comes back and the
+        accepted rows run again (cheaper than keeping every row's state: a few of these layers' decode rows)."""
+        resumes = torch.zeros(1, dtype=torch.bool, device=self.delta_state.device)
+        for (slot, conv, delta, mixed, g, beta), n in zip(self.pending, kept, strict=True):
+            if n == mixed.shape[0]:
+                continue
+            self.conv_state.index_copy_(0, slot, conv)
+            self.delta_state.index_copy_(0, slot, delta)
+            for i in range(n):
+                self._decode(mixed[i : i + 1], g[i : i + 1], beta[i : i + 1], slot, resumes)
+        self.pending = []
+
+    def _prefill(self, mixed, g, beta, slot: torch.Tensor, fresh: bool) -> torch.Tensor:
+        """A run of one sequence's tokens from its slot's state (zeros when the run starts the sequence)."""
+        keep = self.conv1d.kernel_size[0] - 1
+        conv = (
+            mixed.new_zeros(self.conv_dim, keep, dtype=torch.float32) if fresh else self.conv_state[slot][0]
+        )
+        window = torch.cat([conv, mixed.float().t()], dim=-1)  # [conv_dim, keep + run]
+        self.conv_state.index_copy_(0, slot, window[None, :, -keep:])
+        mixed = F.silu(F.conv1d(window[None], self.conv1d.weight.float(), groups=self.conv_dim)[0].t())
+        state = None if fresh else self.delta_state[slot][0]
+        out, state = delta_rule.chunked(*self._split(mixed), g, beta, state)
+        self.delta_state.index_copy_(0, slot, state[None])
+        return out
+
+    def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """RMS norm over each value head, scaled by the weight, times SiLU(z); [t, value_size]."""
+        normed = core * torch.rsqrt(core.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = (self.norm.weight * normed.to(self.norm.weight.dtype)).float() * F.silu(z.float())
+        return out.reshape(core.shape[0], self.value_size)

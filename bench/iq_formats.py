@@ -1,0 +1,192 @@
+"""The codebook formats side by side with llama.cpp, one JSON line: SmolLM2-135M and a Qwen3-MoE file (bench/moe_gguf.py:
+its small shape, or --moe-shape qwen3_30b_a3b_shaped for Qwen3-30B-A3B's layer shapes) in llama.cpp's IQ4_XS and
+IQ3_XS mixes (and MXFP4_MOE for the MoE file): batch-1 decode and prompt tokens/s, ours vs llama.cpp on the same
+files, on the CPU.
+
+With --llama-cpp-python PATH (or LLAMA_CPP_PYTHON: the python of a venv holding llama-cpp-python, a benchmark peer,
+never a dependency) llama.cpp's own quantizer makes the files (bench/llama_cpp_iq_peer.py, requantizing the source
+file) and measures its rates on them. Without it the row says "peer": "missing" and the files are ours: each
+quantized tensor rewritten as random blocks of the format llama.cpp's mix would pick (llama_tensor_get_type,
+approximated: IQ4_XS everywhere; IQ3_XS as IQ3_S with IQ3_XXS gate/up and an IQ4_XS attn_v; MXFP4 experts and Q8_0
+elsewhere; Q6_K output; rows not of whole 256-blocks in IQ4_NL, or Q8_0 for Q6_K, as llama.cpp falls back), whose
+speed is that of real weights of the same formats.
+
+python bench/iq_formats.py [--llama-cpp-python PATH] [--moe-shape NAME] [--new-tokens 32] [--prompt-tokens 256]
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MIXES = {"IQ4_XS": 30, "IQ3_XS": 22, "MXFP4_MOE": 38}  # llama.cpp's llama_ftype of each
+_FLOATS = ("F32", "F16", "BF16")
+
+
+def mix_format(mix: str, kind: str, cols: int) -> str:
+    """Our approximation of the format llama.cpp's mix gives a tensor of this kind and row length."""
+    if mix == "MXFP4_MOE":
+        return "MXFP4" if kind.endswith("_exps") else "Q8_0"
+    if kind == "output":
+        fmt = "Q6_K"
+    elif mix == "IQ4_XS" or kind == "attn_v":
+        fmt = "IQ4_XS"
+    else:
+        fmt = "IQ3_XXS" if kind in ("ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps") else "IQ3_S"
+    if cols % 256:
+        return "Q8_0" if fmt == "Q6_K" else "IQ4_NL"
+    return fmt
+
+
+def random_mix_copy(source: Path, mix: str) -> Path:
+    """source with its quantized tensors rewritten as random blocks of mix_format's choice (metadata copied),
+    cached beside the other bench files."""
+    import gguf
+    import numpy as np
+
+    from backend.home import cache_dir
+    from tests.backend.quant_blocks import random_raw
+
+    out = cache_dir() / "bench" / f"{source.stem}-{mix}-random.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out) + ".partial", reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub)
+    writer.add_file_type(MIXES[mix])
+    for i, t in enumerate(reader.tensors):
+        if t.tensor_type.name in _FLOATS:
+            writer.add_tensor(t.name, np.asarray(t.data))
+            continue
+        cols, rows, *lead = (int(s) for s in t.shape)
+        fmt = mix_format(mix, t.name.split(".")[-2], cols)
+        raw = random_raw(fmt, rows, cols, seed=i, lead=tuple(reversed(lead)))
+        writer.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType[fmt])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    Path(str(out) + ".partial").replace(out)
+    return out
+
+
+def llama_cpp_copy(source: Path, mix: str, python: str) -> Path:
+    """source requantized by llama.cpp's quantizer into the mix, cached."""
+    import torch
+    from run_peer import run_peer  # bench/, beside this script
+
+    from backend.home import cache_dir
+
+    out = cache_dir() / "bench" / f"{source.stem}-{mix}-llama.cpp.gguf"
+    if not out.exists():
+        partial = Path(str(out) + ".partial")
+        run_peer(
+            "llama_cpp_iq_peer.py",
+            {
+                "action": "quantize",
+                "source": str(source),
+                "out": str(partial),
+                "ftype": MIXES[mix],
+                "threads": torch.get_num_threads(),
+            },
+            python,
+        )
+        partial.replace(out)
+    return out
+
+
+def ours(path: Path, prompt: list[int], new_tokens: int) -> tuple[float, float]:
+    """(prompt tokens/s, batch-1 decode tokens/s) of our engine on the file."""
+    from engine_vs_peers import best, ours_decode_rate, ours_generate
+
+    from backend import LLM
+
+    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False)
+    ours_generate(llm, [prompt[:32]], 4)  # warm-up: kernels built, first allocations made
+    decode = ours_decode_rate(llm, prompt[:32], new_tokens)
+    return len(prompt) / best(ours_generate, llm, [prompt], 1), decode
+
+
+def row(model: str, mix: str, path: Path, prompt: list[int], args) -> dict:
+    import gguf
+    import torch
+    from run_peer import run_peer
+
+    reader = gguf.GGUFReader(str(path))
+    formats = Counter(t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in _FLOATS)
+    out = {"model": model, "mix": mix, "gib": round(path.stat().st_size / 2**30, 3), "formats": dict(formats)}
+    out["ours_prompt_tok_s"], out["ours_decode_tok_s"] = (
+        round(r, 2) for r in ours(path, prompt, args.new_tokens)
+    )
+    if args.llama_cpp_python:
+        peer = run_peer(
+            "llama_cpp_iq_peer.py",
+            {
+                "action": "rates",
+                "model": str(path),
+                "prompt": prompt,
+                "new_tokens": args.new_tokens,
+                "threads": torch.get_num_threads(),
+            },
+            args.llama_cpp_python,
+        )
+        out["llama_cpp_prompt_tok_s"] = round(peer["prompt_tok_s"], 2)
+        out["llama_cpp_decode_tok_s"] = round(peer["decode_tok_s"], 2)
+        out["prompt_vs_llama_cpp"] = round(out["ours_prompt_tok_s"] / out["llama_cpp_prompt_tok_s"], 2)
+        out["decode_vs_llama_cpp"] = round(out["ours_decode_tok_s"] / out["llama_cpp_decode_tok_s"], 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
+    parser.add_argument("--moe-shape", default="qwen3_moe", help="a shape of bench/moe_gguf.py")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    args = parser.parse_args()
+    import torch
+    from moe_gguf import moe_file
+
+    from backend.model_store import pull
+
+    sources = {
+        "smollm2-135m": (pull("smollm2", quiet=True), ("IQ4_XS", "IQ3_XS")),
+        f"{args.moe_shape}-moe": (moe_file(args.moe_shape), ("IQ4_XS", "IQ3_XS", "MXFP4_MOE")),
+    }
+    prompt = [(17 * i + 3) % 400 + 3 for i in range(args.prompt_tokens)]
+    rows = []
+    for model, (source, mixes) in sources.items():
+        for mix in mixes:
+            path = (
+                llama_cpp_copy(source, mix, args.llama_cpp_python)
+                if args.llama_cpp_python
+                else random_mix_copy(source, mix)
+            )
+            rows.append(row(model, mix, path, prompt, args))
+    print(
+        json.dumps(
+            {
+                "bench": "iq-formats",
+                "device": "cpu",
+                "threads": torch.get_num_threads(),
+                "peer": "llama.cpp" if args.llama_cpp_python else "missing",
+                "files": "llama.cpp's quantizer" if args.llama_cpp_python else "random blocks, our mix",
+                "new_tokens": args.new_tokens,
+                "prompt_tokens": args.prompt_tokens,
+                "rows": rows,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""gpt-oss against transformers' GptOssForCausalLM (tiny random checkpoints, fp32): its config read into layer
+kinds; each of its pieces (sliding windows on every other layer, sinks, the clamped SwiGLU) what the match holds
+to; greedy tokens and logprobs batched, with chunked prefill across the window, a prefix-cache hit and n-gram
+speculation; OpenAI's MXFP4 experts decoded exactly as the OCP MX format defines."""
+
+import json
+
+import pytest
+import torch
+
+from backend import LLM, SamplingParams
+from backend.families.gpt_oss_weights import mxfp4_decode
+from backend.hf_config import from_hf_config
+from backend.layer_spec import MLPSpec
+from tests.backend.conftest import hf_greedy, interpreted_only, prompts_of_lengths
+from tests.backend.cuda_emulation import emulate_cuda
+from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
+
+
+def test_gpt_oss_config_reads_into_layer_kinds(tiny_dir):
+    cfg = json.loads((tiny_dir("gpt_oss") / "config.json").read_text())
+    mc = from_hf_config(cfg, "gpt-oss")
+    assert [(s.attention.kind, s.attention.window, s.attention.sinks) for s in mc.layers] == [
+        ("sliding", 12, True),
+        ("full", None, True),
+    ] * 2
+    assert {s.mlp for s in mc.layers} == {
+        MLPSpec("moe", "softmax_topk", bias=True, clamped_swiglu=(1.702, 1.5))
+    }
+    assert (
+        mc.qkv_bias and mc.o_bias and mc.norm_topk_prob and (mc.num_experts, mc.num_experts_per_tok) == (4, 2)
+    )
+    assert mc.rope_scaling["rope_type"] == "yarn" and mc.rope_theta == 150000.0
+
+
+def reference_changed(directory, sinks: float | None = None, **changes):
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    config = GptOssConfig.from_pretrained(str(directory), **changes)
+    model = AutoModelForCausalLM.from_pretrained(str(directory), config=config, dtype=torch.float32).eval()
+    if sinks is not None:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.fill_(sinks)
+    return model
+
+
+def test_each_gpt_oss_piece_is_what_the_match_holds_to(tiny_dir, hf_model):
+    """Our logits equal transformers' and are far from it with any one piece changed: no window, no sinks (a
+    sink far below every score), no clamp on the SwiGLU."""
+    directory = tiny_dir("gpt_oss")
+    reference = hf_model(directory)
+    changed = {
+        "no window": reference_changed(directory, sliding_window=512),
+        "no sinks": reference_changed(directory, sinks=-1e4),
+        "no clamp": reference_changed(directory, swiglu_limit=1e4),
+    }
+    llm = LLM(str(directory), block_size=8)
+    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            torch.testing.assert_close(ours, reference(ids).logits[0], atol=1e-4, rtol=1e-4)
+            for what, model in changed.items():
+                if what == "no window" and len(prompt) <= 12:
+                    continue  # every position of a prompt within the window sees it all either way
+                assert (ours - model(ids).logits[0]).abs().max() > 1e-2, what
+
+
+def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.double(), dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def assert_as_transformers(reference, prompts, outputs, max_tokens: int) -> None:
+    for prompt, out in zip(prompts, outputs):
+        tokens = out.outputs[0].token_ids
+        assert tokens == hf_greedy(reference, prompt, max_tokens)
+        ours = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, tokens)]
+        assert ours == pytest.approx(hf_logprobs(reference, prompt, tokens), abs=1e-4)
+
+
+def test_gpt_oss_batched_and_chunked_decoding_matches_transformers(tiny_dir, hf_model):
+    """Prompts of 3 to 50 tokens (the window 12) batched, decoding past the window; then chunks of 12 tokens (the
+    window's length) beside decodes."""
+    directory = tiny_dir("gpt_oss")
+    reference = hf_model(directory)
+    batched = LLM(str(directory), block_size=8).generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_as_transformers(reference, PROMPTS, batched, 16)
+    chunked = LLM(str(directory), block_size=8, max_num_batched_tokens=12).generate(
+        PROMPTS, GREEDY, use_tqdm=False
+    )
+    assert_as_transformers(reference, PROMPTS, chunked, 16)
+
+
+def test_gpt_oss_prefix_cache_hit_matches_transformers(tiny_dir, hf_model):
+    directory = tiny_dir("gpt_oss")
+    prefix = prompts_of_lengths(40)[0]
+    first, second = prefix + [7, 8, 9], prefix + [11, 12, 13, 14, 15]
+    llm = LLM(str(directory), block_size=8)
+    llm.generate(first, GREEDY, use_tqdm=False)
+    out = llm.generate(second, GREEDY, use_tqdm=False)[0]
+    assert out.num_cached_tokens == 40
+    assert_as_transformers(hf_model(directory), [second], [out], 16)
+
+
+def test_gpt_oss_ngram_speculation_decodes_as_plain_decoding(tiny_dir):
+    """Drafts verified across the window's edge (prompts that repeat, longer than the window), batched: plain
+    decoding's tokens and logprobs, and drafts accepted."""
+    directory = str(tiny_dir("gpt_oss"))
+    prompts = [prompts_of_lengths(20)[0] * 2, prompts_of_lengths(9)[0] * 3]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    plain = LLM(directory, block_size=8).generate(prompts, params, use_tqdm=False)
+    spec = LLM(
+        directory, block_size=8, speculative={"method": "ngram", "num_tokens": 4, "prompt_lookup_min": 1}
+    )
+    drafted = spec.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(plain, drafted):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x)
+    stats = spec.engine.stats()
+    assert stats["spec_accepted_tokens"] > 0
+
+
+def test_mxfp4_decodes_every_code_and_scale_as_transformers_does():
+    """Every E2M1 code under every E8M0 scale but NaN's (255), the subnormal 2^-127 included: the same bits as
+    transformers' reader of OpenAI's checkpoints."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    scales = (
+        torch.arange(255, dtype=torch.uint8).view(1, 255, 1).expand(1, 255, 2).contiguous()
+    )  # [E, rows, G]
+    codes = torch.arange(256, dtype=torch.int32).remainder(256).to(torch.uint8)
+    blocks = codes.view(16, 16)[None, None].expand(1, 255, 2, 16, 16).reshape(1, 255, 32, 16)[:, :, :2]
+    ours = mxfp4_decode(blocks, scales)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).transpose(1, 2)
+    assert torch.equal(ours.view(torch.int32), theirs.contiguous().view(torch.int32))
+    assert ours[0, 127, :16].tolist() == [
+        0.0,
+        0.0,
+        0.5,
+        0.0,
+        1.0,
+        0.0,
+        1.5,
+        0.0,
+        2.0,
+        0.0,
+        3.0,
+        0.0,
+        4.0,
+        0.0,
+        6.0,
+        0.0,
+    ]  # scale 2^0; byte j = j: low nibble j, high nibble 0
+    assert torch.isnan(mxfp4_decode(blocks[:, :1], torch.full((1, 1, 2), 255, dtype=torch.uint8))).all()
+
+
+def test_mxfp4_checkpoint_loads_as_its_floats(tiny_dir, tmp_path, hf_model):
+    """A checkpoint whose experts are MXFP4 blocks and scales (OpenAI's names and layout) decodes to the same
+    model as the transformers float checkpoint of those values: the same logits, bit for bit, and transformers'."""
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_dir("gpt_oss")
+    tensors = load_file(str(source / "model.safetensors"))
+    floats, packed = tmp_path / "floats", tmp_path / "mxfp4"
+    g = torch.Generator().manual_seed(5)
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, rows_in, cols_out = tensors[name].shape  # transformers' [E, in, out]
+        blocks = torch.randint(0, 256, (experts, cols_out, rows_in // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(120, 124, (experts, cols_out, rows_in // 32), dtype=torch.uint8, generator=g)
+        del tensors[name]
+        packed_tensors = {f"{name}_blocks": blocks, f"{name}_scales": scales}
+        tensors.update(
+            {f"{name}_float": mxfp4_decode(blocks, scales).transpose(1, 2).contiguous(), **packed_tensors}
+        )
+    for directory in (floats, packed):
+        directory.mkdir()
+        for f in source.iterdir():
+            if f.name != "model.safetensors":
+                (directory / f.name).write_bytes(f.read_bytes())
+    save_file(
+        {n.removesuffix("_float"): t for n, t in tensors.items() if not n.endswith(("_blocks", "_scales"))},
+        str(floats / "model.safetensors"),
+    )
+    save_file(
+        {n: t for n, t in tensors.items() if not n.endswith("_float")}, str(packed / "model.safetensors")
+    )
+    ours_packed = prefill_logits(LLM(str(packed), block_size=8), PROMPTS)
+    ours_floats = prefill_logits(LLM(str(floats), block_size=8), PROMPTS)
+    reference = hf_model(floats)
+    for prompt, a, b in zip(PROMPTS, ours_packed, ours_floats):
+        assert torch.equal(a, b)
+        with torch.no_grad():
+            torch.testing.assert_close(a, reference(torch.tensor([prompt])).logits[0], atol=1e-4, rtol=1e-4)
+
+
+@interpreted_only
+def test_the_cuda_path_decodes_gpt_oss_as_the_cpu_path(tiny_dir, monkeypatch):
+    """The Triton kernels (interpreted) with sinks on windowed and full layers, the experts' biases and clamped
+    SwiGLU in the torch loop there: the CPU path's greedy tokens, on prompts longer than the window."""
+    directory, settings = str(tiny_dir("gpt_oss")), dict(block_size=16, max_num_seqs=4, max_model_len=256)
+    prompts = prompts_of_lengths(3, 21, 40)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = [
+        o.outputs[0].token_ids for o in LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
+    ]
+    emulate_cuda(monkeypatch)
+    outputs = LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_gpt_oss_experts_are_not_quantized_at_load_as_plain_experts(tiny_dir):
+    """Our quantized experts compute silu(gate) * up without biases: gpt-oss's are refused there, not mis-run."""
+    with pytest.raises(ValueError, match="biases and the clamped SwiGLU .gpt-oss. cannot be quantized yet"):
+        LLM(str(tiny_dir("gpt_oss")), quantization="int8")
