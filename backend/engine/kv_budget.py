@@ -265,7 +265,7 @@ def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, 
 
 
 def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,
-                  host_experts: int = 0, states: int = 0) -> None:
+                  host_experts: int = 0, states: int = 0, per_token: int = 0) -> None:
     """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache;
     CUDA graphs); the CUDA context comes on top. On the CPU, the weights and the cache only."""
     how = "computed there by the CPU" if config.moe_cpu_compute else \
@@ -274,12 +274,14 @@ def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, w
                     else "") + f"weights {weights / GIB:.2f} GiB" + (
         f" (and {host_experts / GIB:.2f} GiB of experts in host memory, {how})" if host_experts else "")
     if device.type != "cuda":
-        log.info("KV cache: %d blocks of %d tokens; %s", num_blocks, config.block_size, held_weights)
+        log.info("KV cache: %d blocks of %d tokens (%d bytes a token); %s", num_blocks, config.block_size, per_token,
+                 held_weights)
         return
     held = torch.cuda.memory_reserved(device)
     u = config.gpu_memory_utilization
     allowed = allowed_bytes(u, torch.cuda.get_device_properties(device).total_memory)
-    line = (f"KV cache: {num_blocks} blocks of {config.block_size} tokens; {held_weights}; the engine holds "
+    line = (f"KV cache: {num_blocks} blocks of {config.block_size} tokens ({per_token} bytes a token); {held_weights}; "
+            f"the engine holds "
             f"{held / GIB:.2f} GiB of the card, gpu_memory_utilization={u} allows {allowed / GIB:.2f} GiB")
     if held > allowed and config.num_kv_blocks is None and config.kv_cache_memory is None:
         log.warning("%s: over by %.2f GiB (CUDA graphs, or the allocator's rounding)", line, (held - allowed) / GIB)

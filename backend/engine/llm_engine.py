@@ -23,6 +23,7 @@ from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
 from backend.engine.kv_budget import (
     CacheShape,
+    kv_bytes_per_block,
     num_kv_blocks,
     report_memory,
 )
@@ -81,7 +82,8 @@ class LLMEngine:
         residency.start_cache(self)
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
-                      sum(host_expert_bytes(m) for m in models), state_pool_bytes(self.model_config, config.max_num_seqs))
+                      sum(host_expert_bytes(m) for m in models), state_pool_bytes(self.model_config, config.max_num_seqs),
+                      sum(kv_bytes_per_block(m.config, 1, self.shape.kv_dtype) for m in models))
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}  # each request's prompt text, for the outputs of step()
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas

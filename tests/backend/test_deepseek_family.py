@@ -201,3 +201,16 @@ def test_quantized_at_load_kv_b_stays_in_floats_and_the_arithmetic_counts_it(tmp
     assert all(isinstance(p, QuantLinear) for p in (attn.q_a_proj, attn.q_b_proj, attn.kv_a_proj_with_mqa))
     assert type(attn.kv_b_proj) is nn.Linear
     assert module_bytes(model) == weight_bytes(cfg, hf_recipe("int8", torch.float32)).total
+
+
+def test_the_ready_log_says_the_latent_caches_bytes_a_token(tiny_dir, caplog):
+    """The engine's ready line counts a latent layer's one row a token, not keys and values of every head."""
+    import logging
+
+    from backend import LLM
+
+    with caplog.at_level(logging.INFO, logger="backend.engine.kv_budget"):
+        llm = LLM(str(tiny_dir("deepseek_v3")), block_size=8, max_model_len=64, max_num_seqs=2)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache:")]
+    per_token = kv_bytes_per_block(llm.engine.model_config, 1, llm.engine.shape.kv_dtype)
+    assert per_token == 4 * 3 * (32 + 8) and f"({per_token} bytes a token)" in line
