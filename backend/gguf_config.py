@@ -37,7 +37,8 @@ _NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False
 
 
 def dequantizable(ggml_type: int) -> bool:
-    """Types gguf-py can expand to floats (IQ*, TQ*, ...): loaded dequantized, with a log line."""
+    """Types gguf-py can expand to floats that no kernel of ours reads (NVFP4, ...): loaded dequantized, with a log
+    line."""
     from gguf.quants import _type_traits
 
     return ggml_type in FLOAT_TYPES or any(int(t) == ggml_type for t in _type_traits)
@@ -47,9 +48,10 @@ def _check_types(path: Path, reader) -> None:
     bad = sorted({t.tensor_type.name for t in reader.tensors
                   if int(t.tensor_type) not in FORMATS and not dequantizable(int(t.tensor_type))})
     if bad:
-        kept = ", ".join([*FLOAT_TYPES.values(), *(f.name for f in FORMATS.values())])
-        raise ModelLoadError(f"{path}: GGUF tensor type {', '.join(bad)} is not supported; supported: {kept} "
-                             "(kept quantized), and IQ*/TQ* types (dequantized at load)")
+        kept = ", ".join(f.name for f in FORMATS.values())
+        raise ModelLoadError(f"{path}: GGUF tensor type {', '.join(bad)} is not supported; supported: "
+                             f"{', '.join(FLOAT_TYPES.values())} (floats), {kept} (kept quantized), and the other "
+                             "types gguf-py reads (dequantized at load)")
 
 
 def gguf_config(path: Path) -> tuple[ModelConfig, object]:

@@ -162,8 +162,8 @@ def test_a_layout_we_do_not_run_is_refused_with_what_is_supported(tmp_path):
 def test_a_tensor_type_we_cannot_read_is_refused_with_what_is_supported(tmp_path):
     q8_1 = torch.zeros(32, 40, dtype=torch.uint8).numpy()  # Q8_1: an intermediate type, no dequantizer
     msg = refusal(minimal_gguf(tmp_path / "t.gguf", tensors={"blk.0.attn_q.weight": (q8_1, T.Q8_1)}))
-    assert f"{tmp_path / 't.gguf'}: GGUF tensor type Q8_1 is not supported; supported: F32, F16, BF16, Q4_0" in msg
-    assert "Q6_K" in msg and "IQ*/TQ*" in msg
+    assert f"{tmp_path / 't.gguf'}: GGUF tensor type Q8_1 is not supported; supported: F32, F16, BF16 (floats), Q4_0" in msg
+    assert "Q6_K" in msg and "IQ3_XXS" in msg and "MXFP4" in msg and "(kept quantized)" in msg
 
 
 def test_a_tensor_the_layout_does_not_have_is_refused(tmp_path):
