@@ -7,7 +7,12 @@ READERS = {arch: family.from_hf for family in (llama, gemma3, deepseek, qwen3_ne
 
 
 def from_hf_config(cfg: dict, source: str) -> ModelConfig:
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{source}: config.json must hold a JSON object, not {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelLoadError(f"{source}: architectures is {archs!r}; it must be a list of names such as "
+                             "[\"LlamaForCausalLM\"]")
     arch = next((a for a in archs if a in READERS), None)
     if arch is None:
         raise ModelLoadError(f"{source}: architecture {', '.join(archs) or '(none given)'} is not supported; "

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from backend.layer_spec import LayerSpec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings", "beta_fast",
+                 "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gated MLP's: SiLU (most), GELU's tanh approximation (Gemma)
 
 
@@ -68,10 +70,16 @@ class ModelConfig:
 
 def rope_params(cfg: dict, source: str) -> tuple[float, dict | None]:
     # transformers 5 writes `rope_parameters` (theta inside); older checkpoints `rope_theta` + `rope_scaling`.
+    for key in ("rope_parameters", "rope_scaling"):
+        if not isinstance(cfg.get(key) or {}, dict):
+            raise ModelLoadError(f"{source}: {key} is {cfg[key]!r}; it must be an object of rope settings")
     params = dict(cfg.get("rope_parameters") or {})
     theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    theta = config_float({"rope_theta": theta}, "rope_theta", source, positive=True)
     params.pop("partial_rotary_factor", None)  # how many dimensions rotate, not how (ModelConfig.rotary_dim)
     scaling = params or dict(cfg.get("rope_scaling") or {})
+    for key in _ROPE_NUMBERS:
+        config_float(scaling, key, f"{source} (rope scaling)", None)
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type == "su":  # Phi-3's first name for it
         rope_type = "longrope"
@@ -109,10 +117,55 @@ def _longrope(cfg: dict, scaling: dict, source: str) -> dict:
             "attention_factor": float(attention), "long": False}
 
 
-def as_id_list(value) -> list[int]:
+_REQUIRED = object()
+
+
+def config_int(cfg: dict, key: str, source: str, default=_REQUIRED, minimum: int = 1) -> int:
+    """config.json's integer `key`, at least `minimum`; `default` where it is absent or null (none: required)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ModelLoadError(f"{source}: {key} is missing; config.json needs an integer of at least {minimum} there")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ModelLoadError(f"{source}: {key} is {value!r}; it must be an integer of at least {minimum}")
+    return value
+
+
+def config_float(cfg: dict, key: str, source: str, default=_REQUIRED, positive: bool = False) -> float:
+    """config.json's number `key` (above 0 where `positive`); `default` where it is absent or null."""
+    value = cfg.get(key)
+    if value is None and default is not _REQUIRED:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
+        raise ModelLoadError(f"{source}: {key} is {value!r}; it must be a number{' above 0' if positive else ''}")
+    return float(value)
+
+
+def config_list(cfg: dict, key: str, source: str) -> list | None:
+    """config.json's list `key`, or None where it is absent or null."""
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, list):
+        raise ModelLoadError(f"{source}: {key} is {value!r}; it must be a list")
+    return value
+
+
+def layer_types(cfg: dict, source: str, kinds: tuple[str, ...], layers: int, default: list[str]) -> list[str]:
+    """config.json's layer_types (`default` where absent): one of `kinds` for each of the `layers` layers."""
+    types = config_list(cfg, "layer_types", source) or default
+    if len(types) != layers or not all(isinstance(t, str) and t in kinds for t in types):
+        raise ModelLoadError(f"{source}: layer_types must name {' or '.join(kinds)} for each of {layers} layers, "
+                             f"got {types}")
+    return types
+
+
+def as_id_list(value, source: str = "generation_config.json", key: str = "eos_token_id") -> list[int]:
     if value is None:
         return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    ids = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ids):
+        raise ModelLoadError(f"{source}: {key} is {value!r}; it must be a token id or a list of them")
+    return ids
 
 
 def base_config(cfg: dict, arch: str, source: str) -> ModelConfig:
@@ -120,22 +173,29 @@ def base_config(cfg: dict, arch: str, source: str) -> ModelConfig:
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"  # Gemma's key, everyone else's
     if act not in ACTIVATIONS:
         raise ModelLoadError(f"{source}: hidden activation {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
-    heads = cfg["num_attention_heads"]
+    hidden, heads = config_int(cfg, "hidden_size", source), config_int(cfg, "num_attention_heads", source)
+    longest = config_int(cfg, "max_position_embeddings", source, 4096)  # before rope_params reads it
+    kv_heads = config_int(cfg, "num_key_value_heads", source, heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     theta, scaling = rope_params(cfg, source)
     return ModelConfig(
-        architecture=arch, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg.get("intermediate_size", 0), num_layers=cfg["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), eos_token_ids=as_id_list(cfg.get("eos_token_id")),
-        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"), hidden_act=act)
+        architecture=arch, vocab_size=config_int(cfg, "vocab_size", source), hidden_size=hidden,
+        intermediate_size=config_int(cfg, "intermediate_size", source, 0, minimum=0),
+        num_layers=config_int(cfg, "num_hidden_layers", source), num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=config_int(cfg, "head_dim", source, hidden // heads),
+        rms_norm_eps=config_float(cfg, "rms_norm_eps", source, 1e-6, positive=True), rope_theta=theta,
+        rope_scaling=scaling, max_position_embeddings=longest,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        eos_token_ids=as_id_list(cfg.get("eos_token_id"), source), torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
+        hidden_act=act)
 
 
 def rotary_dim_of(cfg: dict, head_dim: int, source: str) -> int:
     factor = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
+    factor = config_float({"partial_rotary_factor": factor}, "partial_rotary_factor", source, positive=True)
     dim = int(head_dim * factor)
-    if dim < 2 or dim % 2:
+    if dim < 2 or dim % 2 or dim > head_dim:
         raise ModelLoadError(f"{source}: partial_rotary_factor {factor} rotates {dim} of {head_dim} dimensions a "
-                             "head; rotary needs an even number, at least 2")
+                             "head; rotary needs an even number, at least 2 and at most all of them")
     return dim

@@ -149,7 +149,7 @@ def quant_gemv(device: str, dtype: torch.dtype, smoke: bool, shape: dict) -> lis
         xt = torch.randn(tokens, h, device=device, dtype=dtype)
         ids = torch.stack([torch.randperm(e, device=device)[:2] for _ in range(tokens)])
         weights = torch.full((tokens, 2), 0.5, device=device)
-        block_wise = _timed(device, smoke, qgt.moe_gemv, xt, *stacks, weights, ids)
+        block_wise = _timed(device, smoke, quant_moe_triton.moe_gemv, xt, *stacks, weights, ids)
         grouped = _timed(device, smoke, lambda *a: quant_moe_triton.fused_moe(*a, tiles=(16, 32, 128)), xt, *stacks,
                          weights, ids)
         grouped_blocks = _timed(device, smoke, lambda *a: quant_moe_triton.fused_moe(*a, tiles=(16, 32, 256)), xt,

@@ -8,7 +8,14 @@ and the softmax scale multiplied by mscale_all_dim's mscale squared, as transfor
 import math
 
 from backend.layer_spec import DENSE, AttentionSpec, LayerSpec, MLAShape, MLPSpec, attention_of
-from backend.model_config import ModelConfig, ModelLoadError, base_config, rotary_dim_of
+from backend.model_config import (
+    ModelConfig,
+    ModelLoadError,
+    base_config,
+    config_float,
+    config_int,
+    rotary_dim_of,
+)
 
 ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM")
 # DeepSeek's topk_method -> our router
@@ -23,10 +30,17 @@ def from_hf(cfg: dict, arch: str, source: str) -> ModelConfig:
             "or a GGUF of it"
         )
     mc = base_config(cfg, arch, source)
-    mc.num_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 0
-    mc.num_experts_per_tok = cfg.get("num_experts_per_tok") or 0
-    mc.moe_intermediate_size = cfg.get("moe_intermediate_size") or 0
-    mc.shared_expert_intermediate_size = (cfg.get("n_shared_experts") or 0) * mc.moe_intermediate_size
+    mc.num_experts = config_int(cfg, _experts_key(cfg), source, 0, minimum=0)
+    if mc.num_experts:
+        mc.num_experts_per_tok = config_int(cfg, "num_experts_per_tok", source)
+        mc.moe_intermediate_size = config_int(cfg, "moe_intermediate_size", source)
+        if mc.num_experts_per_tok > mc.num_experts:
+            raise ModelLoadError(
+                f"{source}: num_experts_per_tok={mc.num_experts_per_tok} is more than the "
+                f"{mc.num_experts} experts"
+            )
+    shared = config_int(cfg, "n_shared_experts", source, 0, minimum=0)
+    mc.shared_expert_intermediate_size = shared * mc.moe_intermediate_size
     mc.shared_expert_gated = False  # added as it is
     # V2's routers never renormalise (as transformers' DeepseekV2TopkRouter); V3's and GLM's where the config says
     mc.norm_topk_prob = arch != "DeepseekV2ForCausalLM" and bool(cfg.get("norm_topk_prob", False))
@@ -37,25 +51,29 @@ def from_hf(cfg: dict, arch: str, source: str) -> ModelConfig:
         attention = attention_of(None, qk_norm="head" if cfg.get("use_qk_norm") else None)
     else:
         attention = _mla(cfg, arch, mc, source)
+    first_sparse = config_int(cfg, "first_k_dense_replace", source, 0, minimum=0)
+    freq = config_int(cfg, "moe_layer_freq", source, 1)
     layers = []
     for i in range(mc.num_layers):
-        sparse = (
-            mlp is not None
-            and i >= (cfg.get("first_k_dense_replace") or 0)
-            and i % (cfg.get("moe_layer_freq") or 1) == 0
-        )
+        sparse = mlp is not None and i >= first_sparse and i % freq == 0
         layers.append(LayerSpec(attention, mlp if sparse else DENSE))
     mc.layers = tuple(layers)
     return mc
 
 
+def _experts_key(cfg: dict) -> str:
+    """DeepSeek's n_routed_experts, or num_local_experts as some of its descendants spell it."""
+    return "n_routed_experts" if cfg.get("n_routed_experts") is not None else "num_local_experts"
+
+
 def _mla(cfg: dict, arch: str, mc: ModelConfig, source: str) -> AttentionSpec:
     shape = MLAShape(
-        q_lora_rank=cfg.get("q_lora_rank") or None,
-        kv_lora_rank=cfg["kv_lora_rank"],
-        qk_nope_head_dim=cfg["qk_nope_head_dim"],
-        qk_rope_head_dim=cfg["qk_rope_head_dim"],
-        v_head_dim=cfg["v_head_dim"],
+        q_lora_rank=config_int(cfg, "q_lora_rank", source, 0, minimum=0)
+        or None,  # 0 or null: q in one projection
+        kv_lora_rank=config_int(cfg, "kv_lora_rank", source),
+        qk_nope_head_dim=config_int(cfg, "qk_nope_head_dim", source),
+        qk_rope_head_dim=config_int(cfg, "qk_rope_head_dim", source),
+        v_head_dim=config_int(cfg, "v_head_dim", source),
         rope_interleaved=arch == "DeepseekV2ForCausalLM" or cfg.get("rope_interleave", True) is not False,
     )
     if shape.qk_rope_head_dim % 2:
@@ -80,12 +98,13 @@ def _mscale_all_dim(scaling: dict | None) -> float:
 
 def _moe_spec(cfg: dict, arch: str, source: str) -> MLPSpec | None:
     """The sparse layers' router, or None for a model without routed experts."""
-    if not cfg.get("n_routed_experts") and not cfg.get("num_local_experts"):
+    experts = config_int(cfg, _experts_key(cfg), source, 0, minimum=0)
+    if not experts:
         return None
     groups = dict(
-        n_group=cfg.get("n_group") or 1,
-        topk_group=cfg.get("topk_group") or 1,
-        routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
+        n_group=config_int(cfg, "n_group", source, 1),
+        topk_group=config_int(cfg, "topk_group", source, 1),
+        routed_scaling_factor=config_float(cfg, "routed_scaling_factor", source, 1.0, positive=True),
     )
     if arch == "DeepseekV2ForCausalLM":
         method = cfg.get("topk_method") or "greedy"
@@ -102,7 +121,6 @@ def _moe_spec(cfg: dict, arch: str, source: str) -> MLPSpec | None:
                 f"{source}: scoring_func {scoring!r} is not supported for {arch}; it routes by sigmoid scores"
             )
         router = "sigmoid_bias"
-    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts")
     if router != "softmax_topk" and (experts % groups["n_group"] or groups["topk_group"] > groups["n_group"]):
         raise ModelLoadError(
             f"{source}: {experts} experts in n_group={groups['n_group']} groups, topk_group="

@@ -6,7 +6,14 @@ model alone runs) or from llama.cpp's gemma3 GGUF layout (its convert_hf_to_gguf
 gemma3 hyperparameters)."""
 
 from backend.layer_spec import DENSE, AttentionSpec, LayerSpec
-from backend.model_config import ModelConfig, ModelLoadError, base_config
+from backend.model_config import (
+    ModelConfig,
+    ModelLoadError,
+    base_config,
+    config_float,
+    config_int,
+    layer_types,
+)
 
 ARCHITECTURES = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # Gemma3TextConfig's defaults for the keys the released multimodal configs leave out of text_config
@@ -41,14 +48,14 @@ def from_hf(cfg: dict, arch: str, source: str) -> ModelConfig:
         )
     if cfg.get("use_bidirectional_attention"):
         raise ModelLoadError(f"{source}: use_bidirectional_attention (Gemma's encoder use) is not supported")
-    mc = base_config(_global_rope(cfg), arch, source)
+    mc = base_config(_global_rope(cfg, source), arch, source)
     mc.qkv_bias = mc.o_bias = bool(cfg.get("attention_bias", False))
     mc.mlp_bias = bool(cfg.get("mlp_bias", False))
     _gemma_pieces(mc)
-    mc.attention_scale = float(cfg["query_pre_attn_scalar"]) ** -0.5
-    cap = cfg.get("final_logit_softcapping")
-    mc.final_logit_softcap = float(cap) if cap is not None else None
-    mc.layers = tuple(LayerSpec(_attention(cfg, i, source), DENSE) for i in range(mc.num_layers))
+    mc.attention_scale = config_float(cfg, "query_pre_attn_scalar", source, positive=True) ** -0.5
+    mc.final_logit_softcap = config_float(cfg, "final_logit_softcapping", source, None, positive=True)
+    types = _types(cfg, mc.num_layers, source)
+    mc.layers = tuple(LayerSpec(_attention(cfg, kind, source), DENSE) for kind in types)
     return mc
 
 
@@ -74,42 +81,56 @@ def _text_config(cfg: dict, source: str) -> dict:
     return merged
 
 
-def _types(cfg: dict) -> list[str]:
+def _types(cfg: dict, layers: int, source: str) -> list[str]:
     """Each layer's type: config.json's layer_types, else every `sliding_window_pattern`-th layer full (6)."""
-    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
-    return cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention"
-        for i in range(cfg["num_hidden_layers"])
-    ]
+    key = (
+        "sliding_window_pattern"
+        if cfg.get("sliding_window_pattern") is not None
+        else "_sliding_window_pattern"
+    )
+    pattern = config_int(cfg, key, source, 6)
+    every = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    return layer_types(cfg, source, ("sliding_attention", "full_attention"), layers, every)
 
 
-def _global_rope(cfg: dict) -> dict:
+def _global_rope(cfg: dict, source: str) -> dict:
     """The config as rope_params reads it for the full-attention layers: transformers 5 keeps one rope_parameters
     per layer type; older files a rope_theta (1M when absent) and rope_scaling for them."""
-    params = (cfg.get("rope_parameters") or {}).get("full_attention")
+    params = _rope_parameters(cfg, source).get("full_attention")
     if params is not None:
         return {**cfg, "rope_parameters": params}
     return {**cfg, "rope_parameters": None, "rope_theta": cfg.get("rope_theta") or 1_000_000.0}
 
 
-def _attention(cfg: dict, i: int, source: str) -> AttentionSpec:
+def _attention(cfg: dict, kind: str, source: str) -> AttentionSpec:
     """Sliding layers rotate with their own unscaled base (rope_local_base_freq, 10k); full layers with the
     model's rope_theta and scaling. Every layer norms q and k per head."""
-    types = _types(cfg)
-    if len(types) != cfg["num_hidden_layers"] or set(types) - {"sliding_attention", "full_attention"}:
-        raise ModelLoadError(
-            f"{source}: layer_types must name sliding_attention or full_attention for each of "
-            f"{cfg['num_hidden_layers']} layers, got {types}"
-        )
-    if types[i] == "full_attention":
+    if kind == "full_attention":
         return AttentionSpec("full", qk_norm="head")
-    local = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+    local = _rope_parameters(cfg, source).get("sliding_attention") or {}
+    if not isinstance(local, dict):
+        raise ModelLoadError(
+            f"{source}: rope_parameters.sliding_attention is {local!r}; it must be an object"
+        )
     if local.get("rope_type", "default") != "default":
         raise ModelLoadError(
             f"{source}: rope scaling {local['rope_type']!r} on sliding layers is not supported"
         )
     theta = local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10_000.0
-    return AttentionSpec("sliding", int(cfg["sliding_window"]), qk_norm="head", rope_theta=float(theta))
+    theta = config_float({"rope_local_base_freq": theta}, "rope_local_base_freq", source, positive=True)
+    return AttentionSpec(
+        "sliding", config_int(cfg, "sliding_window", source), qk_norm="head", rope_theta=theta
+    )
+
+
+def _rope_parameters(cfg: dict, source: str) -> dict:
+    """transformers 5's rope_parameters: one object of rope settings per layer type."""
+    params = cfg.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ModelLoadError(
+            f"{source}: rope_parameters is {params!r}; it must be an object of rope settings"
+        )
+    return params
 
 
 def from_gguf(mc: ModelConfig, arch: str, field, tensors: dict) -> None:

@@ -27,7 +27,6 @@ from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS, codebook_tab
 # GGML type ids read here: plain floats, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and the codebook and ternary formats
 # (quant_codebook_triton.py, whose ids are the ones from 16 on).
 BLOCK_FORMATS = (0, 2, 3, 8, 12, 13, 14, *CODEBOOK_FORMATS)
-MOE_BLOCK_N = 16  # rows of an expert a (token, expert) program reads
 GEMM_MAX_ROWS = 64  # past it (a prompt's chunk) the per-weight tiled GEMM, whose tiles reuse weights over 64 rows
 
 
@@ -267,59 +266,3 @@ def gemv(x: torch.Tensor, w: torch.Tensor, fmt: int, rows: int, cols: int, row_b
     args = (x.contiguous(), w, out, rows, cols, cols if fmt == 0 else row_bytes, per_split, codebook_tables(x.device))
     _block_gemv_kernel[grid](*args, FMT=fmt, BLOCK_N=cfg.block_n, num_warps=cfg.warps)
     return out[0] if splits == 1 else out.sum(0).to(x.dtype)
-
-
-@triton.jit
-def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, tab_ptr, TOP_K: tl.constexpr,
-                   FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_N: tl.constexpr):
-    # One program per (token, expert) pair and BLOCK_N rows of that expert's gate and up: SiLU(gate) * up.
-    pair = tl.program_id(0).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    x_row = x_ptr + (pair // TOP_K) * H
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
-    gate = tl.zeros([BLOCK_N], tl.float32)
-    up = tl.zeros([BLOCK_N], tl.float32)
-    for kb in range(0, tl.cdiv(H, 256)):
-        gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, tab_ptr, FMT_GATE, BLOCK_N)
-        up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, tab_ptr, FMT_UP, BLOCK_N)
-    act = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(inter_ptr + pair * INTER + n, act.to(inter_ptr.dtype.element_ty), mask=n < INTER)
-
-
-@triton.jit
-def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, tab_ptr, FMT: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-    pair = tl.program_id(0).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for kb in range(0, tl.cdiv(INTER, 256)):
-        acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, tab_ptr, FMT, BLOCK_N)
-    acc = acc * tl.load(weights_ptr + pair).to(tl.float32)
-    tl.store(out_ptr + pair * H + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)
-
-
-def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
-    """quant_moe_triton.fused_moe's contract for a few tokens: every (token, expert) pair reads its expert's rows
-    itself (pairs of one expert run side by side and share them through the cache); no sorting by expert."""
-    (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
-    tokens, hidden = x.shape
-    top_k = topk_ids.shape[1]
-    inter_size = wg.shape[1]
-    pairs = tokens * top_k
-    check_word_aligned((wg, fmt_g), (wu, fmt_u), (wd, fmt_d))
-    if tokens == 0:
-        return torch.zeros_like(x)
-    ids = topk_ids.flatten().contiguous()
-    inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
-    out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    tables = codebook_tables(x.device)
-    _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, MOE_BLOCK_N))](
-        x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
-        hidden if fmt_u == 0 else rb_u, tables, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
-    _block_moe_down_kernel[(pairs, triton.cdiv(hidden, MOE_BLOCK_N))](
-        inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
-        inter_size if fmt_d == 0 else rb_d, tables, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
-    return out_pairs.view(tokens, top_k, hidden).sum(1)

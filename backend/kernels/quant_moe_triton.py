@@ -15,8 +15,10 @@ import triton.language as tl
 from backend.kernels.gguf_bytes_triton import check_word_aligned
 from backend.kernels.moe_triton import block_rows, moe_buffers, moe_tiles
 from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS, codebook_tables
-from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_weights, moe_gemv
+from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_dot, block_weights
 from backend.kernels.quant_triton import dequant_tile
+
+MOE_BLOCK_N = 16  # rows of an expert a (token, expert) program reads
 
 
 @triton.jit
@@ -88,7 +90,63 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
              mask=valid[:, None] & nmask[None, :])
 
 
-# Up to this many tokens every (token, expert) pair reads its expert's rows itself (quant_gemv_triton.moe_gemv);
+@triton.jit
+def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, tab_ptr, TOP_K: tl.constexpr,
+                   FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One program per (token, expert) pair and BLOCK_N rows of that expert's gate and up: SiLU(gate) * up.
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + (pair // TOP_K) * H
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
+    gate = tl.zeros([BLOCK_N], tl.float32)
+    up = tl.zeros([BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(H, 256)):
+        gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, tab_ptr, FMT_GATE, BLOCK_N)
+        up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, tab_ptr, FMT_UP, BLOCK_N)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(inter_ptr + pair * INTER + n, act.to(inter_ptr.dtype.element_ty), mask=n < INTER)
+
+
+@triton.jit
+def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, tab_ptr, FMT: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    pair = tl.program_id(0).to(tl.int64)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for kb in range(0, tl.cdiv(INTER, 256)):
+        acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, tab_ptr, FMT, BLOCK_N)
+    acc = acc * tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + pair * H + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)
+
+
+def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
+    """fused_moe's contract for a few tokens: every (token, expert) pair reads its expert's rows
+    itself (pairs of one expert run side by side and share them through the cache); no sorting by expert."""
+    (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    inter_size = wg.shape[1]
+    pairs = tokens * top_k
+    check_word_aligned((wg, fmt_g), (wu, fmt_u), (wd, fmt_d))
+    if tokens == 0:
+        return torch.zeros_like(x)
+    ids = topk_ids.flatten().contiguous()
+    inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
+    out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
+    tables = codebook_tables(x.device)
+    _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, MOE_BLOCK_N))](
+        x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
+        hidden if fmt_u == 0 else rb_u, tables, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
+    _block_moe_down_kernel[(pairs, triton.cdiv(hidden, MOE_BLOCK_N))](
+        inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
+        inter_size if fmt_d == 0 else rb_d, tables, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
+    return out_pairs.view(tokens, top_k, hidden).sum(1)
+
+
+# Up to this many tokens every (token, expert) pair reads its expert's rows itself (moe_gemv);
 # past it the grouped GEMM's block tiles share them. On the H200 (Mixtral's layer, Q4_K_M) per pair took 0.365,
 # 1.18 and 2.27 ms at 1, 4 and 8 tokens, the grouped block tiles 0.548, 0.832 and 1.13.
 GEMV_TOKENS = 1

@@ -142,8 +142,8 @@ def quant_launches(dtype, model, formats, moe_formats):
     """The quantized linear layer (decode- and prefill-shaped) and MoE wrappers, recorded."""
     _, _, _, hidden, inter, experts, top_k = MODELS[model]
     modules = {"_qgemv_kernel": qt, "_qgemm_kernel": qt, "_qmoe_up_kernel": qmt, "_qmoe_down_kernel": qmt,
-               "_block_gemv_kernel": qgt, "_block_gemm_kernel": qgt, "_block_moe_up_kernel": qgt,
-               "_block_moe_down_kernel": qgt}
+               "_block_gemv_kernel": qgt, "_block_gemm_kernel": qgt, "_block_moe_up_kernel": qmt,
+               "_block_moe_down_kernel": qmt}
     recorders = {name: Recorder(getattr(mod, name)) for name, mod in modules.items()}
     for name, mod in modules.items():
         setattr(mod, name, recorders[name])
@@ -171,7 +171,7 @@ def quant_launches(dtype, model, formats, moe_formats):
               (blocks(u.name, inter, hidden, (experts,)), u.ggml_type, row_bytes(u, hidden)),
               (blocks(d.name, hidden, inter, (experts,)), d.ggml_type, row_bytes(d, inter))]
     ids = torch.arange(top_k).view(1, top_k)
-    qgt.moe_gemv(torch.zeros(1, hidden, dtype=dtype), *stacks, torch.ones(1, top_k), ids)
+    qmt.moe_gemv(torch.zeros(1, hidden, dtype=dtype), *stacks, torch.ones(1, top_k), ids)
     ids = torch.arange(512 * top_k).remainder(experts).view(512, top_k)  # the grouped kernels' block-wise tiles
     qmt.fused_moe(torch.zeros(512, hidden, dtype=dtype), *stacks, torch.ones(512, top_k), ids)
     for name, mod in modules.items():

@@ -2,15 +2,14 @@
 logits and greedy tokens against transformers on the weights as the file decodes them."""
 
 import pytest
-import torch
 
-from backend import LLM, SamplingParams
+from backend import LLM
 from backend.kernels import native
 from backend.loader import locate, read_config
 from backend.quant.modules import QuantLinear
 from backend.quant.weight_sizes import file_recipe, module_bytes, weight_bytes
-from tests.backend.conftest import hf_greedy, prompts_of_lengths
-from tests.backend.test_models_vs_transformers import prefill_logits
+from tests.backend.conftest import prompts_of_lengths
+from tests.backend.test_models_vs_transformers import assert_matches_transformers
 from tests.backend.tiny_gguf_deepseek import write_gguf
 
 PROMPTS = prompts_of_lengths(3, 17, 33)
@@ -44,12 +43,4 @@ def test_deepseek2_and_glm4moe_files_match_transformers(variant, split, files, h
     if variant != "glm4moe":
         assert isinstance(attn.kv_a_proj_with_mqa, QuantLinear)
         assert not isinstance(attn.kv_b_proj, QuantLinear)  # attn_kv_b, or its split halves, as floats
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        with torch.no_grad():
-            expected = reference(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
-    outputs = llm.generate(
-        PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
-    )
-    for prompt, out in zip(PROMPTS, outputs):
-        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 16)
+    assert_matches_transformers(llm, reference, PROMPTS, 16)

@@ -4,17 +4,16 @@ layer kinds as the model's config.json, and decoding as transformers does on the
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGUFWriter
 
-from backend import LLM, SamplingParams
+from backend import LLM
 from backend.hf_config import from_hf_config
 from backend.kernels import native
 from backend.loader import locate, read_config
 from backend.quant.modules import QuantLinear
 from backend.quant.weight_sizes import file_recipe, module_bytes, weight_bytes
-from tests.backend.conftest import hf_greedy, prompts_of_lengths
-from tests.backend.test_models_vs_transformers import prefill_logits
+from tests.backend.conftest import prompts_of_lengths
+from tests.backend.test_models_vs_transformers import assert_matches_transformers
 from tests.backend.tiny_gguf_gemma3 import write_gguf
 
 PROMPTS = prompts_of_lengths(3, 17, 33)  # past the 12-token window
@@ -58,15 +57,7 @@ def test_gemma3_files_match_transformers(policy, files, hf_model, monkeypatch):
     llm = LLM(str(path), block_size=8)
     assert module_bytes(llm.engine.model) == weight_bytes(config, file_recipe(reader)).total
     assert isinstance(llm.engine.model.model.layers[0].self_attn.o_proj, QuantLinear) == (policy != "F32")
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        with torch.no_grad():
-            expected = reference(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
-    outputs = llm.generate(
-        PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
-    )
-    for prompt, out in zip(PROMPTS, outputs):
-        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 16)
+    assert_matches_transformers(llm, reference, PROMPTS, 16)
 
 
 def header_only(path, layers: int, hidden: int, heads: int, head_dim: int, window: int | None):

@@ -5,13 +5,11 @@ weights under either naming, the vision tower and projector left unloaded with o
 import json
 import shutil
 
-import torch
 from safetensors.torch import load_file, save_file
 
-from backend import LLM, SamplingParams
+from backend import LLM
 from backend.hf_config import from_hf_config
-from tests.backend.conftest import hf_greedy
-from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
+from tests.backend.test_models_vs_transformers import PROMPTS, assert_matches_transformers
 from tests.backend.tiny_models import build_gemma3_multimodal
 
 # google/gemma-3-4b-it's config.json as released: text_config names little more than the widths
@@ -86,12 +84,4 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_as_transformers(tmp_path, 
             llm.engine.model.config.eos_token_ids
             == json.loads((released / "config.json").read_text())["eos_token_id"]
         )
-        for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-            with torch.no_grad():
-                expected = reference(torch.tensor([prompt])).logits[0]
-            torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
-        outputs = llm.generate(
-            PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
-        )
-        for prompt, out in zip(PROMPTS, outputs):
-            assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 16)
+        assert_matches_transformers(llm, reference, PROMPTS, 16)

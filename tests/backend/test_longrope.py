@@ -5,14 +5,15 @@ The engine picks one set of factors for its whole life, as llama.cpp does: the l
 past the trained length, else the short ones; transformers switches by each forward pass's sequence length, so the
 two agree on sequences wholly within the trained length (short) or past it (long)."""
 
-import pytest
-import torch
+from functools import partial
 
-from backend import LLM, SamplingParams
+import pytest
+
+from backend import LLM
 from backend.hf_config import from_hf_config
 from backend.kernels import native
-from tests.backend.conftest import hf_greedy, prompts_of_lengths
-from tests.backend.test_models_vs_transformers import prefill_logits
+from tests.backend.conftest import prompts_of_lengths
+from tests.backend.test_models_vs_transformers import assert_matches_transformers, prefill_logits
 from tests.backend.tiny_models import build_model
 
 TRAINED = 32
@@ -41,18 +42,7 @@ def longrope_dir(tmp_path_factory):
     return build_model("phi3", tmp_path_factory.mktemp("longrope") / "phi3", **LONGROPE)
 
 
-def assert_matches(llm: LLM, reference, prompts, new_tokens: int) -> list[torch.Tensor]:
-    logits = [
-        prefill_logits(llm, [prompt])[0] for prompt in prompts
-    ]  # one at a time: a short engine's budget
-    for prompt, ours in zip(prompts, logits):
-        with torch.no_grad():
-            expected = reference(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
-    greedy = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    for prompt, out in zip(prompts, llm.generate(prompts, greedy, use_tqdm=False)):
-        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, new_tokens)
-    return logits
+assert_matches = partial(assert_matches_transformers, batched=False)  # a short engine's budget
 
 
 def test_the_config_reads_both_factor_sets_and_the_attention_factor(longrope_dir):

@@ -25,6 +25,21 @@ def prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     return [logits[rows] for rows in inputs.hidden_rows]
 
 
+def assert_matches_transformers(llm: LLM, reference, prompts: list[list[int]], new_tokens: int,
+                                batched: bool = True) -> list[torch.Tensor]:
+    """Each prompt's prefill logits within 1e-4 of transformers' (the prompts as one batch, or one at a time where
+    the engine's budget is short) and its greedy tokens the same; returns our logits."""
+    logits = prefill_logits(llm, prompts) if batched else [prefill_logits(llm, [p])[0] for p in prompts]
+    for prompt, ours in zip(prompts, logits):
+        with torch.no_grad():
+            expected = reference(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    greedy = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy, use_tqdm=False)):
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, new_tokens)
+    return logits
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_prefill_logits_and_greedy_match_transformers(family, tiny_dir, hf_model):
     directory = tiny_dir(family)

@@ -15,10 +15,11 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter, RopeScalingType
 from gguf.quants import dequantize, quantize
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from backend.quant.formats import BY_NAME
 from tests.backend.quant_blocks import GGUF_QUANTIZES, random_raw
+from tests.backend.tiny_gguf_parts import add_tokenizer, add_widths, close, write_reference
 from tests.backend.tiny_models import build_model
 
 # Shapes every format can hold: rows of whole 256-blocks (K-quants).
@@ -65,11 +66,12 @@ POLICY = {
 }
 # layouts whose q/k rows convert_hf_to_gguf.py interleaves (LlamaModel.permute; GraniteMoeModel inherits it)
 PERMUTED = ("llama", "smollm3", "granitemoe")
-_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
-          "block_sparse_moe.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+# a decoder layer's module -> llama.cpp's tensor kind, for what every layout names alike
+LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
+_NAMES = {**LAYER_NAMES, "block_sparse_moe.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
           "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
           "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 # Granite-MoE's tensors -> llama.cpp's (GraniteMoeModel.modify_tensors splits the fused gate | up in two halves)
@@ -141,11 +143,8 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w.add_name("tiny")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
+    add_widths(w, cfg)
     w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
@@ -160,13 +159,11 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
             scale = cfg["max_position_embeddings"] / trained
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(trained)) if scale > 1 else 1.0)
     w.add_rope_freq_base(float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")))
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if (rope.get("rope_type") or rope.get("type")) == "yarn":  # the keys convert_hf_to_gguf.py writes
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    w.add_vocab_size(cfg["vocab_size"])
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
         w.add_expert_count(experts)
@@ -181,20 +178,8 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path) -> None:
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    vocab = tok["model"]["vocab"]
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {a["content"] for a in tok["added_tokens"]}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens + [f"[PAD{i}]" for i in range(len(tokens), cfg["vocab_size"])])
-    w.add_token_types([3 if t in special else 1 for t in tokens] + [4] * (cfg["vocab_size"] - len(tokens)))
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
+    add_tokenizer(w, cfg, hf_dir)
     w.add_pad_token_id(cfg["pad_token_id"])
-    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text()).get("chat_template")
-                        or (hf_dir / "chat_template.jinja").read_text())
 
 
 def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None, legacy_experts: bool = False,
@@ -262,17 +247,8 @@ def write_gguf(family: str, hf_dir: Path, out: Path, policy: dict | None = None,
     if rope.get("rope_type") == "longrope":
         for kind in ("long", "short"):
             writer.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    ref_dir = out.with_suffix(".reference")
-    ref_dir.mkdir(exist_ok=True)
-    for f in hf_dir.iterdir():
-        if f.name != "model.safetensors" and f.is_file():
-            (ref_dir / f.name).write_bytes(f.read_bytes())
-    save_file({k: v.contiguous() for k, v in ref.items()}, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
-    return out, ref_dir
+    close(writer)
+    return out, write_reference(out, hf_dir, ref)
 
 
 def _write_split(writer: GGUFWriter, tensor: torch.Tensor, layer: str, kinds: tuple, policy: dict,

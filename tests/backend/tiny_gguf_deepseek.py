@@ -11,17 +11,16 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter, RopeScalingType
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from tests.backend.tiny_gguf import _store
+from tests.backend.tiny_gguf import LAYER_NAMES, SHAPES, _store
+from tests.backend.tiny_gguf_parts import add_tokenizer, add_widths, close, write_reference
 from tests.backend.tiny_models import V3_YARN, build_model
 
 # Widths that hold whole 256-blocks where K-quants are asked for (else _store falls back to Q8_0, 32-blocks)
 MLA_SHAPES = dict(
-    hidden_size=256,
-    intermediate_size=512,
+    SHAPES,
     moe_intermediate_size=256,
-    num_attention_heads=4,
     num_key_value_heads=4,
     kv_lora_rank=64,
     qk_nope_head_dim=32,
@@ -37,15 +36,7 @@ BUILDS = {  # variant -> (family of tiny_models.py, its overrides)
     ),
     "glm4moe": (
         "glm4_moe",
-        dict(
-            hidden_size=256,
-            intermediate_size=512,
-            moe_intermediate_size=256,
-            head_dim=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_nextn_predict_layers=1,
-        ),
+        dict(SHAPES, moe_intermediate_size=256, head_dim=64, num_nextn_predict_layers=1),
     ),
 }
 POLICY = {
@@ -72,24 +63,13 @@ POLICY = {
     "ffn_down_shexp": "Q8_0",
 }
 _NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
+    **LAYER_NAMES,
     "self_attn.q_a_proj": "attn_q_a",
     "self_attn.q_a_layernorm": "attn_q_a_norm",
     "self_attn.q_b_proj": "attn_q_b",
     "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
     "self_attn.kv_a_layernorm": "attn_kv_a_norm",
     "self_attn.kv_b_proj": "attn_kv_b",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "mlp.gate": "ffn_gate_inp",
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
@@ -100,13 +80,8 @@ _EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": 
 def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path, split: bool) -> None:
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
+    add_widths(w, cfg)
     w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_vocab_size(cfg["vocab_size"])
     w.add_expert_count(cfg["n_routed_experts"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
@@ -154,20 +129,7 @@ def _metadata(w: GGUFWriter, arch: str, cfg: dict, hf_dir: Path, split: bool) ->
             w.add_rope_scaling_factor(rope["factor"])
             w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
             w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    special = {a["content"] for a in tok["added_tokens"]}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens + [f"[PAD{i}]" for i in range(len(tokens), cfg["vocab_size"])])
-    w.add_token_types([3 if t in special else 1 for t in tokens] + [4] * (cfg["vocab_size"] - len(tokens)))
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
-    w.add_chat_template(
-        json.loads((hf_dir / "tokenizer_config.json").read_text()).get("chat_template")
-        or (hf_dir / "chat_template.jinja").read_text()
-    )
+    add_tokenizer(w, cfg, hf_dir)
 
 
 def _add(writer: GGUFWriter, name: str, w: np.ndarray, seed: int, policy: dict) -> np.ndarray:
@@ -242,20 +204,5 @@ def convert(
         writer.add_tensor(
             f"blk.{mtp}.nextn.eh_proj.weight", np.zeros((4, cfg["hidden_size"]), dtype=np.float32)
         )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    if not reference:
-        return out, None
-    ref_dir = out.with_suffix(".reference")
-    ref_dir.mkdir(exist_ok=True)
-    for f in hf_dir.iterdir():
-        if f.name != "model.safetensors" and f.is_file():
-            (ref_dir / f.name).write_bytes(f.read_bytes())
-    save_file(
-        {k: v.contiguous() for k, v in ref.items()},
-        str(ref_dir / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
-    return out, ref_dir
+    close(writer)
+    return out, write_reference(out, hf_dir, ref) if reference else None
