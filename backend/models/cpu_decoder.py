@@ -121,8 +121,9 @@ class CpuDecoder:
         layers, top_k, inter = [], 0, cfg.intermediate_size
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(attn, Attention) or attn.k_cache.numel() == 0 or attn.sinks is not None:
-                return None  # the C loop runs full and sliding attention without sinks; the modules the rest
+            if (not isinstance(attn, Attention) or attn.k_cache.numel() == 0 or attn.sinks is not None
+                    or attn.output_gate):
+                return None  # the C loop runs full and sliding attention without sinks or gate; the modules the rest
             if isinstance(mlp, SparseMoE) and mlp.router != "softmax_topk":
                 return None
             if isinstance(mlp, MLP):
