@@ -84,7 +84,13 @@ def read_config(source: ModelSource) -> tuple[ModelConfig, object]:
         mc = from_hf_config(cfg, str(config_path))
         gen_path = source.path / "generation_config.json"
         if gen_path.exists():
-            extra = as_id_list(json.loads(gen_path.read_text()).get("eos_token_id"))
+            try:
+                generation = json.loads(gen_path.read_text())
+            except json.JSONDecodeError as e:
+                raise ModelLoadError(f"{gen_path}: not valid JSON ({e})") from None
+            if not isinstance(generation, dict):
+                raise ModelLoadError(f"{gen_path}: must be a JSON object, got {type(generation).__name__}")
+            extra = as_id_list(generation.get("eos_token_id"), str(gen_path))
             mc.eos_token_ids = sorted(set(mc.eos_token_ids) | set(extra))
         return mc, None
     return gguf_config(source.gguf_file)

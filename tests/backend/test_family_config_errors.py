@@ -129,3 +129,19 @@ def test_llm_on_a_config_that_is_not_an_object(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ModelLoadError, match="JSON object"):
         LLM(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("{not json", "not valid JSON"), ("[2]", "must be a JSON object"),
+     ('{"eos_token_id": "2"}', "eos_token_id is '2'; it must be a token id")],
+)
+def test_a_bad_generation_config_is_named_with_what_is_wrong(tiny_dir, tmp_path, text, message):
+    """generation_config.json is read beside config.json for its end tokens: a broken one is refused by its path."""
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (tiny_dir("llama") / name).exists():
+            (tmp_path / name).write_text((tiny_dir("llama") / name).read_text())
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=message) as caught:
+        LLM(str(tmp_path))
+    assert str(tmp_path / "generation_config.json") in str(caught.value)
