@@ -1,6 +1,7 @@
 """Each client's documented entry shapes, written down from its documentation (not from our code), for the
 install tests to compare against. URL: what the HTTP entries point at; PYTHON: the installing interpreter."""
 
+TOKEN = "tok-3f9a0c77e1d54b"  # the MCP token the install tests' environment holds
 URL = "http://10.1.2.3:8765/mcp"  # not localhost: the entries must carry the token's reference
 
 HTTP = {

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from common.settings import Settings
+from tests.mcp_server.client_formats import TOKEN
 from tests.mcp_server.http_server import MCPHTTPServer
 
 
@@ -27,3 +28,17 @@ def served(tmp_path, llm_server, comfyui):
     server = MCPHTTPServer(env, cwd=tmp_path)
     yield server, settings, allowed
     server.stop()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for var in ("XDG_CONFIG_HOME", "CODEX_HOME", "HERMES_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_CONFIG",
+                "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRIPTORIUM_MCP_TOKEN", TOKEN)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no claude CLI unless a test puts one there
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    return tmp_path

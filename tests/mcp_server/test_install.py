@@ -17,8 +17,8 @@ from mcp_server import client_entries
 from mcp_server.install import CLIENTS, InstallError, install, target, uninstall
 from tests.backend.server_process import ROOT
 from tests.mcp_server import client_formats
+from tests.mcp_server.client_formats import TOKEN
 
-TOKEN = "tok-3f9a0c77e1d54b"
 # What each client's file holds before we touch it: someone else's server must survive.
 OTHERS = {
     "json": {"mcpServers": {"github": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-github"]}},
@@ -39,20 +39,6 @@ JSONC = """{
   ],
 }
 """
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for var in ("XDG_CONFIG_HOME", "CODEX_HOME", "HERMES_HOME", "SCRIPTORIUM_LLM_URL", "SCRIPTORIUM_CONFIG",
-                "SCRIPTORIUM_COMFYUI_URL", "SCRIPTORIUM_LLM_MODEL"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "data"))
-    monkeypatch.setenv("SCRIPTORIUM_MCP_TOKEN", TOKEN)
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no claude CLI unless a test puts one there
-    (tmp_path / "home").mkdir()
-    (tmp_path / "project").mkdir()
-    return tmp_path
 
 
 def seed(client: str, path: Path) -> None:
@@ -245,68 +231,3 @@ def test_toolsets_go_into_the_stdio_entrys_args(client, home):
     path = install(client, "user", home / "project", toolsets=("core", "team"))["path"]
     got = servers_of(client, read(Path(path)))["scriptorium"]
     assert got["args"] == ["-m", "mcp_server", "--toolsets", "core,team"]
-
-
-def test_the_installed_entry_starts_a_server_with_its_toolsets(home):
-    import asyncio
-
-    from mcp import Client, StdioServerParameters
-
-    env = {**os.environ, "HOME": str(home / "home")}
-    done = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "cursor", "--toolsets",
-                           "images"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr
-    entry = read(home / "home" / ".cursor" / "mcp.json")["mcpServers"]["scriptorium"]
-    params = StdioServerParameters(command=entry["command"], args=entry["args"], cwd=str(ROOT),
-                                   env={**env, **entry["env"]})
-
-    async def names() -> set[str]:
-        async with Client(params) as client:
-            return {t.name for t in (await client.list_tools()).tools}
-
-    listed = asyncio.run(names())
-    assert "run_workflow" in listed and "generate_text" not in listed
-
-
-def test_install_refuses_unknown_toolsets_and_toolsets_for_http(home):
-    env = {**os.environ, "HOME": str(home / "home")}
-    unknown = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "codex", "--toolsets",
-                              "writing"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-    assert unknown.returncode == 2 and "unknown toolset 'writing'" in unknown.stderr
-    assert "core, team, images, all" in unknown.stderr
-    with pytest.raises(InstallError, match="--toolsets is for stdio entries"):
-        install("codex", "user", home, client_formats.URL, toolsets=("core",))
-
-
-def test_a_user_scope_entry_finds_the_stack_from_another_directory(home):
-    """Set up as a user would, in a project: a data directory and a config file given by relative paths, the
-    LLM's URL in that file. The entry's server, started by the agent elsewhere without those variables, uses
-    that stack's files and LLM."""
-    import anyio
-    from mcp import Client, StdioServerParameters
-
-    project, elsewhere = home / "project", home / "elsewhere"
-    elsewhere.mkdir()
-    (project / "stack.toml").write_text('llm_urls = "http://127.0.0.1:9/v1"\n')
-    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("SCRIPTORIUM_")}
-    done = subprocess.run([sys.executable, "-m", "mcp_server", "install", "--client", "cursor", "--scope", "user"],
-                          capture_output=True, text=True, cwd=project, timeout=120,
-                          env={**agent_env, "SCRIPTORIUM_HOME": "stack", "SCRIPTORIUM_CONFIG": "stack.toml",
-                               "SCRIPTORIUM_MCP_TOKEN": TOKEN})
-    assert done.returncode == 0, done.stderr
-    entry = read(home / "home" / ".cursor" / "mcp.json")["mcpServers"]["scriptorium"]
-    assert entry["env"] == {"SCRIPTORIUM_HOME": str(project / "stack"), "SCRIPTORIUM_LLM_URL": "http://127.0.0.1:9/v1",
-                            "SCRIPTORIUM_CONFIG": str(project / "stack.toml")}
-    assert TOKEN not in (home / "home" / ".cursor" / "mcp.json").read_text()
-    primed = list((project / "stack" / "cache" / "mcp").glob("answers-*.json"))  # install's start used the stack
-    params = StdioServerParameters(command=entry["command"], args=entry["args"], cwd=str(elsewhere),
-                                   env={**agent_env, **entry["env"]})
-
-    async def status() -> dict:
-        with anyio.fail_after(120):
-            async with Client(params) as client:
-                return (await client.call_tool("stack_status", {})).structured_content
-
-    assert [u["url"] for u in anyio.run(status)["llm"]] == ["http://127.0.0.1:9/v1"]
-    assert primed and list((project / "stack" / "cache" / "mcp").glob("answers-*.json")) == primed
-    assert not (elsewhere / "stack").exists() and not (ROOT / "stack").exists()
