@@ -20,24 +20,36 @@ def q8_0_copy(path: Path) -> Path:
 
     from backend.home import cache_dir
 
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def tensor(_: int, t) -> tuple[np.ndarray, object]:
+        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            return np.asarray(t.data), None
+        return quantize(dequantize(t.data, t.tensor_type), q8), q8
+
     out = cache_dir() / "bench" / path.name.replace("Q4_1", "Q8_0")
+    return rewritten_gguf(path, out, gguf.LlamaFileType.MOSTLY_Q8_0, tensor)
+
+
+def rewritten_gguf(source: Path, out: Path, file_type, tensor) -> Path:
+    """source's metadata with file_type, and each of its tensors as tensor(index, reader tensor) gives it (its data,
+    and its GGML type for raw blocks, else None), written to out whole; an existing out is taken as it is."""
+    import gguf
+
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf.GGUFReader(str(source))
     writer = gguf.GGUFWriter(str(out) + ".partial", reader.fields["general.architecture"].contents())
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
             continue
         sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), field.types[0], sub)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for t in reader.tensors:
-        if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            writer.add_tensor(t.name, np.asarray(t.data))
-        else:
-            writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), q8), raw_dtype=q8)
+    writer.add_file_type(file_type)
+    for i, t in enumerate(reader.tensors):
+        data, raw_dtype = tensor(i, t)
+        writer.add_tensor(t.name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

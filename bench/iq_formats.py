@@ -47,36 +47,20 @@ def random_mix_copy(source: Path, mix: str) -> Path:
     cached beside the other bench files."""
     import gguf
     import numpy as np
+    from engine_quantized import rewritten_gguf  # bench/, beside this script
 
     from backend.home import cache_dir
     from tests.backend.quant_blocks import random_raw
 
-    out = cache_dir() / "bench" / f"{source.stem}-{mix}-random.gguf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(out) + ".partial", reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub)
-    writer.add_file_type(MIXES[mix])
-    for i, t in enumerate(reader.tensors):
+    def tensor(i: int, t) -> tuple[np.ndarray, object]:
         if t.tensor_type.name in _FLOATS:
-            writer.add_tensor(t.name, np.asarray(t.data))
-            continue
+            return np.asarray(t.data), None
         cols, rows, *lead = (int(s) for s in t.shape)
         fmt = mix_format(mix, t.name.split(".")[-2], cols)
-        raw = random_raw(fmt, rows, cols, seed=i, lead=tuple(reversed(lead)))
-        writer.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType[fmt])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    Path(str(out) + ".partial").replace(out)
-    return out
+        return random_raw(fmt, rows, cols, seed=i, lead=tuple(reversed(lead))), gguf.GGMLQuantizationType[fmt]
+
+    out = cache_dir() / "bench" / f"{source.stem}-{mix}-random.gguf"
+    return rewritten_gguf(source, out, MIXES[mix], tensor)
 
 
 def llama_cpp_copy(source: Path, mix: str, python: str) -> Path:
