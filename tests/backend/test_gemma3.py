@@ -13,7 +13,7 @@ from backend.hf_config import from_hf_config
 from backend.kernels import native
 from backend.model_config import ModelLoadError
 from tests.backend.conftest import hf_greedy
-from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
+from tests.backend.test_models_vs_transformers import PROMPTS, assert_each_piece_matters, prefill_logits
 from tests.backend.tiny_models import GEMMA3_ROPE, build_model
 
 
@@ -79,15 +79,7 @@ def test_each_gemma3_piece_is_what_the_match_holds_to(tiny_dir, hf_model):
         ),
         "norms by w": without_unit_offset(reference_changed(directory)),
     }
-    llm = LLM(str(directory), block_size=8)
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            torch.testing.assert_close(ours, reference(ids).logits[0], atol=1e-4, rtol=1e-4)
-            for what, model in changed.items():
-                if what == "no window" and len(prompt) <= 12:
-                    continue  # every position of a prompt within the window sees it all either way
-                assert (ours - model(ids).logits[0]).abs().max() > 1e-2, what
+    assert_each_piece_matters(LLM(str(directory), block_size=8), reference, changed, window=12)
 
 
 def test_gemma3_chunked_prefill_across_the_window_matches_transformers(tiny_dir, hf_model):

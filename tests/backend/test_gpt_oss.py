@@ -12,9 +12,8 @@ from backend import LLM, SamplingParams
 from backend.families.gpt_oss_weights import mxfp4_decode
 from backend.hf_config import from_hf_config
 from backend.layer_spec import MLPSpec
-from tests.backend.conftest import hf_greedy, interpreted_only, prompts_of_lengths
-from tests.backend.cuda_emulation import emulate_cuda
-from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
+from tests.backend.conftest import hf_greedy, prompts_of_lengths
+from tests.backend.test_models_vs_transformers import PROMPTS, assert_each_piece_matters, prefill_logits
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
 
@@ -57,15 +56,7 @@ def test_each_gpt_oss_piece_is_what_the_match_holds_to(tiny_dir, hf_model):
         "no sinks": reference_changed(directory, sinks=-1e4),
         "no clamp": reference_changed(directory, swiglu_limit=1e4),
     }
-    llm = LLM(str(directory), block_size=8)
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            torch.testing.assert_close(ours, reference(ids).logits[0], atol=1e-4, rtol=1e-4)
-            for what, model in changed.items():
-                if what == "no window" and len(prompt) <= 12:
-                    continue  # every position of a prompt within the window sees it all either way
-                assert (ours - model(ids).logits[0]).abs().max() > 1e-2, what
+    assert_each_piece_matters(LLM(str(directory), block_size=8), reference, changed, window=12)
 
 
 def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
@@ -196,21 +187,6 @@ def test_mxfp4_checkpoint_loads_as_its_floats(tiny_dir, tmp_path, hf_model):
         assert torch.equal(a, b)
         with torch.no_grad():
             torch.testing.assert_close(a, reference(torch.tensor([prompt])).logits[0], atol=1e-4, rtol=1e-4)
-
-
-@interpreted_only
-def test_the_cuda_path_decodes_gpt_oss_as_the_cpu_path(tiny_dir, monkeypatch):
-    """The Triton kernels (interpreted) with sinks on windowed and full layers, the experts' biases and clamped
-    SwiGLU in the torch loop there: the CPU path's greedy tokens, on prompts longer than the window."""
-    directory, settings = str(tiny_dir("gpt_oss")), dict(block_size=16, max_num_seqs=4, max_model_len=256)
-    prompts = prompts_of_lengths(3, 21, 40)
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    expected = [
-        o.outputs[0].token_ids for o in LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
-    ]
-    emulate_cuda(monkeypatch)
-    outputs = LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected
 
 
 def test_gpt_oss_experts_are_not_quantized_at_load_as_plain_experts(tiny_dir):

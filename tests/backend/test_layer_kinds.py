@@ -129,10 +129,12 @@ def test_partial_rotary_stays_with_the_modules(tiny_gguf):
 
 
 @interpreted_only
-@pytest.mark.parametrize("family", ["smollm3_nope_windows", "phi4_partial_rotary", "gemma3"])
+@pytest.mark.parametrize("family", ["smollm3_nope_windows", "phi4_partial_rotary", "gemma3", "gpt_oss"])
 def test_the_cuda_path_computes_each_layers_kind(family, tiny_dir, monkeypatch):
-    """The Triton kernels (interpreted) on NoPE layers with their windows, on half-rotated heads, and on Gemma 3's
-    windows, per-layer bases and (1 + w) norms: the CPU path's greedy tokens, on prompts longer than the window."""
+    """The Triton kernels (interpreted) on NoPE layers with their windows, on half-rotated heads, on Gemma 3's
+    windows, per-layer bases and (1 + w) norms, and on gpt-oss's sinks on windowed and full layers (its experts'
+    biases and clamped SwiGLU in the torch loop there): the CPU path's greedy tokens, on prompts longer than the
+    window."""
     directory, settings = str(tiny_dir(family)), dict(block_size=16, max_num_seqs=4, max_model_len=256)
     prompts = prompts_of_lengths(3, 21, 40)
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

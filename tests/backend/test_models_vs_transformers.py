@@ -40,6 +40,20 @@ def assert_matches_transformers(llm: LLM, reference, prompts: list[list[int]], n
     return logits
 
 
+def assert_each_piece_matters(llm: LLM, reference, changed: dict, window: int) -> None:
+    """PROMPTS' prefill logits within 1e-4 of transformers' and more than 1e-2 from each model in `changed` (the
+    reference with one piece changed, by name), so that ignoring any piece would fail; "no window" is not compared
+    on prompts within the window, where every position sees the whole prompt either way."""
+    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            torch.testing.assert_close(ours, reference(ids).logits[0], atol=1e-4, rtol=1e-4)
+            for what, model in changed.items():
+                if what == "no window" and len(prompt) <= window:
+                    continue
+                assert (ours - model(ids).logits[0]).abs().max() > 1e-2, what
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_prefill_logits_and_greedy_match_transformers(family, tiny_dir, hf_model):
     directory = tiny_dir(family)
