@@ -198,19 +198,6 @@ def test_reasoning_sent_back_is_rendered_as_the_template_reads_it(server):
         ]
 
     with_reasoning, without = prompt({"reasoning_content": " Weigh a b."}), prompt({})
-    added = [
-        server.ids[t]
-        for t in (
-            "<|start|>",
-            "assistant",
-            "<|channel|>",
-            "analysis",
-            "<|message|>",
-            " Weigh",
-            " a",
-            " b.",
-            "<|end|>",
-        )
-    ]
+    added = [server.ids[t] for t in ("<|start|>", *SCRIPT[:8])]  # the script's analysis message, as the template writes it
     at = without.index(server.ids["<|end|>"]) + 1  # after the user's message
     assert with_reasoning == without[:at] + added + without[at:]
