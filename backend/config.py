@@ -107,7 +107,7 @@ class EngineConfig:
         type=flag_types.disk_size,
     )
     seed: int = setting(0, "the seed of the sampling of requests that give none")
-    # backend.spec.speculative_config.SpeculativeConfig
+    # backend.speculative.speculative_config.SpeculativeConfig
     speculative: dict | str | None = setting(
         None,
         'speculative decoding as JSON, e.g. \'{"method": "ngram"}\' or \'{"method": "draft", "model": "PATH", '

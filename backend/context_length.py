@@ -113,7 +113,25 @@ def fit_context(cfg: ModelConfig, setting, max_model_len: int | None) -> tuple[M
         # ones where a sequence may run past the trained length. transformers switches by each pass's sequence
         # length, which agrees on sequences wholly within the trained length or past it.
         scaling = {**scaling, "long": max_model_len > trained}
-    return replace(cfg, rope_scaling=scaling), max_model_len
+    switch = _switch(cfg, scaling, max_model_len)
+    return replace(cfg, rope_scaling=scaling, rope_switch_length=switch[0] if switch else None,
+                   short_rope_scaling=switch[1] if switch else None), max_model_len
+
+
+def _switch(cfg: ModelConfig, scaling: dict | None, max_model_len: int) -> tuple[int, dict | None] | None:
+    """(length, short scaling) where a sequence of at most `length` tokens must rotate otherwise than by `scaling`,
+    as transformers runs the model's own config: scaling we add past the model's context (automatic YaRN or a
+    rope_scaling setting) leaves shorter sequences as the file has them, and LongRoPE uses its short factors up to
+    the trained length. A file's own YaRN, linear or llama3 scaling applies at every length (DeepSeek's, gpt-oss's,
+    Llama 3.1's): no switch. None: no switch (every sequence rotates by `scaling`)."""
+    own = cfg.rope_scaling
+    if scaling is None or (scaling == own and own["rope_type"] != "longrope"):
+        return None
+    if own is not None and own["rope_type"] == "longrope":
+        length, short = own["original_max_position_embeddings"], {**own, "long": False}
+    else:
+        length, short = _context(cfg, own, trained_length(cfg)), own
+    return (length, short) if length < max_model_len else None
 
 
 def serving_config(config: EngineConfig, model: str) -> EngineConfig:

@@ -11,7 +11,7 @@ import math
 import struct
 from pathlib import Path
 
-from backend.families import deepseek, gemma3
+from backend.families import deepseek, gemma3, gpt_oss, qwen3_next
 from backend.gguf_file import GGUFFile
 from backend.layer_spec import DENSE, MOE_SOFTMAX_TOPK, LayerSpec, attention_of
 from backend.model_config import ModelConfig, ModelLoadError
@@ -23,17 +23,20 @@ LAYOUTS = {"llama": ("LlamaForCausalLM", "MixtralForCausalLM"), "qwen2": ("Qwen2
            "qwen3moe": (None, "Qwen3MoeForCausalLM"), "smollm3": ("SmolLM3ForCausalLM", None),
            "phi3": ("Phi3ForCausalLM", None), "olmoe": (None, "OlmoeForCausalLM"),
            "granitemoe": (None, "GraniteMoeForCausalLM"), "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM"),
-           "glm4moe": (None, "Glm4MoeForCausalLM"), "gemma3": ("Gemma3ForCausalLM", None)}
+           "glm4moe": (None, "Glm4MoeForCausalLM"), "gemma3": ("Gemma3ForCausalLM", None),
+           "gpt-oss": (None, "GptOssForCausalLM"), "qwen3next": (None, "Qwen3NextForCausalLM"),
+           "qwen35moe": (None, "Qwen3_5MoeForCausalLM")}
 LAYOUT_HELP = ("llama (Llama 1-3.x, Mistral, TinyLlama, SmolLM; Mixtral with experts), qwen2, qwen3, qwen2moe, "
                "qwen3moe, smollm3, phi3 (Phi-3, Phi-4), olmoe, granitemoe (Granite-MoE, with or without its shared "
-               "expert), deepseek2 (DeepSeek-V2/V3, both kv_b layouts), glm4moe (GLM-4.5), gemma3 (Gemma 3, text)")
+               "expert), deepseek2 (DeepSeek-V2/V3, both kv_b layouts), glm4moe (GLM-4.5), gemma3 (Gemma 3, text), gpt-oss, "
+               "qwen3next (Qwen3-Next), qwen35moe (Qwen3.5-MoE, text)")
 # layouts whose q/k rows llama.cpp's converter interleaves for its rotary
 ROPE_PERMUTED = ("llama", "smollm3", "granitemoe")
 _NO_ROPE_STEP = {"smollm3": 4}  # llama.cpp's n_no_rope_layer_step: layer i is NoPE where (i + 1) % step == 0
 _WINDOWED = ("phi3",)  # layouts whose sliding_window key llama.cpp reads (its llama layout ignores Mistral's)
 # Whether the top-k routing weights are renormalised, where the file does not say (llama.cpp's defaults).
-_NORM_TOPK = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True,
-              "deepseek2": False, "glm4moe": False}
+_NORM_TOPK = {"gpt-oss": True, "llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False, "granitemoe": True,
+              "deepseek2": False, "glm4moe": False, "qwen3next": True, "qwen35moe": True}
 
 
 def dequantizable(ggml_type: int) -> bool:
@@ -112,6 +115,12 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
         return mc, reader
     if arch in gemma3.GGUF_LAYOUTS:
         gemma3.from_gguf(mc, arch, field, tensors)
+        return mc, reader
+    if arch in gpt_oss.GGUF_LAYOUTS:
+        gpt_oss.from_gguf(mc, arch, field, tensors)
+        return mc, reader
+    if arch in qwen3_next.GGUF_LAYOUTS:
+        qwen3_next.from_gguf(mc, arch, field, tensors)
         return mc, reader
     mc.layers = tuple(_layer(arch, field, tensors, i, head_dim) for i in range(mc.num_layers))
     return mc, reader

@@ -42,6 +42,11 @@ class DeltaNetShape:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    # q|k|v|z and b|a come out of the projections grouped by key head (Qwen3-Next's checkpoints), not each apart
+    grouped_projections: bool = False
+    # value head h reads key head h % num_key_heads (llama.cpp's qwen35moe files: its converter tiles the value
+    # heads), not h // (num_value_heads / num_key_heads) (the checkpoints' order)
+    tiled_value_heads: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from collections.abc import Sequence as Seq
 
 from backend.config import EngineConfig
 from backend.engine.admission import chat_prompt_ids
-from backend.engine.deltas import OutputAssembler
 from backend.engine.llm_engine import LLMEngine
 from backend.outputs import RequestOutput
 from backend.sampling_params import SamplingParams
@@ -48,7 +47,7 @@ class LLM:
                 request_id = str(next(self._ids))
                 self.engine.add_request(request_id, request)
                 ids.append(request_id)
-            return self._run(ids, [r.params.n for r in requests], use_tqdm)
+            return self._run(ids, use_tqdm)
         except BaseException:
             for request_id in ids:  # leave the engine clean if a prompt was refused or the user interrupted
                 self.engine.abort_request(request_id)
@@ -67,15 +66,11 @@ class LLM:
             out.prompt = tokenizer.decode(out.prompt_token_ids)
         return outputs
 
-    def _run(self, ids: list[str], ns: list[int], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         from rich.progress import Progress
 
         engine = self.engine
-        assemblers = {}
-        for request_id, n in zip(ids, ns):
-            seq = engine.requests[request_id][0]
-            assemblers[request_id] = OutputAssembler(request_id, engine.prompts.get(request_id),
-                                                     seq.token_ids[:seq.num_prompt_tokens], n)
+        assemblers = {request_id: engine.output_assembler(request_id) for request_id in ids}
         results: dict[str, RequestOutput] = {}
         show = use_tqdm and sys.stderr.isatty()
         with Progress(transient=True, disable=not show) as progress:

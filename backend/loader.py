@@ -240,9 +240,9 @@ def _link_ahead(model: CausalLM) -> None:
 
 
 def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
-    from backend.kernels.rotary import cos_sin_table
+    from backend.kernels.rotary import model_cos_sin
 
-    return cos_sin_table(config.rotary_dim, config.rope_theta, config.rope_scaling, max_positions)
+    return model_cos_sin(config, max_positions)
 
 
 def _auto_tokenizer(path: Path, **kwargs):
@@ -290,7 +290,8 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None):
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
         try:
             converted = AutoTokenizer.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
-        except ValueError:  # a layout transformers reads no config of (smollm3): the file's vocabulary alone
+        except (ValueError, TypeError):  # a layout transformers reads no config of (smollm3), or misreads
+            # (gpt-oss's rope keys: a TypeError in transformers 5's reader): the file's vocabulary alone
             converted = PreTrainedTokenizerFast.from_pretrained(str(source.path), gguf_file=source.gguf_file.name)
         converted.save_pretrained(str(tmp))
         try:

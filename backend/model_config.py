@@ -32,6 +32,10 @@ class ModelConfig:
     layers: tuple[LayerSpec, ...] = ()  # one a layer: its attention and feed-forward kinds (layer_spec.py)
     rotary_dim: int = 0  # the leading dimensions of each head that rotate (Phi's partial rotary); 0: head_dim
     rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "yarn" | "longrope", ...}
+    # Where RoPE switches by length (context_length.fit_context): a sequence of at most rope_switch_length tokens
+    # rotates by short_rope_scaling (the model as its file has it), a longer one by rope_scaling; None: no switch
+    rope_switch_length: int | None = None
+    short_rope_scaling: dict | None = None
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     o_bias: bool = False

@@ -75,6 +75,8 @@ class SamplingParams:
     logprobs: int | None = None  # how many top logprobs to return besides the sampled token's
     skip_special_tokens: bool = True
     guided_json: dict | str | bool | None = None  # a JSON schema the output must match, or True for any JSON
+    # (<think> id, </think> id, whether the prompt opened the block): guided_json holds after the think block
+    think_first: tuple[int, int, bool] | None = None
     # token id -> a number added to its logit before sampling (OpenAI's and vLLM's logit_bias), kept in [-100, 100]
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled

@@ -1,13 +1,15 @@
-"""An agent's turns on the CPU default, ours beside llama.cpp on the same GGUF (SmolLM2-135M Q8_0).
+"""An agent's turns on the CPU default, ours beside llama.cpp on the same GGUF (SmolLM2-135M Q4_1, `models pull`).
 
 The first turn is agent-shaped: a system prompt of about 16,000 tokens with its tools' schemas in it, as
 Claude Code and Hermes send, after Claude Code's billing line (a first system block that changes with every
 prompt), then a user message. The next turn is the same conversation plus the model's answer and a new user
 message (200 new tokens). Another run is a second `claude -p` with another question: a new billing line, the
-same system prompt. For each, the time to the first token: ours through
+same system prompt; then the same after a restart of the server (ours: from the disk prefix cache; llama.cpp: a
+new process, which keeps nothing). For each, the time to the first token: ours through
 /v1/messages (what Claude Code calls; max_tokens 1, so the answer's time is the prompt's plus one token),
 llama.cpp through llama-cpp-python in its own venv on the same token ids (row null without
---llama-cpp-python PATH or LLAMA_CPP_PYTHON). Prints one JSON line.
+--llama-cpp-python PATH or LLAMA_CPP_PYTHON). The system prompt starts with this run's time, so that no earlier
+run's disk cache serves it. Prints one JSON line.
 
 Run: python bench/agents.py [--system-tokens 16000] [--llama-cpp-python /path/to/venv/bin/python]
 """
@@ -27,20 +29,28 @@ from run_peer import run_peer  # noqa: E402  (bench/, beside this script)
 from tests.backend.server_process import ServerProcess  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOL = {"name": "tool_{i}", "description": "Runs step {i} of the writer's workflow on the named file and "
-        "returns what changed, as a unified diff, with a summary of each hunk.",
-        "input_schema": {"type": "object", "properties": {
+TOOL = {
+    "name": "tool_{i}",
+    "description": "Runs step {i} of the writer's workflow on the named file and "
+    "returns what changed, as a unified diff, with a summary of each hunk.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
             "path": {"type": "string", "description": "The file, relative to the project root."},
             "mode": {"type": "string", "enum": ["check", "apply", "explain"]},
-            "limit": {"type": "integer", "description": "At most this many hunks."}}, "required": ["path"]}}
+            "limit": {"type": "integer", "description": "At most this many hunks."},
+        },
+        "required": ["path"],
+    },
+}
 
 
 def system_prompt(url: str, tokens: int) -> str:
-    """Our own documentation, repeated up to `tokens` tokens, then 24 tools written out as an agent's prompt
-    carries them."""
+    """This run's time, our own documentation repeated up to `tokens` tokens, then 24 tools written out as an
+    agent's prompt carries them."""
     tools = "\n".join(json.dumps(json.loads(json.dumps(TOOL).replace("{i}", str(i)))) for i in range(24))
     text = (ROOT / "README.md").read_text()
-    body = ""
+    body = f"Session started at {time.time():.6f}.\n"
     while count(url, body + tools) < tokens:
         body += text
     lo, hi = 0, len(body)  # the longest prefix of body that keeps the total within tokens
@@ -57,15 +67,28 @@ def count(url: str, text: str) -> int:
 
 
 def turns() -> list[tuple[str, list[dict]]]:
-    """(billing line, conversation) of the first turn, the next turn, and another run's first turn."""
+    """(billing line, conversation) of the first turn, the next turn, another run's first turn, and a run's after a
+    restart."""
     first = [{"role": "user", "content": "Read the project's design and list the three services it starts."}]
     answer = "The stack starts the backend, the MCP server and, when configured, ComfyUI. " * 6
     follow = "Now explain, step by step, how ops decides the order in which they start and why. " * 6
     other = [{"role": "user", "content": "Which port does the MCP server listen on, and why that one?"}]
+    later = [
+        {
+            "role": "user",
+            "content": "Where does the backend keep the models it pulls, and how large are they?",
+        }
+    ]
     line = "x-anthropic-billing-header: cc_version=2.1.197.{}; cc_entrypoint=sdk-cli;"
-    return [(line.format("73f"), first),
-            (line.format("73f"), [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}]),
-            (line.format("a02"), other)]
+    return [
+        (line.format("73f"), first),
+        (
+            line.format("73f"),
+            [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": follow}],
+        ),
+        (line.format("a02"), other),
+        (line.format("c5e"), later),
+    ]
 
 
 def ours(url: str, system: str, billing: str, conversation: list[dict]) -> tuple[float, dict]:
@@ -86,12 +109,20 @@ def prompt_ids(url: str, system: str, billing: str, conversation: list[dict]) ->
 
 
 def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx: int) -> list[float] | None:
+    """Seconds to the first token of each turn in one process, but the last, which a new process starts."""
     if not python:
         return None
     import gguf
 
     trained = int(gguf.GGUFReader(model).fields["llama.context_length"].contents())
-    job = {"model": str(model), "turns": turns_ids, "threads": os.cpu_count(), "n_ctx": n_ctx, "trained": trained}
+    job = {
+        "model": str(model),
+        "turns": turns_ids,
+        "threads": os.cpu_count(),
+        "n_ctx": n_ctx,
+        "trained": trained,
+        "restart_before": [len(turns_ids) - 1],
+    }
     return run_peer("llama_cpp_turns.py", job, python)["seconds"]
 
 
@@ -104,29 +135,58 @@ def main() -> None:
     from backend.model_store import pull
 
     model = pull("smollm2")
-    server = ServerProcess("smollm2", "--max-model-len", str(args.max_model_len))
+    flags = ("--max-model-len", str(args.max_model_len))
+    server = ServerProcess("smollm2", *flags)
     try:
         system = system_prompt(server.url, args.system_tokens)
         runs = turns()
-        (first_s, _), (next_s, next_usage), (other_s, other_usage) = (ours(server.url, system, b, c) for b, c in runs)
+        (first_s, _), (next_s, next_usage), (other_s, other_usage) = (
+            ours(server.url, system, b, c) for b, c in runs[:3]
+        )
         ids = [prompt_ids(server.url, system, b, c) for b, c in runs]
+    finally:
+        server.stop()
+    server = ServerProcess("smollm2", *flags)  # the disk prefix cache is what it keeps
+    try:
+        restart_s, restart_usage = ours(server.url, system, *runs[3])
     finally:
         server.stop()
     peer = llama_cpp(args.llama_cpp_python, model, ids, args.max_model_len)
     prompt = [len(i) for i in ids]
-    row = {"bench": "agents", "model": "smollm2", "device": "cpu", "threads": os.cpu_count(),
-           "first_turn_tokens": prompt[0], "next_turn_new_tokens": prompt[1] - prompt[0],
-           "first_ttft_s": round(first_s, 3), "first_prompt_tok_s": round(prompt[0] / first_s, 1),
-           "next_ttft_s": round(next_s, 3), "next_cached_tokens": next_usage["cache_read_input_tokens"],
-           "another_run_tokens": prompt[2], "another_run_ttft_s": round(other_s, 3),
-           "another_run_cached_tokens": other_usage["cache_read_input_tokens"],
-           "llama_cpp_first_ttft_s": None, "llama_cpp_first_prompt_tok_s": None, "llama_cpp_next_ttft_s": None,
-           "llama_cpp_another_run_ttft_s": None}
+    row = {
+        "bench": "agents",
+        "model": "smollm2",
+        "device": "cpu",
+        "threads": os.cpu_count(),
+        "first_turn_tokens": prompt[0],
+        "next_turn_new_tokens": prompt[1] - prompt[0],
+        "first_ttft_s": round(first_s, 3),
+        "first_prompt_tok_s": round(prompt[0] / first_s, 1),
+        "next_ttft_s": round(next_s, 3),
+        "next_cached_tokens": next_usage["cache_read_input_tokens"],
+        "another_run_tokens": prompt[2],
+        "another_run_ttft_s": round(other_s, 3),
+        "another_run_cached_tokens": other_usage["cache_read_input_tokens"],
+        "after_restart_tokens": prompt[3],
+        "after_restart_ttft_s": round(restart_s, 3),
+        "after_restart_cached_tokens": restart_usage["cache_read_input_tokens"],
+        "llama_cpp_first_ttft_s": None,
+        "llama_cpp_first_prompt_tok_s": None,
+        "llama_cpp_next_ttft_s": None,
+        "llama_cpp_another_run_ttft_s": None,
+        "llama_cpp_after_restart_ttft_s": None,
+    }
     if peer is not None:
-        row.update(llama_cpp_first_ttft_s=round(peer[0], 3), llama_cpp_first_prompt_tok_s=round(prompt[0] / peer[0], 1),
-                   llama_cpp_next_ttft_s=round(peer[1], 3), first_prompt_vs_llama_cpp=round(peer[0] / first_s, 2),
-                   llama_cpp_another_run_ttft_s=round(peer[2], 3),
-                   another_run_vs_llama_cpp=round(peer[2] / other_s, 2))
+        row.update(
+            llama_cpp_first_ttft_s=round(peer[0], 3),
+            llama_cpp_first_prompt_tok_s=round(prompt[0] / peer[0], 1),
+            llama_cpp_next_ttft_s=round(peer[1], 3),
+            first_prompt_vs_llama_cpp=round(peer[0] / first_s, 2),
+            llama_cpp_another_run_ttft_s=round(peer[2], 3),
+            another_run_vs_llama_cpp=round(peer[2] / other_s, 2),
+            llama_cpp_after_restart_ttft_s=round(peer[3], 3),
+            after_restart_vs_llama_cpp=round(peer[3] / restart_s, 2),
+        )
     print(json.dumps(row))
 
 

@@ -1,17 +1,22 @@
-"""Hybrid linear attention on the CPU: a Qwen3.5-35B-A3B-shaped checkpoint of random weights (transformers'
-Qwen3_5MoeForCausalLM: three Gated DeltaNet layers to one gated full-attention layer, the 35B's widths), cut to
-fewer layers, experts and a smaller vocabulary so that it builds on a small machine (the row says which). One JSON
-line: our decode at batch 1 and 4 and prompt tokens/s, the state bytes a sequence (this model's and the full 35B's),
-and one linear layer's recurrent update at batch 1 (our C kernel against the torch step).
+"""Hybrid linear attention on the CPU, ours beside llama.cpp on the same file: a Qwen3.5-35B-A3B-shaped Q4_K_M GGUF
+of random weights (transformers' Qwen3_5MoeForCausalLM: three Gated DeltaNet layers to one gated full-attention
+layer, the 35B's widths), cut to fewer layers, experts and a smaller vocabulary so that it builds on a small machine
+(the row says which), written in llama.cpp's qwen35moe layout by the tests' copy of its converter
+(tests/backend/tiny_gguf_qwen3_next.py; tiny files of it decode to llama.cpp's own greedy tokens). Q4_K_M as
+llama.cpp's quantizer picks it (bench/moe_gguf.py): Q4_K, Q6_K for ffn_down(_exps/_shexp), attn_v and the output.
 
-llama.cpp's rates on the same weights need the qwen35moe GGUF layout, which our reader does not take yet: "peer" says
-so until it does.
+One JSON line: prompt tokens/s and decode at batch 1 and 4, ours and llama.cpp's (llama-cpp-python, a benchmark peer
+in a venv of its own: --llama-cpp-python PATH or LLAMA_CPP_PYTHON; it serves one sequence at a time, so its batch-4
+figure is four sequences one after another), the state bytes a sequence (this model's and the full 35B's), and one
+linear layer's recurrent update at batch 1 (our C kernel against the torch step).
 
-Run: python bench/hybrid.py [--layers 4 --experts 16 --prompt 256 --tokens 16]
+Run: python bench/hybrid.py [--layers 8 --experts 16 --prompt 256 --tokens 16]
 """
 
 import argparse
+import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -48,17 +53,65 @@ QWEN35_35B = dict(
 )
 
 
-def build(directory: Path, layers: int, experts: int, vocab: int) -> dict:
+Q4_K_M = {
+    "token_embd": "Q4_K",
+    "output": "Q6_K",
+    "attn_q": "Q4_K",
+    "attn_k": "Q4_K",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_K",
+    "attn_qkv": "Q4_K",
+    "attn_gate": "Q4_K",
+    "ssm_beta": "Q4_K",
+    "ssm_alpha": "Q4_K",
+    "ssm_out": "Q4_K",
+    "ffn_gate_exps": "Q4_K",
+    "ffn_up_exps": "Q4_K",
+    "ffn_down_exps": "Q6_K",
+    "ffn_gate_shexp": "Q4_K",
+    "ffn_up_shexp": "Q4_K",
+    "ffn_down_shexp": "Q6_K",
+}
+
+
+def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
+    """The cached Q4_K_M file of this shape (written on first use, under the data directory's cache/bench)."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+    from backend.home import cache_dir
+    from tests.backend.tiny_gguf_qwen3_next import convert
+
+    # the interleaved MRoPE sections of the 35B's config (one position for text: plain rotary either way)
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    }
     shape = {**QWEN35_35B, "num_hidden_layers": layers, "num_experts": experts, "vocab_size": vocab}
-    config = Qwen3_5MoeTextConfig(
-        **shape, initializer_range=0.02, bos_token_id=1, eos_token_id=2, pad_token_id=0
-    )
-    torch.manual_seed(0)
-    Qwen3_5MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
-    build_tokenizer(directory)  # the tests' small one: prompts are given as token ids
-    return shape
+    key = hashlib.sha256(json.dumps([shape, Q4_K_M], sort_keys=True).encode()).hexdigest()[:12]
+    out = cache_dir() / "bench" / f"qwen35moe-{key}-Q4_K_M.gguf"
+    if out.exists():
+        return out, shape
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / "hf"
+        config = Qwen3_5MoeTextConfig(
+            **shape,
+            rope_parameters=rope,
+            initializer_range=0.02,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        torch.manual_seed(0)
+        Qwen3_5MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
+        build_tokenizer(directory)  # the tests' small one: prompts are given as token ids
+        partial = Path(tmp) / out.name
+        convert(directory, partial, Q4_K_M, reference=False)
+        partial.replace(out)
+    return out, shape
 
 
 def rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
@@ -107,51 +160,71 @@ def _timed(fn) -> float:
     return time.perf_counter() - started
 
 
+def llama_cpp(path: Path, prompt: list[int], short: list[list[int]], tokens: int, python: str | None) -> dict:
+    """llama.cpp's rates on the same file (bench/llama_cpp_iq_peer.py, bench/llama_cpp_peer.py), or why not."""
+    if not python:
+        return {"missing": "no llama-cpp-python venv (--llama-cpp-python or LLAMA_CPP_PYTHON)"}
+    from run_peer import run_peer  # bench/, beside this script
+
+    threads = torch.get_num_threads()
+    rates = run_peer(
+        "llama_cpp_iq_peer.py",
+        {"action": "rates", "model": str(path), "prompt": prompt, "new_tokens": tokens, "threads": threads},
+        python,
+    )
+    # its single-sequence rate (best of two) and four sequences served one after another
+    served = run_peer(
+        "llama_cpp_peer.py",
+        {"model": str(path), "prompts": short[:1] + short, "new_tokens": tokens, "threads": threads},
+        python,
+    )
+    return {
+        "prompt_tokens_per_s": round(rates["prompt_tok_s"], 1),
+        "decode_tokens_per_s_batch1": round(max(rates["decode_tok_s"], served["single_tok_s"]), 2),
+        "decode_tokens_per_s_batch4_one_at_a_time": round(served["batch_tok_s"], 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens for the prompt rate")
     parser.add_argument(
         "--tokens", type=int, default=16, help="tokens generated a sequence for the decode rates"
     )
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp)
-        shape = build(directory, args.layers, args.experts, args.vocab)
-        llm = LLM(
-            str(directory),
-            dtype=args.dtype,
-            max_num_seqs=4,
-            max_model_len=args.prompt + args.tokens + 8,
-            enable_prefix_caching=False,
-        )
-        prompt = [(i * 37) % (args.vocab - 3) + 3 for i in range(args.prompt)]
-        started = time.perf_counter()
-        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-        prompt_rate = args.prompt / (time.perf_counter() - started)
-        short = [prompt[i : i + 16] for i in range(0, 64, 16)]
-        row = {
-            "bench": "hybrid",
-            "model": f"Qwen3.5-35B-A3B widths, {args.layers} layers, {args.experts} experts, vocab {args.vocab}, "
-            f"random {args.dtype} safetensors",
-            "threads": torch.get_num_threads(),
-            "ours": {
-                "prompt_tokens_per_s": round(prompt_rate, 1),
-                "decode_tokens_per_s_batch1": round(rate(llm, short[:1], args.tokens), 2),
-                "decode_tokens_per_s_batch4": round(rate(llm, short, args.tokens), 2),
-            },
-            "state_bytes_a_sequence": state_bytes_per_sequence(llm.engine.model_config),
-            "state_bytes_a_sequence_35b": state_bytes_per_sequence(
-                from_hf_config({**QWEN35_35B, "architectures": ["Qwen3_5MoeForCausalLM"]}, "35b")
-            ),
-            "recurrent_update_ms_one_layer_batch1": recurrent_update_ms(),
-            "peer": "missing: the qwen35moe GGUF layout is not read yet, so llama.cpp cannot run these weights here",
-            "shape": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "num_experts", "vocab_size")},
-        }
-        print(json.dumps(row))
+    path, shape = build(args.layers, args.experts, args.vocab)
+    llm = LLM(
+        str(path), max_num_seqs=4, max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False
+    )
+    prompt = [(i * 37) % 397 + 3 for i in range(args.prompt)]  # within the tokenizer's 400 tokens
+    llm.generate([prompt[:16]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm up
+    started = time.perf_counter()
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    prompt_rate = args.prompt / (time.perf_counter() - started)
+    short = [prompt[i : i + 16] for i in range(0, 64, 16)]
+    row = {
+        "bench": "hybrid",
+        "model": f"Qwen3.5-35B-A3B widths, {args.layers} layers, {args.experts} experts, vocab {args.vocab}, "
+        "random Q4_K_M GGUF (qwen35moe)",
+        "threads": torch.get_num_threads(),
+        "ours": {
+            "prompt_tokens_per_s": round(prompt_rate, 1),
+            "decode_tokens_per_s_batch1": round(rate(llm, short[:1], args.tokens), 2),
+            "decode_tokens_per_s_batch4": round(rate(llm, short, args.tokens), 2),
+        },
+        "llama_cpp": llama_cpp(path, prompt, short, args.tokens, args.llama_cpp_python),
+        "state_bytes_a_sequence": state_bytes_per_sequence(llm.engine.model_config),
+        "state_bytes_a_sequence_35b": state_bytes_per_sequence(
+            from_hf_config({**QWEN35_35B, "architectures": ["Qwen3_5MoeForCausalLM"]}, "35b")
+        ),
+        "recurrent_update_ms_one_layer_batch1": recurrent_update_ms(),
+        "shape": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "num_experts", "vocab_size")},
+    }
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":

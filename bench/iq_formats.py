@@ -12,6 +12,7 @@ elsewhere; Q6_K output; rows not of whole 256-blocks in IQ4_NL, or Q8_0 for Q6_K
 speed is that of real weights of the same formats.
 
 python bench/iq_formats.py [--llama-cpp-python PATH] [--moe-shape NAME] [--new-tokens 32] [--prompt-tokens 256]
+                          [--models smollm2,moe]
 """
 
 import argparse
@@ -136,16 +137,21 @@ def main() -> None:
     parser.add_argument("--moe-shape", default="qwen3_moe", help="a shape of bench/moe_gguf.py")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument(
+        "--models", default="smollm2,moe", help="which rows: smollm2, moe or both (comma-separated)"
+    )
     args = parser.parse_args()
     import torch
     from moe_gguf import moe_file
 
     from backend.model_store import pull
 
-    sources = {
-        "smollm2-135m": (pull("smollm2", quiet=True), ("IQ4_XS", "IQ3_XS")),
-        f"{args.moe_shape}-moe": (moe_file(args.moe_shape), ("IQ4_XS", "IQ3_XS", "MXFP4_MOE")),
-    }
+    wanted = set(args.models.split(","))
+    sources = {}
+    if "smollm2" in wanted:
+        sources["smollm2-135m"] = (pull("smollm2", quiet=True), ("IQ4_XS", "IQ3_XS"))
+    if "moe" in wanted:
+        sources[f"{args.moe_shape}-moe"] = (moe_file(args.moe_shape), ("IQ4_XS", "IQ3_XS", "MXFP4_MOE"))
     prompt = [(17 * i + 3) % 400 + 3 for i in range(args.prompt_tokens)]
     rows = []
     for model, (source, mixes) in sources.items():

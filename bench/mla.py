@@ -145,8 +145,16 @@ def main() -> None:
     if args.llama_cpp_python:
         from engine_quantized import llama_cpp_rates
 
-        one, many = llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python)
-        row["peer"] = {"llama_cpp_batch1_tok_s": round(one, 2), "llama_cpp_batch4_tok_s": round(many, 2)}
+        try:
+            one, many = llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python)
+            row["peer"] = {"llama_cpp_batch1_tok_s": round(one, 2), "llama_cpp_batch4_tok_s": round(many, 2)}
+        except SystemExit as e:  # the peer's last line of stderr
+            row["peer"] = {"failed": str(e)}
+            # its loader says is_lite = (n_layer == 27); any other deepseek2 file must carry q_lora_rank
+            if args.layers != 27:
+                row["peer"]["why"] = (
+                    "llama.cpp reads deepseek2 without q_lora_rank only at V2-Lite's 27 layers"
+                )
     else:
         row["peer"] = "missing"
     print(json.dumps(row), flush=True)

@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         server = build_server(settings, budget=args.budget)
         return lambda: server.run("stdio")
 
-    return Front(locate(settings.home, settings.mcp_toolsets, args.budget), load, settings.mcp_toolsets).serve()
+    from mcp_server.job_resources import resources_list
+
+    live = {"resources/list": lambda: resources_list(settings)}
+    return Front(locate(settings.home, settings.mcp_toolsets, args.budget), load, settings.mcp_toolsets, live).serve()
 
 
 def _log_to_stderr() -> None:
@@ -107,7 +110,7 @@ def _log_to_stderr() -> None:
 def _prime(entry_toolsets: tuple[str, ...] | None) -> list[str]:
     """The entry's server started once here, so that the agent's first start answers at once."""
     from mcp_server.client_entries import stack_env
-    from mcp_server.stdio_front import prime
+    from mcp_server.stdio_prime import prime
 
     command = [sys.executable, "-m", "mcp_server", *(["--toolsets", ",".join(entry_toolsets)] if entry_toolsets else [])]
     problems = prime(command, {**os.environ, **stack_env()}, cwd=Path(__file__).resolve().parents[1])

@@ -1,13 +1,13 @@
 """Job tools: start_pipeline, get_job, cancel_job, list_jobs, and stack_status; jobs through orchestrator.api."""
 
 import asyncio
-from pathlib import Path
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
+from mcp_server.job_resources import job_status, job_uris
 from mcp_server.lazy import lazy
 from mcp_server.models import (
     ArticleJobResult,
@@ -38,30 +38,20 @@ api = lazy("orchestrator.api")  # the pipelines load on the first tool call
 FINAL = ("done", "failed", "cancelled")
 
 
-def job_uri(job_id: str) -> str:
-    return f"scriptorium://jobs/{job_id}"
-
-
 def stage_result(result: dict) -> StageJobResult:
     article = result.get("article")
     return StageJobResult(**{**result, "article": ArticleJobResult(**article) if article else None})
 
 
 def job_info(run) -> JobInfo:
-    resources = [job_uri(run.id)]
-    result = run.result or {}
-    if result.get("article_md"):
-        resources += [f"{job_uri(run.id)}/article.md", f"{job_uri(run.id)}/article.html"]
-    resources += [f"{job_uri(run.id)}/images/{Path(p).name}" for p in result.get("images", [])]
     typed = None
     if run.result and run.kind == "stage":
         typed = stage_result(run.result)
     elif run.result:
         typed = ArticleJobResult(**run.result) if run.kind == "article" else ImageJobResult(**run.result)
-    status = "interrupted" if run.interrupted else run.status
-    return JobInfo(job_id=run.id, kind=run.kind, status=status, stage=run.stage, progress=run.progress,
+    return JobInfo(job_id=run.id, kind=run.kind, status=job_status(run), stage=run.stage, progress=run.progress,
                    message=run.message, error=run.error, queue_position=run.queue_position, result=typed,
-                   resources=resources)
+                   resources=job_uris(run))
 
 
 async def cancel_and_settle(job_id: str, ctx: Context, timeout: float = 5.0):

@@ -14,19 +14,16 @@ from mcp.types import (
     EmptyResult,
     ListResourcesResult,
     PaginatedRequestParams,
-    Resource,
     SubscribeRequestParams,
     UnsubscribeRequestParams,
 )
 
 from common.settings import Settings
-from mcp_server.job_tools import job_info, job_uri
+from mcp_server.job_resources import LISTED, PREFIX, job_uri, resources_list
+from mcp_server.job_tools import job_info
 from mcp_server.lazy import lazy
 
 api = lazy("orchestrator.api")  # the pipelines load on the first tool call
-
-LISTED = 50  # jobs resources/list shows
-PREFIX = "scriptorium://jobs/"
 
 
 class JobWatch:
@@ -113,17 +110,7 @@ def register(server: MCPServer, settings: Settings, watch_of) -> None:
 
     # MCPServer lists only static resources and has no hooks for these methods: its low-level server does.
     async def list_resources(_ctx, _params: PaginatedRequestParams | None) -> ListResourcesResult:
-        runs, _ = await asyncio.to_thread(api.page, LISTED, None, settings)
-        resources = []
-        for run in runs:
-            info = job_info(run)
-            about = run.params.get("topic") or run.params.get("prompt") or run.params.get("stage") or Path(run.params.get("template", "")).name
-            resources.append(Resource(uri=job_uri(run.id), name=run.id, title=f"{run.kind}: {about} ({info.status})",
-                                      mime_type="application/json"))
-            for uri in info.resources[1:]:
-                kind = "text/markdown" if uri.endswith(".md") else "text/html" if uri.endswith(".html") else "image/png"
-                resources.append(Resource(uri=uri, name=uri.rsplit("/", 1)[-1], mime_type=kind))
-        return ListResourcesResult(resources=resources)
+        return ListResourcesResult.model_validate(await asyncio.to_thread(resources_list, settings))
 
     async def subscribe(ctx, params: SubscribeRequestParams) -> EmptyResult:
         run_of(_job_id(str(params.uri)))

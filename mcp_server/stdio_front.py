@@ -1,7 +1,8 @@
 """The first second of stdio: `python -m mcp_server` answers a client's `initialize` at once, without the SDK
-(mcp_server/initialize_result.py), and `tools/list` and `prompts/list` with what the SDK server answered at an
-earlier start, while the SDK (0.7 s of imports, seconds on a loaded machine) loads in a thread; then every message
-goes through to the SDK server.
+(mcp_server/initialize_result.py), `tools/list` and `prompts/list` with what the SDK server answered at an
+earlier start, and `resources/list` from jobs.db (job_resources.py), while the SDK (0.7 s of imports, seconds on a
+loaded machine) loads in a thread; then every message goes through to the SDK server. Claude Code offers none of
+a server's tools until all three lists are answered.
 
 Agents start their MCP servers beside their first model request (Codex sends it about a second after it spawns
 us) and give up on a server that has not answered `initialize` in time. The remembered lists are checked at every
@@ -18,11 +19,9 @@ would refuse, waits for the SDK server and gets its answers; so do the lists of 
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from mcp_server import answers_file, initialize_result
 from mcp_server.answers_file import AnswersFile, Untrusted
@@ -56,8 +55,10 @@ class Front:
     """Owns the real stdin and stdout; `run_sdk` serves MCP on fds 0 and 1 (the SDK's stdio transport), which
     become pipes to this front once the SDK server is loaded."""
 
-    def __init__(self, answers: AnswersFile, load: Callable[[], Callable[[], None]], toolsets: tuple[str, ...]):
+    def __init__(self, answers: AnswersFile, load: Callable[[], Callable[[], None]], toolsets: tuple[str, ...],
+                 live: dict[str, Callable[[], dict]] | None = None):
         self.answers_file, self.load, self.toolsets = answers, load, toolsets
+        self.live = live or {}  # method -> its result, computed without the SDK (resources/list: jobs.db)
         try:
             self.answers = answers_file.read(answers)
         except (Untrusted, OSError) as e:  # stderr: stdout is the protocol's
@@ -127,13 +128,23 @@ class Front:
         if self.init is not None and method == "notifications/initialized":
             return  # the front sends the SDK its own, after the replayed initialize
         if self.init_answered and not self.queued and "id" in message:
-            result = {} if method == "ping" else self._remembered(method)
+            result = {} if method == "ping" else self._live(method) or self._remembered(method)
             params = message.get("params")
             if result is not None and not (isinstance(params, dict) and params.get("cursor")):
                 self.told[method] = result
                 _send(self.stdout, _line({"jsonrpc": "2.0", "id": message["id"], "result": result}))
                 return
         self.queued.append(raw)
+
+    def _live(self, method: str | None) -> dict | None:
+        """A result the front computes itself; None (the SDK server answers, errors included) where it cannot."""
+        offered = self.told["initialize"].get("capabilities") or {}
+        if method not in self.live or method.split("/")[0] not in offered:
+            return None
+        try:
+            return self.live[method]()
+        except Exception:  # noqa: BLE001 - the SDK server gives the client this error in the protocol's words
+            return None
 
     def _remembered(self, method: str | None) -> dict | None:
         return self.answers.get(method, {}).get(self.version) if self.version is not None else None
@@ -252,48 +263,3 @@ class Front:
             answers_file.remember(self.answers_file, wanted, replies)
         except (OSError, Untrusted) as e:
             print(f"warning: could not keep the MCP answers in {self.answers_file.path}: {e}", file=sys.stderr)
-
-
-PRIMED_VERSIONS = ("2025-06-18", "2025-11-25")  # what today's agents ask for (Codex, Claude Code)
-
-
-def prime(command: list[str], env: dict[str, str], cwd: Path, timeout: float = 60) -> list[str]:
-    """Start the server as an agent's entry does, once per protocol version in PRIMED_VERSIONS, at once, so
-    that the agent's first start finds the answers remembered. Returns what went wrong, for a note."""
-    problems: list[str] = []
-    runs = [threading.Thread(target=_prime_one, args=(command, env, cwd, wanted, timeout, problems))
-            for wanted in PRIMED_VERSIONS]
-    for run in runs:
-        run.start()
-    for run in runs:
-        run.join()
-    return problems
-
-
-def _prime_one(command: list[str], env: dict[str, str], cwd: Path, wanted: str, timeout: float,
-               problems: list[str]) -> None:
-    asked = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": wanted, "capabilities": {}, "clientInfo": {"name": "scriptorium-install", "version": "1"}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        *({"jsonrpc": "2.0", "id": i, "method": m} for i, m in enumerate(REMEMBERED, start=2))]
-    proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    killer = threading.Timer(timeout, proc.kill)
-    killer.start()
-    try:
-        proc.stdin.write(b"".join(_line(m) for m in asked))
-        proc.stdin.flush()
-        waiting = {m["id"] for m in asked if "id" in m}
-        for raw in proc.stdout:  # the SDK may drop what is in flight at EOF: close stdin once all is answered
-            waiting.discard(json.loads(raw).get("id"))
-            if not waiting:
-                break
-        proc.stdin.close()
-        err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-        if proc.wait() != 0 or waiting:
-            problems.append(f"the server did not answer ({wanted}): {err[-1] if err else proc.returncode}")
-    except (OSError, ValueError) as e:
-        problems.append(f"the server could not be asked ({wanted}): {e}")
-    finally:
-        killer.cancel()
-        proc.kill()

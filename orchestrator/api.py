@@ -6,8 +6,6 @@ stage jobs share a bounded pool of such workers (orchestrator/pool.py): the ones
 queued. Ids are exact here: a prefix names no run.
 """
 
-import base64
-import json
 import os
 import time
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 from common.settings import Settings
 from orchestrator import pool, run_edits, run_view
 from orchestrator.history import Actor, VersionConflict
+from orchestrator.job_pages import page  # noqa: F401 (the API's listing)
 from orchestrator.jobs import JobError, JobStore, Run, StoreError, UnknownRun
 from orchestrator.pipeline.image import ImageParams, build_workflow
 from orchestrator.pipeline.params import LENGTHS, ArticleParams, ParamsError
@@ -104,24 +103,6 @@ def wait_settled(run_id: str, settings: Settings, timeout: float = 5.0) -> Run:
         time.sleep(0.1)
         run = store.get(run_id)
     return run
-
-
-def page(limit: int, cursor: str | None, settings: Settings) -> tuple[list[Run], str | None]:
-    """One page of runs, newest first, and the cursor of the next page (None at the end)."""
-    before = None
-    if cursor:
-        try:
-            created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-            before = (float(created), str(run_id))
-        except (ValueError, TypeError):
-            raise JobError(f"cursor {cursor!r} is not one list_jobs gave out; start again without a cursor") from None
-    store = store_for(settings)
-    pool.settle(store, settings)  # a listing moves the queue on, also when every worker died
-    runs = pool.placed(store.page(limit + 1, before), store)
-    if len(runs) <= limit:
-        return runs, None
-    last = runs[limit - 1]
-    return runs[:limit], base64.urlsafe_b64encode(json.dumps([last.created, last.id]).encode()).decode()
 
 
 # Shared runs: a workspace several agents (or people) each do a stage of ---------------------------------------

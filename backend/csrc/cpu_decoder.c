@@ -54,11 +54,12 @@ static void scale_branch(float *out, i64 n, float scale) {
 
 /* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
  * ldc. slots [M]: each row's cache slot; tables [M, table_stride] and lens [M] as decode_attention_rows reads
- * them (max_len: the longest context a table can hold). Returns 1; 0 where memory ran out (x is then not
- * the step's). */
+ * them (max_len: the longest context a table can hold); window_slots and window_tables [M, window_stride]: the
+ * same for sliding layers, whose cache is the sliding group's own pool (engine/cache_groups.py; the full group's
+ * pointers where there is none). Returns 1; 0 where memory ran out (x is then not the step's). */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                    const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
-                   int threads) {
+                   const int64_t *window_slots, const int64_t *window_tables, i64 window_stride, int threads) {
     static __thread float *work;
     static __thread size_t work_floats;
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
@@ -95,13 +96,15 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         else  /* q and k as projected, packed as rotary_rows would leave them */
             for (i64 r = 0; r < M; r++)
                 memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
+        const int64_t *at = L->window ? window_slots : slots, *table = L->window ? window_tables : tables;
         for (i64 r = 0; r < M; r++) {
-            if (slots[r] < 0) continue;
-            store_kv_elements(L->k_cache, slots[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
-            store_kv_elements(L->v_cache, slots[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
+            if (at[r] < 0) continue;
+            store_kv_elements(L->k_cache, at[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
+            store_kv_elements(L->v_cache, at[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
         }
         decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
-                              tables, table_stride, lens, L->window, s->scale, NULL, max_len, threads);
+                              table, L->window ? window_stride : table_stride, lens, L->window, s->scale, NULL,
+                              max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         scale_branch(out, M * H, s->residual_scale);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);

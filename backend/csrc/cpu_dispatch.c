@@ -16,6 +16,7 @@ void qmm(const float *x, i64 M, const uint8_t *codes, const void *scales, const 
         ran = qmm_int8(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, quad_digits(order), y, ldy,
                        threads);
 #if HAVE_AMX
+    else if (tabled(bits)) ran = 0; /* the pairs' codes are never a table's (cpu_layout.pair_order) */
     else if (M <= 16) ran = qmm_codes(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
     else ran = qmm_bf16(x, M, codes, scales, offsets, N, K, bits, group, scale_kind, y, ldy, threads);
 #endif

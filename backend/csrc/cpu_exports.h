@@ -75,6 +75,12 @@ typedef struct {
     float residual_scale; /* each branch's output times this before it joins the residual stream (Granite); 1 */
 } Shape;
 
+/* A layout's bits TABLE_BITS + t: 4-bit codes, laid out as bits 4's, that index table t of 16 int8 values (the
+ * weight: the value times its group's scale; no offsets): t 0 IQ4_NL's (IQ4_XS's too), 1 MXFP4's (cpu_kernel.h's
+ * CODE_TABLES, cpu_layout.TABLES). The fp32 and 8-bit kernels read them; AMX tiles' pairs never hold them. */
+#define TABLE_BITS 16
+static inline int tabled(int bits) { return bits >= TABLE_BITS; }
+
 /* --- quantized matmuls (cpu_dispatch.c chooses; cpu_kernel.c fp32 products, cpu_int8.c 8-bit activations,
  * cpu_amx*.c bf16 on AMX tiles). y [M, N] = x [M, K] @ w.T from w's codes, scales and offsets in the order
  * `order` names (cpu_layout.ORDERS); the kernels return 0 where they did not run (no memory, no tiles). */
@@ -116,6 +122,10 @@ int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 
 void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const float *shared, float *out);
 int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
                const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads);
+int moe_tokens_biased(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
+                      const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down,
+                      const float *bias_gate_up, const float *bias_down, float alpha, float limit, float *out,
+                      int threads);
 
 /* --- small ops (cpu_ops.c) and attention (cpu_attention.c) */
 void rms_norm_rows(const float *x, const float *residual, const float *weight, float *summed, float *out, i64 rows,
@@ -123,10 +133,13 @@ void rms_norm_rows(const float *x, const float *residual, const float *weight, f
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
                  const float *sin, i64 ldc);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
-/* cpu_delta_rule.c: the gated delta rule's recurrent update of decode rows, on the state pool in place */
+/* cpu_delta_rule.c: the gated delta rule's recurrent update of decode rows, on the state pool in place, and of a
+ * prompt run of one sequence on its state */
 void delta_rule_rows(const float *q, const float *k, const float *v, const float *g, const float *beta,
                      float *states, const int64_t *slots, const uint8_t *fresh, float *out, i64 rows, i64 hk,
                      i64 hv, i64 dk, i64 dv, int threads);
+void delta_rule_run(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                    float *state, float *out, i64 t, i64 hk, i64 hv, i64 dk, i64 dv, int threads);
 void kv_store(void *cache, const float *x, i64 n, int kind);
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
@@ -136,5 +149,5 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
 /* --- the one-call decode step (cpu_decoder.c) */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                   const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
-                  int threads);
+                  const int64_t *window_slots, const int64_t *window_tables, i64 window_stride, int threads);
 void struct_layouts(int64_t *out);

@@ -24,64 +24,14 @@
  * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd,
  * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
+ * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
+ * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_bytes), then sum as bits 7's do.
  */
 #include <omp.h>
 
 #include "cpu_exports.h"
+#include "cpu_int8.h"
 #include "cpu_kernel.h"
-
-/* Integer and float vectors of IL lanes: a panel's 16 rows in one AVX-512 register, or in two halves of 8 (AVX2 and
- * the portable build: GCC splits a 64-byte vector into 16-byte pieces through the stack there, 2x slower, measured) */
-#if defined(__AVX512F__)
-#define IL 16
-#else
-#define IL 8
-#endif
-#define HV (PANEL / IL) /* vectors per panel */
-typedef int32_t VI __attribute__((vector_size(IL * 4)));
-typedef float VF __attribute__((vector_size(IL * 4)));
-
-/* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), or 8-bit codes
- * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
-enum { BYTES, NIBBLES, SIGNED };
-
-/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
- * of u - 128) */
-INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    (void)kind;
-    return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
-#elif defined(__AVX2__)
-    /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4 and
-     * 6-bit codes times |x| <= 128 (a digit may be -128) stay under it (2 * 63 * 128); 8-bit codes go in as their
-     * two nibbles (u = 16 hi + lo), the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as
-     * |x| times q * sign(x) (2 * 128 * 127 = 32512). Exact integers every way, the same as vpdpbusd's and the
-     * portable loop's. */
-    const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
-    __m256i half[IL / 8], sum[IL / 8];
-    memcpy(half, &u, sizeof half);
-    memcpy(sum, &acc, sizeof sum);
-    for (int i = 0; i < IL / 8; i++) {
-        if (kind == NIBBLES) {
-            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(half[i], xb), ones));
-        } else if (kind == SIGNED) {
-            __m256i q = _mm256_xor_si256(half[i], _mm256_set1_epi8((char)0x80));
-            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb));
-            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, ones));
-        } else {
-            __m256i lo = _mm256_and_si256(half[i], low), hi = _mm256_and_si256(_mm256_srli_epi16(half[i], 4), low);
-            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xb), ones));
-            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb), _mm256_set1_epi16(16)));
-        }
-    }
-    memcpy(&acc, sum, sizeof acc);
-    return acc;
-#else
-    (void)kind;
-    for (int i = 0; i < 4; i++) acc += ((u >> (8 * i)) & 0xFF) * (int32_t)(int8_t)(x >> (8 * i));
-    return acc;
-#endif
-}
 
 #define R8(F, c) F(0, c) F(1, c) F(2, c) F(3, c) F(4, c) F(5, c) F(6, c) F(7, c)
 #define R12(F, c) R8(F, c) F(8, c) F(9, c) F(10, c) F(11, c)
@@ -105,9 +55,12 @@ _Static_assert(MAX_ROWS <= TILE_ROWS && DIGIT_ROWS <= TILE_ROWS, "a tile's code 
 INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, const int NC, const int bits,
                  const int D, float *y, i64 ldy, i64 N, const uint8_t *ahead) {
     /* k's and bytes a step of the loop below reads: 8 in 64 bytes (4-bit), 16 in 192 (6-bit), 4 in 64 (8-bit) */
-    const i64 unit = bits == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
+    const int nibbles = code_bits(bits) == 4 || bits == 6; /* codes split in two units of nibbles */
+    const i64 unit = code_bits(bits) == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
-    const int kind = bits == 4 || bits == 6 ? NIBBLES : bits == 7 && SEVEN_SIGNED ? SIGNED : BYTES;
+    const int kind = bits == 4 || bits == 6                          ? NIBBLES
+                     : (bits == 7 || tabled(bits)) && SEVEN_SIGNED ? SIGNED
+                                                                   : BYTES;
 #define ACC(r, c) VF f_##r##_##c = {0}; VI a_##r##_##c;
     RC(ACC)
 #undef ACC
@@ -129,18 +82,22 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
             int32_t x0[TILE_ROWS], x1[TILE_ROWS], x2[TILE_ROWS], x3[TILE_ROWS]; /* xq at k + 0, 4, 8, 12 */
             for (int r = 0; r < MR; r++) {
                 memcpy(x0 + r, xq + r * x->K, 4);
-                if (bits == 4 || bits == 6) memcpy(x1 + r, xq + r * x->K + 4, 4);
+                if (nibbles) memcpy(x1 + r, xq + r * x->K + 4, 4);
                 if (bits == 6) { memcpy(x2 + r, xq + r * x->K + 8, 4); memcpy(x3 + r, xq + r * x->K + 12, 4); }
             }
 #define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, u0, x0[r], kind);                       \
-                                 if (bits == 4 || bits == 6) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind); \
+                                 if (nibbles) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind);             \
                                  if (bits == 6) { a_##r##_##c = dot4(a_##r##_##c, u2, x2[r], kind);          \
                                                   a_##r##_##c = dot4(a_##r##_##c, u3, x3[r], kind); } }
             /* 6-bit: each byte's low 4 bits from the two nibble units, its high 2 from the plane after them */
 #define VECTOR_DOTS(c) if (NC > c) {                                                          \
                 VI u0, u1, u2 = {0}, u3 = {0};                                                \
                 memcpy(&u0, codes##c + u, sizeof u0);                                         \
-                if (bits == 4 || bits == 6) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; } \
+                if (nibbles) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; }               \
+                if (tabled(bits)) {                                                           \
+                    u0 = table_bytes(u0, bits - TABLE_BITS);                                  \
+                    u1 = table_bytes(u1, bits - TABLE_BITS);                                  \
+                }                                                                             \
                 if (bits == 6) {                                                              \
                     VI plane;                                                                 \
                     memcpy(&u2, codes##c + u + 64, sizeof u2);                                \
@@ -199,11 +156,14 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     const i64 per = D == 3 ? DIGIT_ROWS / 3 : MAX_ROWS, count = (M + per - 1) / per;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
-        switch ((D == 3) * 256 + MR * 16 + PP / 2 + (w->bits == 4 ? 4 : w->bits == 7 ? 8 : w->bits == 6 ? 12 : 0)) {
-#define TILE(D_, MR_, PP_, B, bits) case (D_ == 3) * 256 + MR_ * 16 + PP_ / 2 + B:                          \
+        const int B = w->bits == 4 ? 1 : w->bits == 7 ? 2 : w->bits == 6 ? 3 : w->bits == 8 ? 0
+                    : w->bits == TABLE_BITS ? 4 : w->bits == TABLE_BITS + 1 ? 5 : 7; /* 7: none (NaN below) */
+        switch ((D == 3) * 4096 + MR * 64 + B * 4 + PP / 2) {
+#define TILE(D_, MR_, PP_, B_, bits) case (D_ == 3) * 4096 + MR_ * 64 + B_ * 4 + PP_ / 2:                    \
             tile(w, x, p, m0 * D_, MR_, PP_ * HV, bits, D_, y, ldy, N, ahead); break;
-#define CASE3(D_, MR_, PP_) TILE(D_, MR_, PP_, 4, 4) TILE(D_, MR_, PP_, 8, 7) TILE(D_, MR_, PP_, 12, 6)      \
-                            TILE(D_, MR_, PP_, 0, 8)
+#define CASE3(D_, MR_, PP_) TILE(D_, MR_, PP_, 1, 4) TILE(D_, MR_, PP_, 2, 7) TILE(D_, MR_, PP_, 3, 6)      \
+                            TILE(D_, MR_, PP_, 0, 8) TILE(D_, MR_, PP_, 4, TABLE_BITS)                     \
+                            TILE(D_, MR_, PP_, 5, TABLE_BITS + 1)
 #define CASE(MR_, PP_) CASE3(1, MR_, PP_)
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
@@ -254,7 +214,7 @@ static int room(Rows *r, i64 M, i64 K, i64 groups, int digits) {
  * values a row, cheaper than the barrier a shared copy needs before any thread may read it. */
 #define OWN_ROWS 4
 
-/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7 or 8); 0 where memory
+/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7, 8 or a table's); 0 where memory
  * ran out */
 int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int scale_kind, int digits, float *y, i64 ldy, int threads) {

@@ -111,9 +111,10 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
                                    : ((float)total[2] * 0x1p-8f + (float)total[1]) * 0x1p-8f + (float)total[0];
         r->dsum[at] = r->d[at] * units;
         for (int j = 0; j < D; j++)
-            r->bias[(m * D + j) * r->groups + g] = bits == 8 || (bits == 7 && !SEVEN_SIGNED) ? -128 * total[j]
-                                                   : bits == 6                              ? -32 * total[j]
-                                                                                            : 0;
+            r->bias[(m * D + j) * r->groups + g] =
+                bits == 8 || ((bits == 7 || tabled(bits)) && !SEVEN_SIGNED) ? -128 * total[j]
+                : bits == 6                                                 ? -32 * total[j]
+                                                                            : 0;
     }
 }
 

@@ -3,7 +3,7 @@
  *
  *   weight rows in panels of 16 (padded with zero rows to a multiple of 4 panels); for each panel and each k, the
  *   codes of its 16 rows: bits 4: 8 bytes, byte j = q[row j] | q[row j + 8] << 4 (q unsigned, 0..15); bits 8: 16
- *   signed bytes
+ *   signed bytes; a table's (TABLE_BITS + t): as bits 4, q the value at that place of table t (CODE_TABLES)
  *   scales, offsets: per panel and group of `group` k's (16 or 32), the 16 rows' values, fp32, fp16 or a K-quant's
  *   parts (scale_kind, cpu_kernel.h);
  *   offsets may be NULL (zero)
@@ -55,7 +55,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
             RC(FMA)
         }
     } else {
-        const i64 step = PANEL * bits / 8;
+        const i64 step = PANEL * code_bits(bits) / 8;
         const uint8_t *next = w->codes + (p + (NC + H - 1) / H) * w->panel_code_bytes;
 #define CODES(c) const uint8_t *codes##c = w->codes + (p + c / H) * w->panel_code_bytes;
         C4(CODES)
@@ -76,9 +76,9 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
                 V w3 = vzero(), u3 = vzero();
 #define CODES2(c) if (NC > c) vcodes2(codes##c + k * step, bits, c % H, &w##c, &u##c);
                 /* a panel's two halves (vectors c and c + 1) from one load and one widening, where H is 2 */
-                if (PAIRED_HALVES && bits == 4) {
-                    vcodes_halves(codes0 + k * step, &w0, &u0, &w1, &u1);
-                    if (NC > 2) vcodes_halves(codes2 + k * step, &w2, &u2, &w3, &u3);
+                if (PAIRED_HALVES && code_bits(bits) == 4) {
+                    vcodes_halves(codes0 + k * step, bits, &w0, &u0, &w1, &u1);
+                    if (NC > 2) vcodes_halves(codes2 + k * step, bits, &w2, &u2, &w3, &u3);
                 } else {
                     C4(CODES2)
                 }
@@ -116,7 +116,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
  * them (the same values tile would decode, so the result is the same bits either way; decoding inside the tile
  * is twice as fast for a decode step's one row, measured). */
 INLINE void decode_panels(const Weight *w, i64 p, i64 count, float *out, int bits) {
-    const i64 step = PANEL * bits / 8, width = count * PANEL;
+    const i64 step = PANEL * code_bits(bits) / 8, width = count * PANEL;
     for (i64 j = 0; j < count; j++) {
         const uint8_t *codes = w->codes + (p + j) * w->panel_code_bytes, *next = codes + w->panel_code_bytes;
         for (i64 g = 0; g < w->K / w->group; g++) {
@@ -142,16 +142,18 @@ INLINE void decode_panels(const Weight *w, i64 p, i64 count, float *out, int bit
  * through here, specialised per width (a branch per tile). */
 static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, float *y, i64 N, i64 ldy) {
 #if LANES == 16
-    if (w->bits == 4) {
+    if (code_bits(w->bits) == 4) {
         nibble_rows(w, p, PANELS_PER_TILE(M), x, xs, M, y, N, ldy);
         return;
     }
 #endif
     switch (M) {
-#define CASE(MR) case MR: {                                                      \
-        if (w->bits == 4) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 4, NULL); \
-        else tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 8, NULL);              \
-        break;                                                                   \
+#define CASE(MR) case MR: {                                                                   \
+        if (w->bits == 4) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 4, NULL);              \
+        else if (w->bits == TABLE_BITS) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, TABLE_BITS, NULL); \
+        else if (tabled(w->bits)) tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, TABLE_BITS + 1, NULL); \
+        else tile(w, p, x, xs, MR, COLUMNS(MR), y, ldy, N, 8, NULL);                           \
+        break;                                                                                \
     }
     ALL_ROWS(CASE)
 #undef CASE
@@ -174,12 +176,14 @@ static void few_rows(const Weight *w, i64 p, const float *x, i64 xs, i64 M, floa
 
 static void many_rows(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy, float *decoded) {
 #if LANES == 16
-    if (w->bits == 4) {
+    if (code_bits(w->bits) == 4) {
         nibble_many_rows(w, p, MANY_PANELS, xt, M, y, N, ldy, decoded);
         return;
     }
 #endif
     if (w->bits == 4) decode_panels(w, p, MANY_PANELS, decoded, 4);
+    else if (w->bits == TABLE_BITS) decode_panels(w, p, MANY_PANELS, decoded, TABLE_BITS);
+    else if (tabled(w->bits)) decode_panels(w, p, MANY_PANELS, decoded, TABLE_BITS + 1);
     else decode_panels(w, p, MANY_PANELS, decoded, 8);
     for (i64 m0 = 0; m0 < M; m0 += MANY_ROWS) {
         /* rows m0.. in x's transposed tiles of ROWS_X: tile m0 / ROWS_X, from its row m0 % ROWS_X */
@@ -257,42 +261,4 @@ const i64 ROWS_PER_TILE = ROWS_X; /* for callers choosing between tiles and qmm'
 
 void qmm_rows_tile(const Weight *w, i64 p, const float *xt, i64 M, float *y, i64 N, i64 ldy) {
     few_rows(w, p, xt, M > 1 ? ROWS_X : 1, M, y, N, ldy);
-}
-
-/* q of row j of a panel at k: in the panels layout (order 0) or cpu_int8.c's quad order (order 2 or 3; bits 7
- * are bytes as 8's are) */
-INLINE int code_at(const uint8_t *c, i64 k, i64 j, int bits, int order) {
-    if (order == 0)
-        return bits == 4 ? (c[k * PANEL * 4 / 8 + j % 8] >> (4 * (j / 8))) & 15 : ((const int8_t *)c)[k * PANEL + j];
-    if (bits == 4) /* 64 bytes per 8 k's: byte 4j + i holds k = 8u + i low, 8u + 4 + i high */
-        return (c[(k / 8) * 64 + 4 * j + k % 4] >> (4 * ((k % 8) / 4))) & 15;
-    if (bits == 6) { /* 192 bytes per 16 k's: two 4-bit units, then the high 2 bits, k + 4 * quarter + i */
-        const uint8_t *b = c + (k / 16) * 192;
-        const i64 r = k % 16;
-        const int low = (b[(r / 8) * 64 + 4 * j + r % 4] >> (4 * ((r % 8) / 4))) & 15;
-        return (low | ((b[128 + 4 * j + r % 4] >> (2 * (r / 4))) & 3) << 4) - 32;
-    }
-    return (int)c[(k / 4) * 64 + 4 * j + k % 4] - 128; /* 64 bytes per 4 k's, q + 128 */
-}
-
-/* Rows ids [n] of a [rows, K] weight in the panels layout or the quad order as fp32 out [n, K]: q * scale + offset,
- * gguf-py's dequantized values bit for bit (q * scale is exact), for an embedding table's lookup. Returns 1; 0 for
- * an id outside [0, rows) or an order it does not read (AMX's pairs). */
-int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
-                   int bits, int scale_kind, int order, const int64_t *ids, i64 n, float *out) {
-    if (order != 0 && !quad_digits(order)) return 0;
-    for (i64 i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= rows) return 0;
-    const Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
-    for (i64 i = 0; i < n; i++) {
-        const i64 p = ids[i] / PANEL, j = ids[i] % PANEL;
-        const uint8_t *c = codes + p * w.panel_code_bytes;
-        for (i64 g = 0; g < w.panel_groups; g++) {
-            const i64 at = (p * w.panel_groups + g) * PANEL + j;
-            const float s = param_at(scales, at, scale_kind), o = param_at(offsets, at, scale_kind);
-            for (i64 k = g * group; k < (g + 1) * group; k++)
-                out[i * K + k] = (float)code_at(c, k, j, bits, order) * s + o;
-        }
-    }
-    return 1;
 }

@@ -2,7 +2,7 @@
  * their codes, scales and offsets (the layout cpu_kernel.c describes), with AVX-512, AVX2 or GCC's portable
  * vectors. */
 #pragma once
-#include "cpu_common.h"
+#include "cpu_exports.h" /* TABLE_BITS; and cpu_common.h */
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -30,6 +30,14 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define PANEL 16
+
+/* The tables of bits TABLE_BITS + t (cpu_exports.h): IQ4_NL's (and IQ4_XS's) and MXFP4's values, as gguf-py's
+ * dequantize takes them (the tests compare) */
+static const int8_t CODE_TABLES[2][16] __attribute__((aligned(16), unused)) = {
+    {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
+    {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}};
+/* bits each code takes in the codes (bits 7: bytes) */
+INLINE int code_bits(int bits) { return tabled(bits) ? 4 : bits == 7 ? 8 : bits; }
 
 /* Scales and offsets, per panel and group, 16 rows' values, in one of three kinds (scale_kind): 0 fp32, 1 fp16, or
  * S > 1 (8 or 16, a power of two) a K-quant's parts: per panel and superblock of S groups, 32 bytes of the 16 rows'
@@ -63,9 +71,12 @@ typedef __m512 V;
 /* codes of lanes [h * LANES, ..) of the panel at k (h is 0) */
 INLINE V vcodes(const uint8_t *c, int bits, int h) {
     (void)h;
-    if (bits == 4) {
+    if (code_bits(bits) == 4) {
         __m128i b = _mm_loadl_epi64((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
         __m128i q = _mm_unpacklo_epi64(_mm_and_si128(b, mask), _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+        if (tabled(bits))
+            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_shuffle_epi8(_mm_load_si128((const __m128i *)CODE_TABLES[bits - TABLE_BITS]), q)));
         return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
     }
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
@@ -73,7 +84,10 @@ INLINE V vcodes(const uint8_t *c, int bits, int h) {
 /* codes at k and k + 1: 4-bit codes of both from one load and one split into low and high nibbles */
 INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
     (void)h;
-    if (bits == 4) {
+    if (tabled(bits)) {
+        *at_k = vcodes(c, bits, 0);
+        *next = vcodes(c + PANEL / 2, bits, 0);
+    } else if (bits == 4) {
         __m128i b = _mm_loadu_si128((const __m128i *)c), mask = _mm_set1_epi8(0x0F);
         __m128i lo = _mm_and_si128(b, mask), hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
         *at_k = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
@@ -108,10 +122,14 @@ typedef __m256 V;
 #define vstore _mm256_store_ps
 #define vstoreu _mm256_storeu_ps
 INLINE V vcodes(const uint8_t *c, int bits, int h) {
-    if (bits == 4) {
+    if (code_bits(bits) == 4) {
         __m128i b = _mm_loadl_epi64((const __m128i *)c);
         if (h) b = _mm_srli_epi16(b, 4);
-        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(0x0F))));
+        b = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+        if (tabled(bits))
+            return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_shuffle_epi8(_mm_load_si128((const __m128i *)CODE_TABLES[bits - TABLE_BITS]), b)));
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
     }
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * h))));
 }
@@ -143,7 +161,9 @@ INLINE void vstore(float *p, V v) { memcpy(p, &v, sizeof v); }
 INLINE V vcodes(const uint8_t *c, int bits, int h) {
     V v;
     for (int i = 0; i < 8; i++)
-        v[i] = bits == 4 ? (float)((c[i] >> (4 * h)) & 15) : (float)((const int8_t *)c)[8 * h + i];
+        v[i] = tabled(bits)  ? (float)CODE_TABLES[bits - TABLE_BITS][(c[i] >> (4 * h)) & 15]
+               : bits == 4 ? (float)((c[i] >> (4 * h)) & 15)
+                           : (float)((const int8_t *)c)[8 * h + i];
     return v;
 }
 INLINE V vparams(const void *base, i64 index, int scale_kind) {
@@ -153,11 +173,23 @@ INLINE V vparams(const void *base, i64 index, int scale_kind) {
 }
 #endif
 /* AVX2: the 4-bit codes of a panel's two halves (rows 0-7 in the low nibbles, 8-15 in the high) at k and k + 1,
- * from one 16-byte load widened twice: lo/hi at k (lo_k, hi_k) and at k + 1 (lo_n, hi_n) */
+ * from one 16-byte load widened twice: lo/hi at k (lo_k, hi_k) and at k + 1 (lo_n, hi_n); a table's codes looked
+ * up first (two byte shuffles), then widened as signed bytes */
 #if INTRINSICS && !defined(__AVX512F__)
 #define PAIRED_HALVES 1
-INLINE void vcodes_halves(const uint8_t *c, V *lo_k, V *lo_n, V *hi_k, V *hi_n) {
+INLINE void vcodes_halves(const uint8_t *c, int bits, V *lo_k, V *lo_n, V *hi_k, V *hi_n) {
     const __m128i b = _mm_loadu_si128((const __m128i *)c);
+    if (tabled(bits)) {
+        const __m128i table = _mm_load_si128((const __m128i *)CODE_TABLES[bits - TABLE_BITS]);
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(b, mask));
+        const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), mask));
+        *lo_k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        *lo_n = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        *hi_k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        *hi_n = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        return;
+    }
     const __m256i at_k = _mm256_cvtepu8_epi32(b), at_n = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
     const __m256i low = _mm256_set1_epi32(0x0F);
     *lo_k = _mm256_cvtepi32_ps(_mm256_and_si256(at_k, low));
@@ -167,14 +199,14 @@ INLINE void vcodes_halves(const uint8_t *c, V *lo_k, V *lo_n, V *hi_k, V *hi_n) 
 }
 #else
 #define PAIRED_HALVES 0
-INLINE void vcodes_halves(const uint8_t *c, V *lo_k, V *lo_n, V *hi_k, V *hi_n) { /* never called */
-    (void)c, (void)lo_k, (void)lo_n, (void)hi_k, (void)hi_n;
+INLINE void vcodes_halves(const uint8_t *c, int bits, V *lo_k, V *lo_n, V *hi_k, V *hi_n) { /* never called */
+    (void)c, (void)bits, (void)lo_k, (void)lo_n, (void)hi_k, (void)hi_n;
 }
 #endif
 #ifndef PAIRED_CODES
 INLINE void vcodes2(const uint8_t *c, int bits, int h, V *at_k, V *next) {
     *at_k = vcodes(c, bits, h);
-    *next = vcodes(c + PANEL * bits / 8, bits, h);
+    *next = vcodes(c + PANEL * code_bits(bits) / 8, bits, h);
 }
 #endif
 
@@ -186,10 +218,11 @@ typedef struct Weight {
 } Weight;
 
 /* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale.
- * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c). */
+ * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c), or quads' bytes with no -128;
+ * TABLE_BITS + t: 4-bit codes into table t (cpu_exports.h). */
 INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
                         int scale_kind) {
-    Weight w = {codes, scales, offsets, K, group, K * PANEL * (bits == 4 || bits == 6 ? bits : 8) / 8, K / group, bits, scale_kind};
+    Weight w = {codes, scales, offsets, K, group, K * PANEL * code_bits(bits) / 8, K / group, bits, scale_kind};
     return w;
 }
 

@@ -116,11 +116,38 @@ void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const 
     }
 }
 
+/* gpt-oss's experts: a bias on each expert's gate|up rows [experts][2I] and down rows [experts][H], and the SwiGLU
+ * clamped at `limit` with its alpha and the (up + 1) term; NULL biases and limit 0: plain silu(gate) * up */
+typedef struct {
+    const float *bias_gate_up, *bias_down;
+    float alpha, limit;
+} Activation;
+
+/* rows of [gate | up] (I each) plus the expert's biases, then transformers' clamped SwiGLU (moe_torch.py's
+ * swiglu_clamped, in its order of operations) or cpu_ops.c's silu_mul_rows */
+static void activate(float *gate_up, i64 rows, i64 I, const Activation *a, i64 expert, float *act) {
+    if (a->bias_gate_up)
+        for (i64 r = 0; r < rows; r++)
+            for (i64 j = 0; j < 2 * I; j++) gate_up[r * 2 * I + j] += a->bias_gate_up[expert * 2 * I + j];
+    if (a->limit <= 0.0f) {
+        silu_mul_rows(gate_up, act, rows, I);
+        return;
+    }
+    for (i64 r = 0; r < rows; r++)
+        for (i64 j = 0; j < I; j++) {
+            float g = gate_up[r * 2 * I + j], u = gate_up[r * 2 * I + I + j];
+            g = g > a->limit ? a->limit : g; /* NaN stays NaN, as torch's clamp keeps it */
+            u = u > a->limit ? a->limit : u < -a->limit ? -a->limit : u;
+            act[r * I + j] = (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * a->alpha)))));
+        }
+}
+
 /* out [T, H]: token t's sum over its k experts e = ids[t, j] (distinct), in ascending order, of weights[t, j] *
- * down_e(silu(gate_e x_t) * up_e x_t). Returns 1; 0 (out untouched) where memory ran out, -1 for an id outside
- * [0, experts). */
-int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
-               const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads) {
+ * down_e(silu(gate_e x_t) * up_e x_t) (with `a`'s biases and clamp: (down_e(act) + bias) * weight). Returns 1; 0
+ * (out untouched) where memory ran out, -1 for an id outside [0, experts). */
+static int moe_run(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
+                   const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, const Activation *a,
+                   float *out, int threads) {
     const i64 P = T * k, I = gate->rows, H = down->rows, widest = I > H ? I : H;
     for (i64 i = 0; i < P; i++)
         if (ids[i] < 0 || ids[i] >= experts) return -1;
@@ -192,7 +219,7 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
 #pragma omp for schedule(static)
             for (i64 c = 0; c < count; c++) {
                 const Chunk *ch = chunks + c;
-                silu_mul_rows(gate_up + ch->first * 2 * I, act + ch->first * I, ch->rows, I);
+                activate(gate_up + ch->first * 2 * I, ch->rows, I, a, ch->expert, act + ch->first * I);
                 if (quads) {
                     Rows d = int8_rows_from(&qd, ch->first);
                     for (i64 r = 0; r < ch->rows; r++)
@@ -212,7 +239,12 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
             for (i64 t = 0; t < T; t++)
                 for (i64 c = 0; c < H; c++) {
                     float sum = 0.0f;
-                    for (i64 n = 0; n < k; n++) sum = sum + y[at[t * k + n] * H + c] * weights[order[at[t * k + n]]];
+                    for (i64 n = 0; n < k; n++) {
+                        const i64 i = at[t * k + n];
+                        float down_row = y[i * H + c];
+                        if (a->bias_down) down_row = down_row + a->bias_down[ids[order[i]] * H + c];
+                        sum = sum + down_row * weights[order[i]];
+                    }
                     out[t * H + c] = sum;
                 }
         }
@@ -221,4 +253,19 @@ int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, 
     free(xt), free(act), free(gate_up), free(y);
     free(qg.d), free(shared ? NULL : qu.d), free(qd.d); /* each Rows' one allocation starts at d */
     return ok;
+}
+
+int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
+               const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads) {
+    const Activation plain = {NULL, NULL, 0.0f, 0.0f};
+    return moe_run(x, T, ids, weights, k, experts, gate, up, down, &plain, out, threads);
+}
+
+/* moe_tokens for gpt-oss's experts: biases (either may be NULL) and the clamped SwiGLU (limit > 0) */
+int moe_tokens_biased(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
+                      const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down,
+                      const float *bias_gate_up, const float *bias_down, float alpha, float limit, float *out,
+                      int threads) {
+    const Activation a = {bias_gate_up, bias_down, alpha, limit};
+    return moe_run(x, T, ids, weights, k, experts, gate, up, down, &a, out, threads);
 }

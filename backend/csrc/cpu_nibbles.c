@@ -1,5 +1,6 @@
 /* The fp32 kernel's 4-bit panels with AVX-512 (cpu_kernel.c's layout: per panel and k, byte j = q[row j] |
- * q[row j + 8] << 4): a weight is q * scale + offset, so a group's share of an output is
+ * q[row j + 8] << 4; q the code, or for a table's codes its value there, table_of): a weight is q * scale + offset,
+ * so a group's share of an output is
  *
  *     scale * (sum over the group's even k of q * x  +  sum over its odd k of q * x)  +  offset * sum(x)
  *
@@ -27,21 +28,26 @@
 /* column vectors a tile of MR <= 8 rows can hold: 2 * MR * NC accumulators */
 #define NIBBLE_COLUMNS(MR) (MR <= 2 ? 4 : MR <= 4 ? 2 : 1)
 
-static const float TABLE[16] __attribute__((aligned(64))) = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+/* what a code is, as fp32: itself (bits 4), or its value in a table (bits TABLE_BITS + t), for the lookup the
+ * codes take anyway: the codebook formats cost what Q4_0 does */
+INLINE V table_of(int bits) {
+    if (!tabled(bits)) return _mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)CODE_TABLES[bits - TABLE_BITS])));
+}
 
 /* a panel's codes at k and k + 1 (its 16 bytes) as fp32: halves [k | k+1] of rows 0-7 (a) and of rows 8-15 (b) */
-INLINE void lookup_halves(const uint8_t *c, V *a, V *b) {
+INLINE void lookup_halves(const uint8_t *c, V table, V *a, V *b) {
     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c));
-    *a = _mm512_permutexvar_ps(d, vload(TABLE));
-    *b = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), vload(TABLE));
+    *a = _mm512_permutexvar_ps(d, table);
+    *b = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
 }
 
 /* the same in pairs: (k, k+1) of row 0, of row 1, .. of rows 0-7 (a) and of rows 8-15 (b) */
-INLINE void lookup_pairs(const uint8_t *c, V *a, V *b) {
+INLINE void lookup_pairs(const uint8_t *c, V table, V *a, V *b) {
     const __m128i pairs = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     const __m512i d = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)c), pairs));
-    *a = _mm512_permutexvar_ps(d, vload(TABLE));
-    *b = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), vload(TABLE));
+    *a = _mm512_permutexvar_ps(d, table);
+    *b = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), table);
 }
 
 /* y[m, ..] for MR rows and NC panels from p; x in pairs, row r's (x_k, x_k+1) at xt[k * xs + 2r] (xs: ROWS_X, or 1
@@ -58,6 +64,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     const __m512i swap = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
     const i64 pair = 2 * PANEL * 4 / 8; /* bytes of a panel's k pair */
+    const V table = table_of(w->bits);
     const uint8_t *next = w->codes + (p + NC) * w->panel_code_bytes;
 #define CODES(c) const uint8_t *codes##c = w->codes + (p + c) * w->panel_code_bytes;
     C4(CODES)
@@ -75,7 +82,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
             V a0 = vzero(), b0 = vzero(), a1 = vzero(), b1 = vzero(), a2 = vzero(), b2 = vzero();
             V a3 = vzero(), b3 = vzero();
             if (HALVES) { /* one row (xs 1), from the codes */
-#define LOOKUP(c) if (NC > c) lookup_halves(codes##c + k * pair / 2, &a##c, &b##c);
+#define LOOKUP(c) if (NC > c) lookup_halves(codes##c + k * pair / 2, table, &a##c, &b##c);
                 C4(LOOKUP)
 #undef LOOKUP
                 const V x = _mm512_shuffle_f32x4(vset1(xp[0]), vset1(xp[1]), 0x44);
@@ -88,7 +95,7 @@ INLINE void tile(const Weight *w, i64 p, const float *xt, i64 xs, const int MR, 
                     C4(LOAD)
 #undef LOAD
                 } else {
-#define LOOKUP(c) if (NC > c) lookup_pairs(codes##c + k * pair / 2, &a##c, &b##c);
+#define LOOKUP(c) if (NC > c) lookup_pairs(codes##c + k * pair / 2, table, &a##c, &b##c);
                     C4(LOOKUP)
 #undef LOOKUP
                 }
@@ -166,10 +173,11 @@ void nibble_rows(const Weight *w, i64 p, i64 panels, const float *xt, i64 xs, i6
  * lookup gives, so the same bits either way). */
 static void decode_pairs(const Weight *w, i64 p, float *out) {
     const uint8_t *codes = w->codes + p * w->panel_code_bytes;
+    const V table = table_of(w->bits);
     for (i64 k = 0; k < w->K; k += 2) {
         if (k % 8 == 0) PREFETCH_L2(codes + w->panel_code_bytes + k * 8); /* the next panel, a line per 8 k's */
         V a, b;
-        lookup_pairs(codes + k * 8, &a, &b);
+        lookup_pairs(codes + k * 8, table, &a, &b);
         vstore(out + k * 16, a);
         vstore(out + k * 16 + 16, b);
     }

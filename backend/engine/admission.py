@@ -1,13 +1,25 @@
 """A request checked whole before anything of it is queued: its prompt, and its settings against this
 engine's limits. What fails here is the caller's to fix (InvalidParameter / ValueError, a 400)."""
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
+
+from backend.detokenizer import IncrementalDetokenizer
+from backend.engine.sequence import Sequence
 from backend.sampling_params import InvalidParameter, SamplingParams
 
 # Tokens one embeddings request may hold, summed over its inputs (max_embedding_tokens; at least one input of the
 # whole context): a few seconds to a minute of work on the CPU; OpenAI's API takes 300,000 per request.
 MAX_EMBEDDING_TOKENS = 65536
+
+
+def too_long(limit: int, prompt: str, param: str) -> InvalidParameter:
+    """The one answer to a prompt the context cannot hold, measured in tokens or (before tokenizing) characters:
+    the engine's, and the server's before it tokenizes (server/prompts.py)."""
+    return InvalidParameter(param, f"This model's maximum context length is {limit} tokens, but the prompt has "
+                            f"{prompt}; shorten it.", code="context_length_exceeded")
 
 
 @dataclass(frozen=True)
@@ -17,6 +29,7 @@ class AdmittedRequest:
     token_ids: list[int]
     params: SamplingParams
     text: str | None = None
+    client: str | None = None  # who sent it (server/client_id.py): admission takes clients in turns
 
 
 @dataclass(frozen=True)
@@ -96,16 +109,53 @@ class Limits:
             if tokenizer is None:
                 raise ValueError(f"model {model_name!r} has no tokenizer: give prompts as token ids")
             if self.max_prompt_chars is not None and len(prompt) > self.max_prompt_chars:
-                raise InvalidParameter(param, f"the prompt has {len(prompt)} characters, more than max_model_len="
-                                       f"{self.max_model_len} tokens can hold; shorten it")
+                raise too_long(self.max_model_len, f"{len(prompt)} characters, more than that many tokens can hold",
+                               param)
             token_ids, text = tokenizer(prompt).input_ids, prompt
         else:
             token_ids, text = list(prompt), None
         self.token_ids(token_ids, param)
         if len(token_ids) >= self.max_model_len:
-            raise InvalidParameter(param, f"the prompt has {len(token_ids)} tokens, but max_model_len is "
-                                   f"{self.max_model_len}: shorten the prompt or raise max_model_len")
+            raise too_long(self.max_model_len, f"{len(token_ids)} tokens", param)
         return token_ids, text
+
+
+def admit(limits: Limits, prompt: str | list[int] | list[dict], params: SamplingParams, tokenizer, model_name: str,
+          param: str = "prompt") -> AdmittedRequest:
+    """The prompt (text, token ids, or chat messages through the model's chat template) and its settings checked
+    against the engine's limits (LLMEngine.validate_request)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        if tokenizer is None:
+            raise ValueError(f"model {model_name!r} has no tokenizer: give prompts as token ids")
+        ids = chat_prompt_ids(tokenizer, prompt, model_name)
+        token_ids, _ = limits.prompt_ids(ids, tokenizer, model_name, param)
+        text = tokenizer.decode(token_ids)
+    else:
+        token_ids, text = limits.prompt_ids(prompt, tokenizer, model_name, param)
+    limits.check(params)
+    return AdmittedRequest(token_ids, params, text)
+
+
+def request_sequences(request_id: str, request: AdmittedRequest, seq_ids: Iterator[int], matchers: list,
+                      group: str | None, tokenizer, device: torch.device, share_prompt: bool) -> list[Sequence]:
+    """The request's n sequences, as add_request queues them (matchers: each one's grammar, or None).
+    share_prompt: the prompt is prefilled once, for the first sequence, and the others fork from it
+    (Scheduler.start_forks); else each prefills its own."""
+    token_ids, params = request.token_ids, request.params
+    ids = [next(seq_ids) for _ in range(params.n)]
+
+    def sequence(i: int, **first: object) -> Sequence:
+        detokenizer = (IncrementalDetokenizer(tokenizer, token_ids, params.skip_special_tokens)
+                       if tokenizer is not None else None)
+        generator = (torch.Generator(device=device).manual_seed(params.sequence_seed(i))
+                     if params.seed is not None else None)
+        return Sequence(seq_id=ids[i], request_id=request_id, index=i, token_ids=list(token_ids),
+                        num_prompt_tokens=len(token_ids), params=params, matcher=matchers[i], group=group, client=request.client,
+                        detokenizer=detokenizer, generator=generator, **first)
+
+    siblings = [sequence(i) for i in range(1, params.n)]
+    prompt_logprobs = None if params.prompt_logprobs is None else [None] * len(token_ids)
+    return [sequence(0, forks=list(siblings) if share_prompt else [], prompt_logprobs=prompt_logprobs), *siblings]
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], model_name: str, chat_template: str | None = None,

@@ -15,10 +15,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backend.engine.rope_switch import root_hash
 from backend.engine.sequence import Sequence
 from backend.engine.state_pool import StatePool
+from backend.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
+    from backend.engine.cache_groups import SlidingGroup
     from backend.engine.disk_prefix_cache import DiskPrefixCache
 
 
@@ -40,14 +43,18 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 disk: "DiskPrefixCache | None" = None, state_slots: int = 0):
+                 disk: "DiskPrefixCache | None" = None, state_slots: int = 0, sliding: "SlidingGroup | None" = None):
         self.block_size = block_size
+        # The sliding-window layers' blocks, released once out of every window (engine/window_blocks.py); these
+        # blocks are the full group's
+        self.window = WindowBlocks(sliding.num_blocks, block_size, sliding.window) if sliding else None
         # A hybrid model's linear-attention states, a slot a running sequence; it takes no prefix hit, as a cached
         # prefix's state is not kept (engine/state_pool.py)
         self.states = StatePool(state_slots) if state_slots else None
         enable_prefix_caching = enable_prefix_caching and self.states is None
         self.enable_prefix_caching = enable_prefix_caching
-        self.disk = disk if enable_prefix_caching else None
+        # A disk entry would need each group's blocks: a model with a sliding group writes none
+        self.disk = disk if enable_prefix_caching and self.window is None else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front is evicted first
         self.cached: dict[int, int] = {}  # hash -> block id
@@ -85,7 +92,7 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return [], []
-        ids, hashes, parent = [], [], None
+        ids, hashes, parent = [], [], root_hash(seq)  # short and scaled RoPE's KV differ: never each other's
         size = self.block_size
         limit = (seq.num_tokens - 1) // size
         for i in range(limit):
@@ -99,6 +106,9 @@ class BlockManager:
             parent = h
         if self.disk is not None and len(ids) < limit:
             self._load_from_disk(seq, ids, hashes, limit)
+        if self.window is not None:  # as far as the sliding group holds the window before the hit's end
+            usable = self.window.usable_hit(seq, hashes)
+            ids, hashes = ids[:usable], hashes[:usable]
         return ids, hashes
 
     def _load_from_disk(self, seq: Sequence, ids: list[int], hashes: list[int], limit: int) -> None:
@@ -109,7 +119,7 @@ class BlockManager:
         for block_id in reviving:  # about to be used: out of reach of the blocks taken below
             self.free.move_to_end(block_id)
         room = len(self.free) - len(reviving)
-        end, parent = min(limit, len(ids) + room), hashes[-1] if hashes else None
+        end, parent = min(limit, len(ids) + room), hashes[-1] if hashes else root_hash(seq)
         for h, tokens, data in self.disk.load(seq.token_ids, len(ids), end, parent, self.block_size):
             block_id = self._take_free_block()
             self.disk.write_block(block_id, data)
@@ -126,6 +136,8 @@ class BlockManager:
         needed = self.blocks_for(num_hit_tokens + num_new_tokens) - len(hit_ids)
         revived = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)  # these leave the free list
         if needed + revived > len(self.free) or (self.states is not None and not self.states.num_free):
+            return False
+        if self.window is not None and not self.window.allocate(seq, hit_hashes, num_hit_tokens + num_new_tokens):
             return False
         if self.states is not None:
             seq.state_slot = self.states.take()
@@ -148,6 +160,8 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if needed > len(self.free):
             return False
+        if self.window is not None and not self.window.append(seq, seq.num_computed_tokens + num_new_tokens):
+            return False
         seq.block_table.extend(self._take_free_block() for _ in range(needed))
         return True
 
@@ -158,19 +172,21 @@ class BlockManager:
         if self.states is not None:  # the parent's state is not copied: a hybrid model's siblings prefill apart
             raise RuntimeError("a hybrid model's sequences do not fork; each prefills its own prompt")
         full, partial = divmod(num_computed, self.block_size)
-        if partial and not self.free:
+        if partial and (not self.free or (self.window is not None and not self.window.free)):
             return False
+        window_copy = self.window.fork(parent, child, full, partial > 0) if self.window is not None else None
         for block_id in parent.block_table[:full]:
             self.blocks[block_id].ref_count += 1
         child.block_table = parent.block_table[:full]
         child.block_hashes = list(parent.block_hashes[:full])
         child.num_computed_tokens = num_computed
         child.num_cached_tokens = parent.num_cached_tokens
+        child.rope_offset = parent.rope_offset
         if not partial:
             return None
         copy = self._take_free_block()
         child.block_table.append(copy)
-        return parent.block_table[full], copy
+        return (parent.block_table[full], copy, *(window_copy or ()))
 
     def hash_full_blocks(self, seq: Sequence) -> None:
         """Hash the sequence's newly completed full blocks into the prefix cache."""
@@ -179,8 +195,10 @@ class BlockManager:
         size = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // size):
             tokens = tuple(seq.token_ids[i * size:(i + 1) * size])
-            h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
+            h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else root_hash(seq), tokens)
             seq.block_hashes.append(h)
+            if self.window is not None:
+                self.window.hash_block(seq, i, h, tokens)
             block = self.blocks[seq.block_table[i]]
             if h not in self.cached:
                 block.hash, block.token_ids = h, tokens
@@ -196,6 +214,8 @@ class BlockManager:
                 self.free[block_id] = None
                 self.free.move_to_end(block_id, last=False)
         del seq.block_table[keep:]
+        if self.window is not None:
+            self.window.trim(seq, keep)
 
     def take_blocks(self, n: int) -> list[int] | None:
         """n free blocks for a pass outside the scheduler (embeddings); None when fewer are free. They never
@@ -212,7 +232,7 @@ class BlockManager:
 
     def free_sequence(self, seq: Sequence) -> None:
         if self.disk is not None and seq.block_hashes:  # its computed full blocks, kept past this process
-            self.disk.offer(seq.token_ids, seq.block_hashes, seq.block_table, self.block_size)
+            self.disk.offer(seq.token_ids, seq.block_hashes, seq.block_table, self.block_size, root_hash(seq))
         # Tail blocks are released first, so a prefix's leading blocks are the last to be evicted.
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
@@ -222,8 +242,19 @@ class BlockManager:
                 if block.hash is None:  # nothing anyone can reuse: evict it before cached blocks
                     self.free.move_to_end(block_id, last=False)
         seq.block_table = []
+        if self.window is not None:
+            self.window.free_sequence(seq)
         seq.block_hashes = []
         seq.num_computed_tokens = 0
         if self.states is not None and seq.state_slot is not None:
             self.states.give_back(seq.state_slot)
             seq.state_slot = None
+
+    def forget_contents(self) -> None:
+        """The cache's tensors were freed (the engine slept with every block free): no block holds a prefix now.
+        The disk cache's entries stay: they are read into blocks again on a hit."""
+        for block in self.blocks:
+            block.hash, block.token_ids = None, ()
+        self.cached.clear()
+        if self.window is not None:
+            self.window.forget_contents()

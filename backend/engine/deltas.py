@@ -3,6 +3,9 @@ stops, then handed on as deltas; cumulative outputs are assembled from deltas wh
 
 Text that could be the start of a stop string is held back until it cannot be (the stop string itself is
 never part of the output), so a delta's text is always final.
+
+add_logprob, append_token and record_prompt_logprobs are postprocess's (Scheduler.postprocess calls them, and
+nothing else does); taking deltas reads a sequence and keeps how far it has gone in a Handed of its own.
 """
 
 from dataclasses import dataclass, replace
@@ -98,32 +101,50 @@ def _find_stop_string(seq: Sequence, delta_len: int) -> str | None:
     return stop
 
 
-def take_delta(seq: Sequence) -> SequenceDelta | None:
+@dataclass
+class Handed:
+    """How far one sequence's deltas have gone: output tokens and characters of text handed out, and whether its
+    prompt logprobs were. The deltas' own record, so that a Sequence is written by postprocess alone."""
+    tokens: int = 0
+    chars: int = 0
+    prompt_logprobs: bool = False
+
+
+def take_delta(seq: Sequence, handed: Handed) -> SequenceDelta | None:
     """What the sequence gained since the last delta (None if nothing that can be handed out yet)."""
     text = seq.text
     if seq.finished:
         end = len(text)
     else:
         hold = max((len(s) for s in seq.params.stop), default=1) - 1
-        end = max(seq.num_sent_chars, len(text) - hold)
-    new_tokens = seq.output_token_ids[seq.num_sent_tokens:]
-    if not new_tokens and end == seq.num_sent_chars and not seq.finished:
+        end = max(handed.chars, len(text) - hold)
+    new_tokens = seq.output_token_ids[handed.tokens:]
+    if not new_tokens and end == handed.chars and not seq.finished:
         return None
-    delta = SequenceDelta(index=seq.index, token_ids=new_tokens, text=text[seq.num_sent_chars:end],
-                          logprobs=seq.logprobs[seq.num_sent_tokens:] if seq.logprobs is not None else None,
+    delta = SequenceDelta(index=seq.index, token_ids=new_tokens, text=text[handed.chars:end],
+                          logprobs=seq.logprobs[handed.tokens:] if seq.logprobs is not None else None,
                           finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
                           cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None)
-    seq.num_sent_tokens += len(new_tokens)
-    seq.num_sent_chars = end
+    handed.tokens += len(new_tokens)
+    handed.chars = end
     return delta
 
 
-def take_prompt_logprobs(seq: Sequence) -> list[dict[int, Logprob] | None] | None:
+def request_delta(request_id: str, seqs: list[Sequence], handed: list[Handed]) -> RequestDelta:
+    """What a generation request's sequences gained since its last delta, and whether it has ended."""
+    changed = [d for d in map(take_delta, seqs, handed) if d is not None]
+    failed = next((s for s in seqs if s.error), None)
+    return RequestDelta(request_id, changed, all(s.finished for s in seqs), failed and failed.error,
+                        seqs[0].num_cached_tokens or 0, prompt_logprobs=take_prompt_logprobs(seqs[0], handed[0]),
+                        error_param=failed and failed.error_param)
+
+
+def take_prompt_logprobs(seq: Sequence, handed: Handed) -> list[dict[int, Logprob] | None] | None:
     """The prompt's logprobs once they are all computed (a token has been generated after the prompt), the first
     time they are asked for (None otherwise)."""
-    if seq.prompt_logprobs is None or seq.sent_prompt_logprobs or seq.num_output_tokens == 0:
+    if seq.prompt_logprobs is None or handed.prompt_logprobs or seq.num_output_tokens == 0:
         return None
-    seq.sent_prompt_logprobs = True
+    handed.prompt_logprobs = True
     return seq.prompt_logprobs
 
 

@@ -35,8 +35,10 @@ from backend.quant import pack_file
 from backend.quant.pack_file import Refused
 
 if TYPE_CHECKING:
-    from backend.engine.llm_engine import LLMEngine
+    from backend.config import EngineConfig
     from backend.engine.model_runner import ModelRunner
+    from backend.loader import ModelSource
+    from backend.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # of the key and the entries; a new one starts a new setup directory
@@ -54,7 +56,7 @@ class DiskPrefixCache:
         self.key = json.loads(json.dumps(key))  # as a header reads back: lists, not tuples
         self.directory = root / hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()[:24]
         self.runner = runner
-        self.layout = [(list(shape), dtype) for shape, dtype in runner.kv_block_layout()]
+        self.layout = [(list(shape), dtype) for shape, dtype in kv_block_layout(runner)]
         self.names = [f"{'kv'[i % 2]}{i // 2}" for i in range(len(self.layout))]  # k0, v0, k1, v1, ...
         self.block_bytes = sum(torch.Size(s).numel() * d.itemsize for s, d in self.layout)
         self.used: dict[
@@ -91,7 +93,7 @@ class DiskPrefixCache:
             parent = h
 
     def write_block(self, block_id: int, data: list[torch.Tensor]) -> None:
-        self.runner.set_kv_block(block_id, data)
+        set_kv_block(self.runner, block_id, data)
 
     def _read(self, h: int, parent: int | None, tokens: tuple[int, ...]) -> list[torch.Tensor] | None:
         path = self.directory / entry_name(h)
@@ -128,9 +130,10 @@ class DiskPrefixCache:
 
     # Writing: the engine thread hands over copies; the writer's thread does the rest -----------------------
 
-    def offer(self, token_ids: list[int], hashes: list[int], block_table: list[int], size: int) -> None:
-        """A freed sequence's hashed blocks (hashes[i] is block_table[i]'s): those not on disk are copied and
-        queued to be written; those on disk are marked used."""
+    def offer(self, token_ids: list[int], hashes: list[int], block_table: list[int], size: int,
+              root: int | None = None) -> None:
+        """A freed sequence's hashed blocks (hashes[i] is block_table[i]'s, the first's parent `root`): those not on
+        disk are copied and queued to be written; those on disk are marked used."""
         new = []
         for i, h in enumerate(hashes):
             key = _unsigned(h)
@@ -141,9 +144,9 @@ class DiskPrefixCache:
         new = new[: self.writer.room() // self.block_bytes]  # a writer that is behind: the rest are not kept
         if not new:
             return
-        copies = self.runner.kv_blocks([block_table[i] for i in new])
+        copies = kv_blocks(self.runner, [block_table[i] for i in new])
         for j, i in enumerate(new):
-            key, parent = _unsigned(hashes[i]), hashes[i - 1] if i else None
+            key, parent = _unsigned(hashes[i]), hashes[i - 1] if i else root
             tensors = {name: c[j] for name, c in zip(self.names, copies)}
             job = Job(
                 self.directory / entry_name(key),
@@ -184,13 +187,37 @@ def _is_entry_name(name: str) -> bool:
     return name.endswith(SUFFIX) and len(stem) == 16 and all(c in "0123456789abcdef" for c in stem)
 
 
+def _cache_tensors(runner: "ModelRunner") -> list[torch.Tensor]:
+    """K then V of every attention layer, in order (a model with a sliding group has no disk cache: each tensor's
+    block ids are the one pool's)."""
+    return [t for layer in runner.model.model.layers for t in (layer.self_attn.k_cache, layer.self_attn.v_cache)]
+
+
+def kv_block_layout(runner: "ModelRunner") -> list[tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of one block of each cache tensor (_cache_tensors' order)."""
+    return [(t.shape[1:], t.dtype) for t in _cache_tensors(runner)]
+
+
+def kv_blocks(runner: "ModelRunner", block_ids: list[int]) -> list[torch.Tensor]:
+    """Copies in host memory of these blocks, one tensor per cache tensor, each (len(block_ids), *its block's
+    shape): what is written while the blocks are reused."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=runner.device)
+    return [t.index_select(0, index).cpu() for t in _cache_tensors(runner)]
+
+
+def set_kv_block(runner: "ModelRunner", block_id: int, data: list[torch.Tensor]) -> None:
+    """Fill one block of every cache tensor with the disk's copy."""
+    for target, source in zip(_cache_tensors(runner), data, strict=True):
+        target[block_id].copy_(source)
+
+
 def _now() -> float:
     return time.monotonic()
 
 
-def model_identity(engine: "LLMEngine") -> list:
-    """The files the weights come from, each as (path, size, modification time): a replaced file is another model."""
-    source = engine.source
+def model_identity(source: "ModelSource", seed: int | None) -> list:
+    """The files the weights come from, each as (path, size, modification time): a replaced file is another model
+    (random weights: drawn at load from the seed)."""
     files = (
         [source.gguf_file]
         if source.gguf_file is not None
@@ -201,31 +228,33 @@ def model_identity(engine: "LLMEngine") -> list:
         info = f.stat()
         identity.append([str(f.resolve()), info.st_size, info.st_mtime_ns])
     if source.random_weights:  # drawn at load from the seed
-        identity.append(["random", source.random_format, engine.config.seed])
+        identity.append(["random", source.random_format, seed])
     return identity
 
 
-def for_engine(engine: "LLMEngine") -> DiskPrefixCache | None:
-    """The engine's disk prefix cache, or None where it is off (disk_cache_bytes 0, no prefix caching, or a hybrid
-    model's, which takes no prefix hit: engine/state_pool.py)."""
-    config, mc = engine.config, engine.model_config
-    if not config.disk_cache_bytes or not config.enable_prefix_caching or engine.runner.state_slots:
+def for_engine(config: "EngineConfig", source: "ModelSource", mc: "ModelConfig", runner: "ModelRunner",
+               products: str, kv_dtype: torch.dtype) -> DiskPrefixCache | None:
+    """An engine's disk prefix cache, or None where it is off (disk_cache_bytes 0, no prefix caching, a hybrid
+    model's, which takes no prefix hit: engine/state_pool.py, or a model with a sliding group, whose entries would
+    need the window's blocks of that group too: engine/cache_groups.py)."""
+    if not config.disk_cache_bytes or not config.enable_prefix_caching or runner.state_slots or runner.sliding:
         return None
-    layout = engine.runner.kv_block_layout()
+    layout = kv_block_layout(runner)
     if not layout:
         return None
     key = {
         "format": FORMAT,
-        "model": model_identity(engine),
-        "device": engine.device.type,
-        "dtype": str(engine.dtype),
-        "products": engine.products,
+        "model": model_identity(source, config.seed),
+        "device": runner.device.type,
+        "dtype": str(runner.dtype),
+        "products": products,
         "quantization": config.quantization,
         "activations": config.activations,
-        "kv_dtype": str(engine.shape.kv_dtype),
+        "kv_dtype": str(kv_dtype),
         "rope_theta": mc.rope_theta,
         "rope_scaling": mc.rope_scaling,
+        "rope_switch": [mc.rope_switch_length, mc.short_rope_scaling],
         "block_size": config.block_size,
         "caches": [[list(shape), str(dtype)] for shape, dtype in layout],
     }
-    return DiskPrefixCache(cache_dir() / "kv", key, config.disk_cache_bytes, engine.runner)
+    return DiskPrefixCache(cache_dir() / "kv", key, config.disk_cache_bytes, runner)

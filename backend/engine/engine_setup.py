@@ -1,6 +1,6 @@
 """How an engine is put together before its loop runs: the device it computes on, the arithmetic of its weights
 and activations, the tokens that end a sequence, and speculation's proposer. The weights themselves load in
-engine/residency.py, which also brings them back after a deep sleep."""
+engine/residency.py (at start and after a deep sleep); LLMEngine.__init__ calls both and keeps what they return."""
 
 import torch
 
@@ -11,10 +11,10 @@ from backend.engine.state_pool import is_hybrid
 from backend.kernels import native
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import module_bytes
-from backend.spec.draft import DraftProposer
-from backend.spec.ngram import NgramProposer
-from backend.spec.speculative_config import SpeculativeConfig
-from backend.spec.speculator import Speculator
+from backend.speculative.draft import DraftProposer
+from backend.speculative.ngram import NgramProposer
+from backend.speculative.speculative_config import SpeculativeConfig
+from backend.speculative.speculator import Speculator
 
 
 def pick_device(config: EngineConfig) -> torch.device:
@@ -47,15 +47,16 @@ def end_tokens(model_config: ModelConfig, tokenizer) -> set[int]:
 
 
 def speculation(spec: SpeculativeConfig | None, draft_model, target, device: torch.device, dtype: torch.dtype,
-                block_size: int, kv_dtype: torch.dtype, bridge, max_model_len: int):
-    """(proposer, speculator): a draft model's or n-gram lookup's, or (None, None) without speculation."""
+                num_blocks: int, block_size: int, kv_dtype: torch.dtype, bridge, max_model_len: int):
+    """(proposer, speculator): a draft model's (its KV cache of num_blocks) or n-gram lookup's, or (None, None)
+    without speculation."""
     if spec is None:
         return None, None
     if draft_model is not None and is_hybrid(draft_model.config):
         raise ValueError(f"a draft model with linear-attention layers ({draft_model.config.architecture}) is not "
                          "supported: its state cannot follow the target's accepted drafts; use a transformer draft")
     if draft_model is not None:
-        proposer = DraftProposer(draft_model, device, dtype, 0, block_size, kv_dtype, bridge)
+        proposer = DraftProposer(draft_model, device, dtype, num_blocks, block_size, kv_dtype, bridge)
         # A decode step reads its weights once: the draft's cost relative to the target's is their bytes
         # (parameters would miss quantized weights, which are buffers of blocks).
         cost = module_bytes(draft_model) / module_bytes(target)

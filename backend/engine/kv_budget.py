@@ -12,6 +12,7 @@ import torch
 from backend.arithmetic import pick_kv_dtype
 from backend.config import EngineConfig
 from backend.context_length import fit_context
+from backend.engine.cache_groups import SlidingGroup, group_sizes, split_budget
 from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
@@ -19,7 +20,7 @@ from backend.engine.state_pool import is_hybrid, state_pool_bytes
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
-from backend.spec.speculative_config import SpeculativeConfig
+from backend.speculative.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def allowed_bytes(setting: float | int, card_total: int) -> int:
 
 
 def kv_cache_blocks(allowed: int, weights: int, peak: int, warm_cache: int, free: int, per_block: int,
-                    setting: float | int) -> int:
+                    setting: float | int, fit=None) -> int:
     """The KV cache's size in blocks on CUDA. allowed: the bytes this engine may use (its
     gpu_memory_utilization, a per-instance budget as ops hands it out); weights: resident before the
     warm-up; peak: the warm-up's peak (weights, its throwaway cache, activations); free: the card's free
@@ -86,7 +87,7 @@ def kv_cache_blocks(allowed: int, weights: int, peak: int, warm_cache: int, free
             f"gpu_memory_utilization={setting} allows {allowed / GIB:.1f} GiB, but only {(free + weights) / GIB:.1f} GiB "
             f"of the card are free for this engine (other programs hold the rest); lower gpu_memory_utilization to "
             f"at most {(free + weights) / GIB:.1f}GiB or stop them (ops status shows who holds the card)")
-    return kv // per_block
+    return fit(kv) if fit is not None else kv // per_block  # fit: the groups' split of kv bytes (num_kv_blocks)
 
 
 def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: torch.device,
@@ -151,24 +152,28 @@ class CacheShape:
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     """Blocks for the KV cache of `models` (the target, then a draft that keeps a cache of the same size)."""
     block_size = config.block_size
-    per_block = sum(kv_bytes_per_block(m.config, block_size, shape.kv_dtype) for m in models)
+    per_block, sliding_bytes, reserved = group_sizes(config, shape, [m.config for m in models])
+
+    def fit(budget: int) -> int:  # the full group's blocks once the sliding group has its own (cache_groups.py)
+        return split_budget(budget, per_block, sliding_bytes, reserved)
+
     needed_per_seq = (shape.max_model_len + block_size - 1) // block_size
     states = sum(state_pool_bytes(m.config, config.max_num_seqs) for m in models)  # hybrid models' (state_pool.py)
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks
     elif config.kv_cache_memory is None and shape.device.type == "cuda":
-        blocks = min(_profile_cuda(config, shape, models, per_block, states), MAX_CUDA_BLOCKS)
+        blocks = min(_profile_cuda(config, shape, models, per_block + sliding_bytes, states, fit), MAX_CUDA_BLOCKS)
     elif config.kv_cache_memory is not None:
         m = config.kv_cache_memory
         budget = m if isinstance(m, int) else int(m * available_memory(shape.device))
-        blocks = (budget - states) // per_block
+        blocks = fit(budget - states)
     else:
         # Enough for every sequence slot at full length, but no more than a fifth of free memory
         # (and 2 GiB on the CPU, where the zeroed cache is paid for at start-up).
         cap_bytes = available_memory(shape.device) // 5
         if shape.device.type == "cpu":
             cap_bytes = min(cap_bytes, 2 << 30)
-        blocks = max(min(config.max_num_seqs * needed_per_seq, (cap_bytes - states) // per_block), needed_per_seq)
+        blocks = max(min(config.max_num_seqs * needed_per_seq, fit(cap_bytes - states)), needed_per_seq)
     if blocks < needed_per_seq:
         raise ValueError(
             f"the KV cache holds {blocks} blocks of {block_size} tokens, but one sequence of max_model_len="
@@ -176,7 +181,7 @@ def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:
     return blocks
 
 
-def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_block: int, states: int) -> int:
+def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_block: int, states: int, fit) -> int:
     """Blocks that fit in gpu_memory_utilization once the weights (the draft's too) and the peak
     activations of the largest batch are counted: a warm-up runs that batch and measures it."""
     device = shape.device
@@ -199,7 +204,7 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
     # Each layer's K and V tensors are rounded up to the allocator's 2 MiB segments.
     rounding = sum(2 * m.config.num_layers for m in models) * 2 * 2**20
     return kv_cache_blocks(allowed_bytes(config.gpu_memory_utilization, total) - rounding - states, weights, peak, warm_cache,
-                           free, per_block, config.gpu_memory_utilization)
+                           free, per_block, config.gpu_memory_utilization, fit)
 
 
 def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torch.dtype) -> int:
@@ -213,13 +218,17 @@ def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torc
     return 2 * (tokens * per_token * itemsize + 2 * logit_rows * cfg.vocab_size * 4)
 
 
-def min_kv_bytes(config: EngineConfig, per_block: int, max_model_len: int) -> int:
-    """The smallest KV cache the engine accepts: the size asked for, else one sequence of max_model_len."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks * per_block
-    if isinstance(config.kv_cache_memory, int):
-        return config.kv_cache_memory
-    return (max_model_len + config.block_size - 1) // config.block_size * per_block
+def min_kv_bytes(config: EngineConfig, per_block: int, max_model_len: int, sliding_block: int = 0,
+                 reserved: int = 0) -> int:
+    """The smallest KV cache the engine accepts: the size asked for, else one sequence of max_model_len; with a
+    sliding group (reserved blocks of sliding_block bytes), its pool beside the full group's blocks, never more
+    blocks than those (cache_groups.sliding_group)."""
+    if isinstance(config.kv_cache_memory, int) and config.num_kv_blocks is None:
+        return config.kv_cache_memory  # the groups share it
+    blocks = config.num_kv_blocks
+    if blocks is None:
+        blocks = (max_model_len + config.block_size - 1) // config.block_size
+    return blocks * per_block + min(reserved, blocks) * sliding_block
 
 
 def expert_budget(config: EngineConfig, device: torch.device) -> int | None:
@@ -255,33 +264,36 @@ def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, 
     """moe_gpu_experts="auto" for a model of these weights, before it is loaded (a draft already is)."""
     if not cfg.is_moe:
         return None
-    per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
+    per_block, sliding_block, window_blocks = group_sizes(config, shape, [cfg] + ([draft.config] if draft else []))
     reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype)
     if draft is not None:
-        per_block += kv_bytes_per_block(draft.config, config.block_size, shape.kv_dtype)
         reserved += module_bytes(draft)
-    reserved += min_kv_bytes(config, per_block, shape.max_model_len) + state_pool_bytes(cfg, config.max_num_seqs)
+    reserved += min_kv_bytes(config, per_block, shape.max_model_len, sliding_block, window_blocks) + state_pool_bytes(
+        cfg, config.max_num_seqs)
     return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)
 
 
 def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,
-                  host_experts: int = 0, states: int = 0, per_token: int = 0) -> None:
-    """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache;
-    CUDA graphs); the CUDA context comes on top. On the CPU, the weights and the cache only."""
+                  host_experts: int = 0, states: int = 0, per_token: int = 0, window_token: int = 0,
+                  sliding: SlidingGroup | None = None) -> None:
+    """What the engine holds once ready (weights in their stored sizes, quantized ones as their blocks; KV cache,
+    each group's: per_token and window_token bytes a token in the full and the sliding group; CUDA graphs); the
+    CUDA context comes on top. On the CPU, the weights and the cache only."""
     how = "computed there by the CPU" if config.moe_cpu_compute else \
         ("pinned, " if device.type == "cuda" else "") + "copied in when routed to"
     held_weights = (f"linear-attention states {states / GIB:.2f} GiB ({config.max_num_seqs} slots); " if states
                     else "") + f"weights {weights / GIB:.2f} GiB" + (
         f" (and {host_experts / GIB:.2f} GiB of experts in host memory, {how})" if host_experts else "")
+    cache = f"KV cache: {num_blocks} blocks of {config.block_size} tokens ({per_token} bytes a token)" + (
+        f", sliding-window layers {sliding.num_blocks} blocks of their own ({window_token} bytes a token, kept for "
+        f"the last {sliding.window} positions of each sequence)" if sliding else "")
     if device.type != "cuda":
-        log.info("KV cache: %d blocks of %d tokens (%d bytes a token); %s", num_blocks, config.block_size, per_token,
-                 held_weights)
+        log.info("%s; %s", cache, held_weights)
         return
     held = torch.cuda.memory_reserved(device)
     u = config.gpu_memory_utilization
     allowed = allowed_bytes(u, torch.cuda.get_device_properties(device).total_memory)
-    line = (f"KV cache: {num_blocks} blocks of {config.block_size} tokens ({per_token} bytes a token); {held_weights}; "
-            f"the engine holds "
+    line = (f"{cache}; {held_weights}; the engine holds "
             f"{held / GIB:.2f} GiB of the card, gpu_memory_utilization={u} allows {allowed / GIB:.2f} GiB")
     if held > allowed and config.num_kv_blocks is None and config.kv_cache_memory is None:
         log.warning("%s: over by %.2f GiB (CUDA graphs, or the allocator's rounding)", line, (held - allowed) / GIB)

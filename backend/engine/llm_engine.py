@@ -8,25 +8,18 @@ together is engine/engine_setup.py's; what it holds on its device and when, engi
 
 import itertools
 import logging
-import threading
 import time
 
-import torch
-
 from backend.config import EngineConfig
-from backend.detokenizer import IncrementalDetokenizer
-from backend.engine import disk_prefix_cache, engine_setup, residency
-from backend.engine.admission import AdmittedEmbedding, AdmittedRequest, Limits, chat_prompt_ids
+from backend.engine import disk_prefix_cache, engine_setup, residency, rope_switch
+from backend.engine.admission import AdmittedEmbedding, AdmittedRequest, Limits, admit, request_sequences
 from backend.engine.block_manager import BlockManager
-from backend.engine.deltas import OutputAssembler, RequestDelta, take_delta, take_prompt_logprobs
+from backend.engine.cache_groups import sliding_of, token_bytes
+from backend.engine.deltas import Handed, OutputAssembler, RequestDelta, request_delta
 from backend.engine.embedding import embedding_delta, embedding_sequences
 from backend.engine.guided import GuidedDecoding
-from backend.engine.kv_budget import (
-    CacheShape,
-    kv_bytes_per_block,
-    num_kv_blocks,
-    report_memory,
-)
+from backend.engine.guided_reasoning import think_first
+from backend.engine.kv_budget import CacheShape, num_kv_blocks, report_memory
 from backend.engine.model_runner import ModelRunner
 from backend.engine.plan_sampling import sample_plan
 from backend.engine.sampler import Sampler
@@ -39,17 +32,20 @@ from backend.loader import load_tokenizer, locate, read_config
 from backend.outputs import RequestOutput
 from backend.quant.weight_sizes import host_expert_bytes, module_bytes
 from backend.sampling_params import InvalidParameter, SamplingParams, as_sampling_params
-from backend.spec.speculative_config import SpeculativeConfig
+from backend.speculative.draft import DraftProposer
+from backend.speculative.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        """Every part of the engine, built here from its config in the order each needs the others; each attribute
+        is written here (and by sleep/wake_up for what they change), none by another module."""
         self.config = config
         self.device = engine_setup.pick_device(config)
         self.source = locate(config.model)
-        self.model_config, reader = residency.read_model_config(self)
+        self.model_config, reader = residency.read_model_config(self.source, config)
         self.dtype, self.products = engine_setup.pick_arithmetic(config, self.device, self.model_config, reader)
         self.spec = SpeculativeConfig.parse(config.speculative)
         self.shape = CacheShape.of(config, self.model_config, self.spec, self.device, self.dtype)
@@ -57,38 +53,57 @@ class LLMEngine:
         self.model_name = config.model
         self.tokenizer = load_tokenizer(self.source, config.tokenizer)
         self.eos_token_ids = engine_setup.end_tokens(self.model_config, self.tokenizer)
-        self.moe_gpu_experts = config.moe_gpu_experts  # "auto" becomes a count (or None) once chosen
         self.limits = Limits.of(self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.max_n,
                                 config.max_num_seqs, config.max_embedding_tokens)
 
-        self.vocab_bridge = None  # a draft with another vocabulary: how its tokens meet the target's
-        self.model, draft_model = residency.load_models(self, reader)
-        models = [m for m in (self.model, draft_model) if m is not None]
+        loaded = self._load_models(reader, config.moe_gpu_experts)
+        self.moe_gpu_experts, self.vocab_bridge = loaded.moe_gpu_experts, loaded.vocab_bridge
+        models = [m for m in (loaded.model, loaded.draft) if m is not None]
         self.num_kv_blocks = num_kv_blocks(config, self.shape, models)
-        self.runner = ModelRunner(self.model, 0, config.block_size, self.device, self.dtype, self.shape.kv_dtype,
-                                  config.max_num_seqs if is_hybrid(self.model_config) else 0)
+        self.runner = ModelRunner(loaded.model, self.num_kv_blocks, config.block_size, self.device, self.dtype,
+                                  self.shape.kv_dtype, config.max_num_seqs if is_hybrid(self.model_config) else 0,
+                                  sliding_of(config, self.shape, self.model_config, self.num_kv_blocks))
+        self.disk_cache = disk_prefix_cache.for_engine(config, self.source, self.model_config, self.runner,
+                                                       self.products, self.shape.kv_dtype)  # None: off
+        self.block_manager = BlockManager(self.num_kv_blocks, config.block_size, config.enable_prefix_caching,
+                                          self.disk_cache, self.runner.state_slots, self.runner.sliding)
         target = config.step_time_budget or (0.25 if self.device.type == "cpu" else 0.05)
-        self.scheduler = Scheduler(BlockManager(0, config.block_size), config.max_num_seqs,
-                                   self.max_num_batched_tokens,
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
                                    StepBudget(target, self.shape.prefill_tokens_while_decoding),
                                    config.long_prefill_token_threshold)
-        self.sampler = Sampler(config.seed, self.device)
+        self.scheduler.rope_switch = rope_switch.of(loaded.model)  # short sequences exact under added scaling
+        self.sampler = Sampler(config.seed, self.device, lambda: GuidedDecoding(
+            self.tokenizer, self.model_config.vocab_size, max_schema_bytes=config.max_schema_bytes))
         self.proposer, self.speculator = engine_setup.speculation(
-            self.spec, draft_model, self.model, self.device, self.dtype, config.block_size, self.shape.kv_dtype,
-            self.vocab_bridge, self.max_model_len)
+            self.spec, loaded.draft, loaded.model, self.device, self.dtype, self.num_kv_blocks, config.block_size,
+            self.shape.kv_dtype, self.vocab_bridge, self.max_model_len)
         if self.speculator is not None:
             self.scheduler.on_release.append(self.speculator.release)
-        self.disk_cache = disk_prefix_cache.for_engine(self)  # None: off
-        residency.start_cache(self)
+        self._capture_graphs()
         self.sleep_level = 0  # 0 awake; 1 weights offloaded to CPU memory; 2 weights dropped
         report_memory(config, self.device, self.num_kv_blocks, sum(module_bytes(m) for m in models),
                       sum(host_expert_bytes(m) for m in models), state_pool_bytes(self.model_config, config.max_num_seqs),
-                      sum(kv_bytes_per_block(m.config, 1, self.shape.kv_dtype) for m in models))
+                      *token_bytes(models, self.runner.sliding, self.shape.kv_dtype), self.runner.sliding)
         self.requests: dict[str, list[Sequence]] = {}
         self.prompts: dict[str, str | None] = {}  # each request's prompt text, for the outputs of step()
+        self.handed: dict[str, list[Handed]] = {}  # how far each request's deltas have gone, per sequence
         self.assemblers: dict[str, OutputAssembler] = {}  # step()'s cumulative outputs, built from deltas
-        self._guided_lock = threading.Lock()
         self._seq_ids = itertools.count()
+
+    @property
+    def model(self):
+        """The target's weights, which its runner holds (None while in a level-2 sleep)."""
+        return self.runner.model
+
+    def _load_models(self, reader, moe_gpu_experts: int | str | None) -> residency.LoadedModels:
+        return residency.load_models(self.config, self.source, self.model_config, reader, self.spec, self.device,
+                                     self.dtype, self.products, self.shape, self.tokenizer, moe_gpu_experts)
+
+    def _capture_graphs(self) -> None:
+        """On CUDA (unless enforce_eager), the decode graphs of the target's runner and a draft model's."""
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            draft = [self.proposer.runner] if isinstance(self.proposer, DraftProposer) else []
+            residency.capture_graphs([self.runner, *draft], self.shape)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -103,10 +118,29 @@ class LLMEngine:
     def sleep(self, level: int = 1) -> None:
         """Free the KV cache (and its prefix cache). Level 1 keeps the weights in CPU memory; level 2
         drops them, to be read from disk again on wake. Only between requests."""
-        residency.sleep(self, level)
+        residency.check_sleep(level, self.has_unfinished_requests())
+        if self.sleep_level:
+            return
+        self.runner.sleep(level)
+        if isinstance(self.proposer, DraftProposer):  # the draft's weights and cache go too
+            self.proposer.sleep(level)
+        self.sleep_level = level
+        residency.give_memory_back(self.device)
 
     def wake_up(self) -> None:
-        residency.wake_up(self)
+        if not self.sleep_level:
+            return
+        model = draft = None
+        if self.sleep_level == 2:
+            _, reader = read_config(self.source)
+            loaded = self._load_models(reader, self.moe_gpu_experts)
+            model, draft = loaded.model, loaded.draft
+        self.runner.wake_up(model, self.num_kv_blocks)
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer.wake_up(draft, self.num_kv_blocks)
+        self.block_manager.forget_contents()  # the blocks it indexed were freed
+        self._capture_graphs()
+        self.sleep_level = 0
 
     # Requests ------------------------------------------------------------------------------------------
 
@@ -115,17 +149,7 @@ class LLMEngine:
         """Everything that can refuse a request, once: its prompt (text, token ids, or chat messages through the
         model's chat template) and its settings against this engine's limits. Raises ValueError (InvalidParameter
         naming param or the setting); add_request takes the result as it is. Thread-safe (no engine state)."""
-        params = as_sampling_params(params)
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            if self.tokenizer is None:
-                raise ValueError(f"model {self.model_name!r} has no tokenizer: give prompts as token ids")
-            ids = chat_prompt_ids(self.tokenizer, prompt, self.model_name)
-            token_ids, _ = self.limits.prompt_ids(ids, self.tokenizer, self.model_name, param)
-            text = self.tokenizer.decode(token_ids)
-        else:
-            token_ids, text = self.limits.prompt_ids(prompt, self.tokenizer, self.model_name, param)
-        self.limits.check(params)
-        return AdmittedRequest(token_ids, params, text)
+        return admit(self.limits, prompt, as_sampling_params(params), self.tokenizer, self.model_name, param)
 
     def add_request(self, request_id: str, prompt: AdmittedRequest | str | list[int] | list[dict],
                     params: SamplingParams | dict | None = None, group: str | None = None) -> None:
@@ -141,29 +165,17 @@ class LLMEngine:
             request = prompt
         else:
             request = self.validate_request(prompt, params)
-        token_ids, params, text = request.token_ids, request.params, request.text
+        params = request.params
         matchers = [self.guided_matcher(params) for _ in range(params.n)]
-        seqs = []
-        for i in range(params.n):
-            seq = Sequence(
-                seq_id=next(self._seq_ids), request_id=request_id, index=i, token_ids=list(token_ids),
-                num_prompt_tokens=len(token_ids), params=params, matcher=matchers[i], group=group,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
-                if self.tokenizer is not None else None,
-                generator=torch.Generator(device=self.device).manual_seed(params.sequence_seed(i))
-                if params.seed is not None else None,
-            )
-            seqs.append(seq)
-        # The prompt is prefilled once, for the first sequence; the others fork from it (Scheduler.start_forks).
-        # A hybrid model's prefill each their own: a linear layer's state is not shared as blocks are.
+        # A hybrid model's sequences prefill each their own prompt: a linear layer's state is not shared as blocks are.
         hybrid = self.runner.state_slots > 0
-        seqs[0].forks = [] if hybrid else seqs[1:]
-        if params.prompt_logprobs is not None:
-            seqs[0].prompt_logprobs = [None] * len(token_ids)
+        seqs = request_sequences(request_id, request, self._seq_ids, matchers, group, self.tokenizer, self.device,
+                                 share_prompt=not hybrid)
         for seq in seqs if hybrid else seqs[:1]:
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
-        self.prompts[request_id] = text
+        self.prompts[request_id] = request.text
+        self.handed[request_id] = [Handed() for _ in seqs]
 
     def add_embedding_request(self, request_id: str, inputs: AdmittedEmbedding | list[list[int]]) -> None:
         """Queue inputs of token ids to embed (engine/embedding.py): the step that finishes the last one hands
@@ -182,24 +194,25 @@ class LLMEngine:
     def guided_decoding(self) -> GuidedDecoding:
         """The engine's structured-output grammars (made on first use). Thread-safe: the server compiles schemas
         off the engine thread."""
-        with self._guided_lock:
-            if self.sampler.guided is None:
-                self.sampler.guided = GuidedDecoding(self.tokenizer, self.model_config.vocab_size,
-                                                     max_schema_bytes=self.config.max_schema_bytes)
-            return self.sampler.guided
+        return self.sampler.guided_decoding()
 
     def guided_matcher(self, params: SamplingParams):
         """A grammar matcher for a structured-output request (None otherwise); raises on an unusable schema."""
         if params.guided_json is None:
             return None
-        return self.guided_decoding().matcher(params.guided_json)
+        grammar = self.guided_decoding().matcher(params.guided_json)
+        return grammar if params.think_first is None else think_first(grammar, *params.think_first)
 
     def abort_request(self, request_id: str) -> None:
-        for seq in self.requests.pop(request_id, []):
+        for seq in self.requests.get(request_id, []):
             if not seq.finished:
                 self.scheduler.finish(seq, "abort")
+        self._forget(request_id)
         self.assemblers.pop(request_id, None)
-        self.prompts.pop(request_id, None)
+
+    def _forget(self, request_id: str) -> None:
+        for held in (self.requests, self.prompts, self.handed):
+            held.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -236,10 +249,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """step_deltas() as vLLM's engines report it: each advanced request's output so far."""
-        for rid, seqs in self.requests.items():
+        for rid in self.requests:
             if rid not in self.assemblers:
-                self.assemblers[rid] = OutputAssembler(rid, self.prompts.get(rid), seqs[0].token_ids[
-                    :seqs[0].num_prompt_tokens], len(seqs))
+                self.assemblers[rid] = self.output_assembler(rid)
         outputs = []
         for delta in self.step_deltas():
             assembler = self.assemblers[delta.request_id]
@@ -248,6 +260,12 @@ class LLMEngine:
             if delta.finished:
                 del self.assemblers[delta.request_id]
         return outputs
+
+    def output_assembler(self, request_id: str) -> OutputAssembler:
+        """What builds a queued request's cumulative outputs from its deltas."""
+        seqs = self.requests[request_id]
+        return OutputAssembler(request_id, self.prompts.get(request_id),
+                               seqs[0].token_ids[:seqs[0].num_prompt_tokens], len(seqs))
 
     def _fail(self, request_id: str, error: str, param: str | None = None) -> None:
         for seq in self.requests.get(request_id, []):
@@ -259,14 +277,9 @@ class LLMEngine:
         if seqs[0].pooling:
             delta = embedding_delta(request_id, seqs)
         else:
-            changed = [d for d in (take_delta(s) for s in seqs) if d is not None]
-            failed = next((s for s in seqs if s.error), None)
-            delta = RequestDelta(request_id, changed, all(s.finished for s in seqs),
-                                 failed and failed.error, seqs[0].num_cached_tokens or 0,
-                                 prompt_logprobs=take_prompt_logprobs(seqs[0]), error_param=failed and failed.error_param)
+            delta = request_delta(request_id, seqs, self.handed[request_id])
         if delta is not None and delta.finished:
-            del self.requests[request_id]
-            self.prompts.pop(request_id, None)
+            self._forget(request_id)
         return delta
 
     def stats(self) -> dict:

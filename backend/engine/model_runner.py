@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.engine import cache_groups
 from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
 from backend.engine.state_pool import allocate_states, free_states
@@ -44,8 +45,10 @@ class StepOutput:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype,
-                 kv_dtype: torch.dtype | None = None, state_slots: int = 0):
+                 kv_dtype: torch.dtype | None = None, state_slots: int = 0,
+                 sliding: cache_groups.SlidingGroup | None = None):
         self.model = model
+        self.sliding = sliding  # the sliding layers' own pool (engine/cache_groups.py); None: theirs is the full one
         self.state_slots = state_slots  # a hybrid model's linear-attention states (engine/state_pool.py)
         self.device = device
         self.block_size = block_size
@@ -69,32 +72,22 @@ class ModelRunner:
         zeros = _host_zeros if self.device.type == "cpu" else torch.zeros
         for module, spec in zip(self._attention_modules(), cfg.layers, strict=True):
             k_block, v_block = spec.attention.block_shapes(self.block_size, cfg.num_kv_heads, cfg.head_dim)
-            module.k_cache = zeros((num_blocks, *k_block), dtype=self.kv_dtype, device=self.device)
-            module.v_cache = zeros((num_blocks, *v_block), dtype=self.kv_dtype, device=self.device)
+            rows = self.sliding.num_blocks if self._windowed(spec.attention.kind) else num_blocks
+            module.k_cache = zeros((rows, *k_block), dtype=self.kv_dtype, device=self.device)
+            module.v_cache = zeros((rows, *v_block), dtype=self.kv_dtype, device=self.device)
         allocate_states(self._attention_modules(), self.state_slots, self.device)
         self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
 
-    def copy_block(self, source: int, target: int) -> None:
-        """Copy one cache block's keys and values in every layer (a forked sequence's partial block)."""
-        for module in self._attention_modules():
-            module.k_cache[target].copy_(module.k_cache[source])
-            module.v_cache[target].copy_(module.v_cache[source])
+    def _windowed(self, kind: str) -> bool:
+        return self.sliding is not None and kind == "sliding"
 
-    def kv_block_layout(self) -> list[tuple[torch.Size, torch.dtype]]:
-        """Shape and dtype of one block of each cache tensor: K then V of every attention layer, in order."""
-        return [(t.shape[1:], t.dtype) for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
-
-    def kv_blocks(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """Copies in host memory of these blocks, one tensor per cache tensor (kv_block_layout's order), each
-        (len(block_ids), *its block's shape): what the disk prefix cache writes while the blocks are reused."""
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        return [t.index_select(0, index).cpu() for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
-
-    def set_kv_block(self, block_id: int, data: list[torch.Tensor]) -> None:
-        """Fill one block of every cache tensor (kv_block_layout's order) with the disk prefix cache's copy."""
-        tensors = [t for m in self._attention_modules() for t in (m.k_cache, m.v_cache)]
-        for target, source in zip(tensors, data, strict=True):
-            target[block_id].copy_(source)
+    def copy_block(self, source: int, target: int, window_source: int = 0, window_target: int = 0) -> None:
+        """Copy one cache block's keys and values in every layer (a forked sequence's partial block; the sliding
+        group's own copy of it in its layers)."""
+        for module, spec in zip(self._attention_modules(), self.model.config.layers, strict=True):
+            src, dst = (window_source, window_target) if self._windowed(spec.attention.kind) else (source, target)
+            module.k_cache[dst].copy_(module.k_cache[src])
+            module.v_cache[dst].copy_(module.v_cache[src])
 
     def free_kv_cache(self) -> None:
         self.graphs = {}  # they read the caches being freed
@@ -102,6 +95,22 @@ class ModelRunner:
         for module in self._attention_modules():
             module.k_cache = module.v_cache = torch.empty(0)
         free_states(self._attention_modules())
+
+    def sleep(self, level: int) -> None:
+        """Give the device's memory back: the cache always, the weights to host memory (1) or dropped (2)."""
+        self.free_kv_cache()
+        if level == 2:
+            self.model = None
+        elif self.device.type != "cpu":
+            self.model.to("cpu")
+
+    def wake_up(self, model: CausalLM | None, num_blocks: int) -> None:
+        """model: the weights read again after a level-2 sleep, else None (they come back from host memory)."""
+        if model is not None:
+            self.model = model
+        elif self.device.type != "cpu":
+            self.model.to(self.device)
+        self.allocate_kv_cache(num_blocks)
 
     # CUDA graphs for decode steps -------------------------------------------------------------------------
 
@@ -147,12 +156,13 @@ class ModelRunner:
             "slots": torch.full((largest,), -1, dtype=torch.long, device=dev),
             "tables": torch.zeros(largest, width, dtype=torch.long, device=dev),
             "lens": torch.zeros(largest, dtype=torch.long, device=dev),
-        }
+        } | (cache_groups.window_static(largest, width, dev) if self.sliding else {})
 
     def static_args(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         st, b = self.static, batch_size
         meta = AttentionMetadata(slot_mapping=st["slots"][:b], num_decode=b, decode_block_tables=st["tables"][:b],
                                  decode_context_lens=st["lens"][:b])
+        meta.sliding = cache_groups.window_static_meta(meta, st, b) if self.sliding else None
         return st["input_ids"][:b], st["positions"][:b], meta
 
     def fill_static(self, inputs: StepInputs, batch_size: int) -> None:
@@ -161,7 +171,7 @@ class ModelRunner:
         n, b = len(inputs.input_ids), batch_size
         st, pad = self.static, batch_size - n
         st["input_ids"][:b].copy_(torch.tensor(inputs.input_ids + [0] * pad))
-        st["positions"][:b].copy_(torch.tensor(inputs.positions + [0] * pad))
+        st["positions"][:b].copy_(torch.tensor(inputs.rope_rows + [0] * pad))
         st["slots"][:b].copy_(torch.tensor(inputs.slots + [-1] * pad))
         st["lens"][:b].copy_(torch.tensor([p + 1 for p in inputs.positions] + [0] * pad))
         # Columns past a row's own blocks keep older numbers: the kernel reads only a row's first
@@ -170,6 +180,8 @@ class ModelRunner:
         tables = [table[:limit] for table in inputs.tables]
         width = max(len(t) for t in tables)
         st["tables"][:n, :width].copy_(torch.tensor([t + [0] * (width - len(t)) for t in tables]))
+        if self.sliding:
+            cache_groups.fill_window_static(st, inputs.window_slots, inputs.window_tables, b)
 
     def _replay(self, inputs: StepInputs) -> torch.Tensor:
         """Hidden states of a step's rows (all decode rows) through the smallest captured graph that holds them."""
@@ -204,7 +216,7 @@ class ModelRunner:
             and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
 
     def lay_out(self, plan: StepPlan) -> StepInputs:
-        return lay_out(plan, self.block_size, self._attends_as_decode)
+        return lay_out(plan, self.block_size, self._attends_as_decode, self.sliding is not None)
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, StepInputs]:
         """The plan's rows (step_inputs.lay_out) as the model's tensors and attention metadata."""
@@ -230,7 +242,10 @@ class ModelRunner:
             meta.prefill_context_lens = self._tensor([c.context_len for c in meta.prefills])
             meta.prefill_block_tables = self._tables([plan[i].seq.block_table for i in inputs.prefill])
             meta.prefill_max_len = max(c.end - c.start for c in meta.prefills)
-        return self._tensor(inputs.input_ids), self._tensor(inputs.positions), meta, inputs
+        if self.sliding:  # what the sliding layers read: the same rows in their own pool
+            meta.sliding = cache_groups.window_metadata(meta, inputs.window_tables, inputs.window_slots,
+                                                        [plan[i].seq.window_table for i in inputs.prefill], self.device)
+        return self._tensor(inputs.input_ids), self._tensor(inputs.rope_rows), meta, inputs
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -259,7 +274,7 @@ class ModelRunner:
         # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
         # (the one-call step and graphs have kernels of their own)
         if self._replays(plan):
-            inputs = lay_out(plan, self.block_size, lambda item: True)
+            inputs = lay_out(plan, self.block_size, lambda item: True, self.sliding is not None)
             hidden = self._replay(inputs)
             self.steps["replayed"] += 1
             if len(inputs.sample_rows) < hidden.shape[0]:  # a run that samples only its last row, or nothing

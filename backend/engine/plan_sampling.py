@@ -11,7 +11,7 @@ import torch
 from backend.engine.sampler import LogprobEntry, Sampler, needs_only_argmax
 from backend.engine.scheduler import StepPlan
 from backend.engine.sequence import Sequence
-from backend.spec.verify import accept_greedy, verify
+from backend.speculative.verify import accept_greedy, verify
 
 
 def sample_plan(sampler: Sampler, plan: StepPlan, logits: torch.Tensor, logit_rows: list[slice | None]

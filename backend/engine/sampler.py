@@ -8,8 +8,12 @@ serve plain sampling, the draft model's proposals and the verification of drafts
 ids (and logprobs where asked) leave the device.
 """
 
+import threading
+from collections.abc import Callable
+
 import torch
 
+from backend.engine.guided import GuidedDecoding
 from backend.engine.sequence import Sequence
 from backend.outputs import Logprob
 from backend.sampling_params import InvalidParameter, SamplingParams
@@ -101,9 +105,22 @@ def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, device: torch.device | str = "cpu"):
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu",
+                 make_guided: Callable[[], GuidedDecoding] | None = None):
         self.generator = torch.Generator(device=device).manual_seed(seed)  # for requests without a seed
-        self.guided = None  # a GuidedDecoding, set by the engine once a request asks for structured output
+        # Structured output's grammars, made by make_guided when a request first asks for them (guided_decoding)
+        self.make_guided = make_guided
+        self.guided: GuidedDecoding | None = None
+        self._guided_lock = threading.Lock()
+
+    def guided_decoding(self) -> GuidedDecoding:
+        """The grammars (made on first use). Thread-safe: the server compiles schemas off the engine thread."""
+        with self._guided_lock:
+            if self.guided is None:
+                if self.make_guided is None:
+                    raise ValueError("this sampler was made without structured output")
+                self.guided = self.make_guided()
+            return self.guided
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         return seq.generator if seq.generator is not None else self.generator

@@ -6,9 +6,9 @@ tokens of the decoding sequences behind it. The step's prompt work (prompt chunk
 together) is sized by time (step_budget.py): short while anything decodes or waits for its first chunk, so
 streams get a token every step-time target, and shared in equal parts by every prompt in progress and every
 request waiting to start, so a new request's first chunk runs in the next step whatever long prompts are under
-way (they take turns, not first come first served to their end). Waiting sequences then join, one request's at
-a time in turns (wait_queue.py), while budget, sequence slots and KV blocks last; one request holds at most
-max_seqs_per_request of the slots once it runs, so a completion of 128 prompts leaves room for other clients.
+way (they take turns, not first come first served to their end). Waiting sequences then join in turns by client and,
+within one, by request (wait_queue.py), while budget, sequence slots and KV blocks last; one client holds at
+most max_seqs_per_client of the slots, so a completion of 128 prompts leaves room for other clients.
 When a running sequence needs a block and none is free, the newest running sequence is preempted: its blocks
 are freed and it goes back to the front of the queue, to be recomputed (mostly from the prefix cache) later.
 
@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from backend.engine import rope_switch
 from backend.engine.block_manager import BlockManager
 from backend.engine.deltas import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.embedding import add_rows, mean_vector
 from backend.engine.sequence import Sequence, Status
-from backend.engine.step_budget import MIN_CHUNK, StepBudget, fair_share, max_seqs_per_request
-from backend.engine.wait_queue import WaitQueue, group_of
+from backend.engine.step_budget import MIN_CHUNK, StepBudget, fair_share, max_seqs_per_client
+from backend.engine.wait_queue import WaitQueue, client_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,6 +84,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.on_release: list[Callable[[Sequence], None]] = []  # when a sequence's blocks are freed
+        self.rope_switch: rope_switch.RopeSwitch | None = None  # the engine's, where RoPE switches by length
         self.planned_prompt_tokens = 0  # the last plan's prompt work, which observe() times
 
     def add(self, seq: Sequence) -> None:
@@ -108,12 +110,13 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _slots_held(self) -> tuple[int, dict[str, int]]:
-        """Sequence slots held in all and by request: a sequence with pending forks (a request's other n - 1)
-        holds their slots too, so that they can join the batch once its prompt is prefilled."""
-        by_group: dict[str, int] = {}
+        """Sequence slots held in all and by client (wait_queue.client_of): a sequence with pending forks (a
+        request's other n - 1) holds their slots too, so that they can join the batch once its prompt is
+        prefilled."""
+        by_client: dict[str, int] = {}
         for s in self.running:
-            by_group[group_of(s)] = by_group.get(group_of(s), 0) + 1 + len(s.forks)
-        return sum(by_group.values()), by_group
+            by_client[client_of(s)] = by_client.get(client_of(s), 0) + 1 + len(s.forks)
+        return sum(by_client.values()), by_client
 
     def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
         """This step's plan. drafts: seq_id -> how many draft slots a decoding sequence would like; they are
@@ -121,7 +124,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         decoding = sum(1 for s in self.running if s.num_tokens - s.num_computed_tokens == 1)
         prompting = len(self.running) - decoding
-        slots, by_group = self._slots_held()
+        slots, by_client = self._slots_held()
         starting = min(len(self.waiting), max(0, self.max_num_seqs - slots))  # requests that could start now
         busy = bool(decoding or (starting and prompting))  # streams wait on this step, or new requests on prompts
         cap = min(budget, self.max_prompt_tokens_while_decoding) if decoding else budget
@@ -144,8 +147,12 @@ class Scheduler:
                 if n < 1:
                     i += 1
                     continue
+            if rope_switch.passes(self.rope_switch, seq, n):  # admitted again scaled, recomputed once
+                self._preempt(self.running.pop(i))
+                continue
             k = (drafts or {}).get(seq.seq_id, 0) if n == 1 and not seq.pooling else 0
-            if k and (n + k > budget or not self.block_manager.append_slots(seq, n + k)):
+            if k and (n + k > budget or rope_switch.passes(self.rope_switch, seq, n + k)
+                      or not self.block_manager.append_slots(seq, n + k)):
                 k = 0
             n = min(n + k, budget)
             while not self.block_manager.append_slots(seq, n):
@@ -163,33 +170,34 @@ class Scheduler:
                     running_prefill -= n
                 i += 1
         if not preempted:  # no admissions in a step that had to evict
-            plan += self._admit(min(budget, prefill), share, by_group)
+            plan += self._admit(min(budget, prefill), share, by_client)
         self.planned_prompt_tokens = sum(item.num_scheduled_tokens for item in plan
                                          if item.pool or item.seq.num_tokens - item.seq.num_computed_tokens > 1)
         return plan
 
-    def _admit(self, tokens: int, share: int, by_group: dict[str, int]) -> StepPlan:
-        """Waiting sequences that start this step, in turns by request, each with its first chunk (at most
-        share tokens), within tokens, the free slots and KV blocks; a request already holding
-        max_seqs_per_request slots waits for one of its own to finish."""
+    def _admit(self, tokens: int, share: int, by_client: dict[str, int]) -> StepPlan:
+        """Waiting sequences that start this step, in turns by client and request, each with its first chunk (at
+        most share tokens), within tokens, the free slots and KV blocks; a client already holding
+        max_seqs_per_client slots waits for one of its own to finish."""
         plan: StepPlan = []
-        slots = sum(by_group.values())
-        per_request = max_seqs_per_request(self.max_num_seqs)
-        full = {g for g, held in by_group.items() if held >= per_request}
+        slots = sum(by_client.values())
+        per_client = max_seqs_per_client(self.max_num_seqs)
+        full = {c for c, held in by_client.items() if held >= per_client}
         while tokens > 0:
             seq = self.waiting.next_outside(full)
             if seq is None:
                 break
-            need, group = 1 + len(seq.forks), group_of(seq)
-            held = by_group.get(group, 0)
+            need, client = 1 + len(seq.forks), client_of(seq)
+            held = by_client.get(client, 0)
             if slots + need > self.max_num_seqs:
                 break
-            if held and held + need > per_request and not self.waiting.resumes(seq):
-                full.add(group)
+            if held and held + need > per_client and not self.waiting.resumes(seq):
+                full.add(client)
                 continue
             # An embedding input, or a prompt whose logprobs were asked for, needs every row's hidden state, so it
             # computes its cached prefix too.
             every_row = seq.pooling or seq.params.prompt_logprobs is not None
+            rope_switch.admit(self.rope_switch, seq)  # before the lookup: the prefix hashes depend on it
             hit_ids, hit_hashes = ([], []) if every_row else self.block_manager.find_cached_prefix(seq)
             n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, tokens, share)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
@@ -198,7 +206,7 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             slots += need
-            by_group[group] = held + need
+            by_client[client] = held + need
             plan.append(ScheduledSeq(seq, n, pool=seq.pooling, prompt_logprobs=_wants_prompt_logprobs(seq)))
             tokens -= n
         return plan

@@ -1,4 +1,9 @@
-"""One generated continuation of a request (a request with n > 1 has n sequences)."""
+"""One generated continuation of a request (a request with n > 1 has n sequences).
+
+Made by admission.request_sequences (embedding.embedding_sequences for embedding inputs); from then on written by
+Scheduler.postprocess and the scheduler's own steps (status, forks, finishing), the block manager for what goes
+with its blocks (block_table, block_hashes, state_slot, and the computed tokens a prefix hit or a freeing sets).
+Everything else reads it."""
 
 import enum
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ class Sequence:
     generator: torch.Generator | None = None  # set when the request is seeded
     matcher: object | None = None  # structured output: which tokens may come next (xgrammar)
     group: str | None = None  # whose turn it is at admission (the client's request; None: request_id)
+    client: str | None = None  # who sent it (None: a client of its own request); its turns and slot share
     # An embedding input: its prompt is computed and its hidden rows pooled, nothing is sampled (engine/embedding.py)
     pooling: bool = False
     pooled: torch.Tensor | None = None  # the sum of its hidden rows computed so far
@@ -38,7 +44,13 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)
+    # the sliding-window layers' blocks, by the same index as block_table; -1 where no window reads any more
+    # (engine/window_blocks.py); empty without a sliding group
+    window_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chain hashes of the leading full blocks
+    # its row 0 in the model's rotary table: 0 (the scaled rows), or the short rows' start where RoPE switches by
+    # length and it is within the switch length (engine/rope_switch.py)
+    rope_offset: int = 0
     state_slot: int | None = None  # a hybrid model's: its linear-attention state's slot (engine/state_pool.py)
     finish_reason: str | None = None  # stop | length | abort | error
     stop_reason: int | str | None = None
@@ -48,10 +60,6 @@ class Sequence:
     cumulative_logprob: float = 0.0
     # the request's prompt logprobs, on its first sequence (engine/prompt_logprobs.py): one entry per prompt token
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    # What the last delta reached: output tokens and characters of text already handed out.
-    num_sent_tokens: int = 0
-    num_sent_chars: int = 0
-    sent_prompt_logprobs: bool = False
 
     @property
     def num_tokens(self) -> int:

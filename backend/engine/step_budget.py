@@ -67,6 +67,6 @@ def fair_share(needs: list[int], tokens: int) -> int:
     return max(needs, default=tokens)
 
 
-def max_seqs_per_request(max_num_seqs: int) -> int:
-    """The slots one running request may hold: all but a quarter, which stays for other clients."""
+def max_seqs_per_client(max_num_seqs: int) -> int:
+    """The slots one client's running requests may hold: all but a quarter, which stays for other clients."""
     return max(1, max_num_seqs - max_num_seqs // 4)

@@ -44,3 +44,35 @@ def from_hf(cfg: dict, arch: str, source: str) -> ModelConfig:
         for kind in types
     )
     return mc
+
+
+# llama.cpp's layout of gpt-oss (convert_hf_to_gguf.py's GptOssModel): gate and up experts as two stacks (the
+# checkpoint's interleaved rows split), MXFP4 kept as its blocks (GGML type 39), sinks as attn_sinks.weight.
+GGUF_LAYOUTS = ("gpt-oss",)
+# its tensors that gguf_load's shared table does not name (the expert stacks' biases: gpt_oss_weights.as_ours)
+GGUF_TENSORS = {
+    "attn_sinks": "self_attn.sinks",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_exps": "mlp.ffn_gate_exps",
+    "ffn_up_exps": "mlp.ffn_up_exps",
+    "ffn_down_exps": "mlp.ffn_down_exps",
+}
+# No key carries the clamped SwiGLU's alpha and limit: llama.cpp's graph (llama-graph.cpp, LLM_FFN_SWIGLU_OAI_MOE)
+# hard-codes gpt-oss's 1.702 and 7.0.
+_GGUF_SWIGLU = (1.702, 7.0)
+
+
+def from_gguf(mc: ModelConfig, arch: str, field, tensors: dict) -> None:
+    """Completes gguf_config's generic reading of a gpt-oss file: the layers' kinds, the router and experts."""
+    mc.architecture = ARCHITECTURES[0]
+    # llama.cpp's softmax over the top-k logits (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT)
+    mc.norm_topk_prob = True
+    mlp = MLPSpec("moe", "softmax_topk", bias=True, clamped_swiglu=_GGUF_SWIGLU)
+    window = int(field(f"{arch}.attention.sliding_window", 128))
+    # llama.cpp's set_swa_pattern(2): layer i slides where i % 2 == 0, as gpt-oss's layer_types alternate
+    mc.layers = tuple(
+        LayerSpec(attention_of(window if i % 2 == 0 else None, sinks=True), mlp) for i in range(mc.num_layers)
+    )
+    if mc.rope_scaling is not None and mc.rope_scaling["rope_type"] == "yarn":
+        # gpt-oss's YaRN keeps its correction range unrounded (config.json's truncate: false); no key says so
+        mc.rope_scaling["truncate"] = False

@@ -11,6 +11,8 @@ from backend.model_config import ModelLoadError
 
 _EXPERTS = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
 _OURS = {"gate_up_proj": "w_gate_up", "down_proj": "w_down"}
+# a gpt-oss GGUF's expert biases (gguf_load names them after llama.cpp's stacks): gate and up apart, [E, I] each
+_GGUF_BIAS = re.compile(r"^(.*\.mlp)\.ffn_(gate|up|down)_exps\.bias$")
 
 # MXFP4 as the OCP Microscaling Formats (MX) Specification v1.0 defines it: blocks of 32 elements (its table 1,
 # MXFP4: k = 32) of FP4 E2M1 sharing one E8M0 scale.
@@ -50,6 +52,20 @@ def as_ours(tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> Iterato
     """The checkpoint's (name, tensor) pairs with the experts and the router's bias in our names and layouts."""
     pending: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
+        if name.endswith(".self_attn.sinks.weight"):  # llama.cpp's attn_sinks.weight
+            yield name.removesuffix(".weight"), tensor
+            continue
+        if b := _GGUF_BIAS.match(name):
+            mlp, role = b.groups()
+            if role == "down":
+                yield f"{mlp}.w_down_bias", tensor
+                continue
+            halves = pending.setdefault((mlp, "gate_up_bias"), {})
+            halves[role] = tensor
+            if len(halves) == 2:
+                del pending[(mlp, "gate_up_bias")]
+                yield f"{mlp}.w_gate_up_bias", torch.cat([halves["gate"], halves["up"]], dim=1)
+            continue
         m = _EXPERTS.match(name)
         if m is None:
             yield name.replace(".mlp.router.bias", ".mlp.gate.bias"), tensor
@@ -67,8 +83,11 @@ def as_ours(tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> Iterato
                 del pending[(mlp, proj)]
                 yield ours, _gate_rows_first(mxfp4_decode(parts["_blocks"], parts["_scales"]), proj)
     if pending:
-        missing = ", ".join(
-            f"{mlp}.experts.{proj}{'_scales' if '_blocks' in p else '_blocks'}"
-            for (mlp, proj), p in pending.items()
-        )
-        raise ModelLoadError(f"{source}: MXFP4 experts without their other half: {missing}")
+        missing = ", ".join(_other_half(mlp, proj, p) for (mlp, proj), p in pending.items())
+        raise ModelLoadError(f"{source}: experts without their other half: {missing}")
+
+
+def _other_half(mlp: str, proj: str, parts: dict) -> str:
+    if proj == "gate_up_bias":  # a GGUF's
+        return f"{mlp}.ffn_{'up' if 'gate' in parts else 'gate'}_exps.bias"
+    return f"{mlp}.experts.{proj}{'_scales' if '_blocks' in parts else '_blocks'}"

@@ -46,6 +46,9 @@ class AttentionMetadata:
     # A hybrid model's: which linear-attention state each decode row and prompt chunk reads (engine/state_pool.py);
     # None without linear layers
     states: StateRows | None = None
+    # What sliding-window layers read where they keep a pool of their own (engine/cache_groups.py): these fields
+    # with that pool's slots and tables; None: every layer reads the fields above
+    sliding: "AttentionMetadata | None" = None
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -149,13 +152,17 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     hkv = k_cache.shape[2]
     block_size = k_cache.shape[1]
     num_blocks = (context_len + block_size - 1) // block_size
-    blocks = block_table[:num_blocks]
-    k = k_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len].transpose(0, 1)
-    v = v_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len].transpose(0, 1)
+    # A window reads from its first query's reach on: the blocks before it are not gathered (a sliding group has
+    # given them back: engine/cache_groups.py)
+    first = max(0, context_len - s - sliding_window + 1) // block_size if sliding_window is not None else 0
+    start = first * block_size
+    blocks = block_table[first:num_blocks]
+    k = k_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len - start].transpose(0, 1)
+    v = v_cache.index_select(0, blocks).to(q.dtype).view(-1, hkv, d)[:context_len - start].transpose(0, 1)
     mask = None  # plain causal: the chunk is the whole context
     if s != context_len or sliding_window is not None:
         q_pos = torch.arange(context_len - s, context_len, device=q.device)[:, None]
-        k_pos = torch.arange(context_len, device=q.device)[None, :]
+        k_pos = torch.arange(start, context_len, device=q.device)[None, :]
         mask = k_pos <= q_pos
         if sliding_window is not None:
             mask &= k_pos > q_pos - sliding_window

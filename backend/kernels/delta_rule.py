@@ -32,14 +32,19 @@ class StateRows:
 _EPS = 1e-6  # the models' L2-norm epsilon, under the square root
 
 
-def _normalise(q: torch.Tensor, k: torch.Tensor, num_value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _normalise(
+    q: torch.Tensor, k: torch.Tensor, num_value_heads: int, tiled: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k [..., num_key_heads, key_dim] L2-normed, q scaled, each key head repeated for the value heads it
-    serves (consecutive value heads share a key head)."""
+    serves: consecutive value heads share a key head, or (tiled) value head h reads key head h % num_key_heads."""
     q, k = q.float(), k.float()
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + _EPS) * q.shape[-1] ** -0.5
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + _EPS)
     repeat = num_value_heads // k.shape[-2]
-    if repeat > 1:
+    if repeat > 1 and tiled:
+        times = [1] * (k.dim() - 2) + [repeat, 1]
+        q, k = q.repeat(*times), k.repeat(*times)
+    elif repeat > 1:
         q, k = q.repeat_interleave(repeat, dim=-2), k.repeat_interleave(repeat, dim=-2)
     return q, k
 
@@ -51,10 +56,12 @@ def recurrent_step(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    tiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of each of B sequences: q, k [B, Hk, Dk], v [B, Hv, Dv], g (log decay) and beta [B, Hv], state
-    [B, Hv, Dk, Dv] fp32. Returns (output [B, Hv, Dv] fp32, the new state)."""
-    q, k = _normalise(q, k, v.shape[-2])
+    [B, Hv, Dk, Dv] fp32; tiled: the value heads' order (_normalise). Returns (output [B, Hv, Dv] fp32, the new
+    state)."""
+    q, k = _normalise(q, k, v.shape[-2], tiled)
     dk, dv = state.shape[-2:]
     s = state * g.float().exp()[..., None, None]
     predicted = (k.unsqueeze(-2) @ s).squeeze(-2)
@@ -73,13 +80,16 @@ def recurrent_in_pool(
     states: torch.Tensor,
     slots: torch.Tensor,
     fresh: torch.Tensor,
+    tiled: bool = False,
 ) -> torch.Tensor:
     """recurrent_step for rows whose states are slots of a pool [num_slots, Hv, Dk, Dv] fp32, read and written in
     place: row i's is states[slots[i]], started from zeros where fresh[i]. Returns the output [B, Hv, Dv] fp32. Our
     C kernel on the CPU (cpu_delta_rule.c), else the torch step between a gather and a scatter."""
     if native.usable(states) and states.is_contiguous():
+        # the kernel finds each value head's key head itself in the checkpoints' order; tiled, each value head
+        # gets its own copy of its key head here (q and k are a few rows beside the states)
+        q, k = _normalise(q, k, v.shape[-2] if tiled else k.shape[-2], tiled)
         hk = k.shape[-2]
-        q, k = _normalise(q, k, hk)  # the kernel finds each value head's key head itself
         rows, hv, dv = v.shape
         out = torch.empty(rows, hv, dv)
         args = [t.float().contiguous() for t in (q, k, v, g, beta)]
@@ -99,8 +109,50 @@ def recurrent_in_pool(
         )
         return out
     state = torch.where(fresh[:, None, None, None], 0.0, states.index_select(0, slots))
-    out, state = recurrent_step(q, k, v, g, beta, state)
+    out, state = recurrent_step(q, k, v, g, beta, state, tiled)
     states.index_copy_(0, slots, state)
+    return out
+
+
+def prefill_in_pool(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slot: int,
+    fresh: bool,
+    tiled: bool = False,
+) -> torch.Tensor:
+    """A run of one sequence's tokens (as chunked takes them) from its slot's state in a pool [num_slots, Hv, Dk, Dv]
+    fp32, zeros where fresh, written back in place. Returns the output [T, Hv, Dv] fp32. Our C kernel on the CPU
+    (the recurrent form token by token, each head's state kept in cache) for runs past one chunk, where it is 3-4x
+    faster; else the chunked form between a read and a write, whose rounding follows transformers' own (the
+    recurrent form's differs from it by as much as transformers' fp32 differs from float64, ~1e-4 in a tiny
+    model's logits)."""
+    if q.shape[0] > CHUNK and native.usable(states) and states.is_contiguous():
+        state = states[slot]
+        if fresh:
+            state.zero_()
+        q, k = _normalise(q, k, v.shape[-2] if tiled else k.shape[-2], tiled)  # as recurrent_in_pool
+        t, hv, dv = v.shape
+        out = torch.empty(t, hv, dv)
+        args = [x.float().contiguous() for x in (q, k, v, g, beta)]
+        native.library().delta_rule_run(
+            *(x.data_ptr() for x in args),
+            state.data_ptr(),
+            out.data_ptr(),
+            t,
+            k.shape[-2],
+            hv,
+            states.shape[-2],
+            dv,
+            torch.get_num_threads(),
+        )
+        return out
+    out, state = chunked(q, k, v, g, beta, None if fresh else states[slot], tiled=tiled)
+    states[slot] = state
     return out
 
 
@@ -112,11 +164,13 @@ def chunked(
     beta: torch.Tensor,
     state: torch.Tensor | None = None,
     chunk: int = CHUNK,
+    tiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """T tokens of one sequence: q, k [T, Hk, Dk], v [T, Hv, Dv], g and beta [T, Hv], state [Hv, Dk, Dv] fp32 or
-    None (zeros). Returns (output [T, Hv, Dv] fp32, the state after the last token)."""
+    None (zeros); tiled: the value heads' order (_normalise). Returns (output [T, Hv, Dv] fp32, the state after the
+    last token)."""
     t, hv, dv = v.shape
-    q, k = _normalise(q, k, hv)
+    q, k = _normalise(q, k, hv, tiled)
     dk = k.shape[-1]
     pad = (-t) % chunk
     # [Hv, N, C, ...]: heads first, then chunks of C tokens; padding tokens have zero key, value and beta and no

@@ -1,8 +1,8 @@
 """Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
 matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c,
 cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c; the small ops, attention and the one-call decode step
-cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c), built into one
-library.
+cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c; an embedding's rows
+from the packed weights cpu_packed_rows.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -30,7 +30,8 @@ log = logging.getLogger("backend")
 
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
-                                                 "moe", "int8", "int8_rows", "nibbles", "delta_rule")]
+                                                 "moe", "int8", "int8_rows", "nibbles", "delta_rule",
+                                                 "packed_rows")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -100,6 +101,9 @@ def load(path: Path) -> ctypes.CDLL:
     lib.qmm.restype = None
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
+    lib.moe_tokens_biased.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_float,
+                                      ctypes.c_float, ptr, i32]
+    lib.moe_tokens_biased.restype = i32
     lib.rows_of_packed.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32, i32, i32, ptr, i64, ptr]
     lib.rows_of_packed.restype = i32
     lib.moe_route_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i32, ptr, ptr, i32]
@@ -111,11 +115,13 @@ def load(path: Path) -> ctypes.CDLL:
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
     lib.delta_rule_rows.argtypes = [ptr] * 9 + [i64] * 5 + [i32]
     lib.delta_rule_rows.restype = None
+    lib.delta_rule_run.argtypes = [ptr] * 7 + [i64] * 5 + [i32]
+    lib.delta_rule_run.restype = None
     f32 = ctypes.c_float
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
                                           ptr, i64, i32]
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
-    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i32]
+    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, i32]
     lib.decode_layers.restype = i32
     lib.struct_layouts.argtypes = [ptr]
     lib.int8_vnni.restype = i32

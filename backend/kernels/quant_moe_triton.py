@@ -22,8 +22,20 @@ MOE_BLOCK_N = 16  # rows of an expert a (token, expert) program reads
 
 
 @triton.jit
+def _swiglu(gate, up, alpha, limit, CLAMP: tl.constexpr):
+    """silu(gate) * up, or gpt-oss's clamped form (moe_torch.swiglu_clamped's order of operations)."""
+    if CLAMP:
+        g = tl.minimum(gate, limit)
+        u = tl.minimum(tl.maximum(up, -limit), limit)
+        act = (u + 1.0) * (g * (1.0 / (1.0 + tl.exp(-(g * alpha)))))
+    else:
+        act = gate / (1.0 + tl.exp(-gate)) * up
+    return act
+
+
+@triton.jit
 def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, rb_gate, rb_up,
-                    tab_ptr, TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
+                    tab_ptr, bias_ptr, alpha, limit, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKWISE_GATE: tl.constexpr,
                     BLOCKWISE_UP: tl.constexpr):
     mb = tl.program_id(0)
@@ -55,14 +67,17 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
             wu = dequant_tile(wu_ptr, w_rows, cols, rb_up, H, FMT_UP).to(x.dtype)
         gate += tl.dot(x, wg, input_precision="ieee")
         up += tl.dot(x, wu, input_precision="ieee")
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    if HAS_BIAS:  # gpt-oss's [E, 2I]: gate's columns, then up's
+        gate += tl.load(bias_ptr + expert * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(bias_ptr + expert * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    act = _swiglu(gate, up, alpha, limit, CLAMP)
     tl.store(inter_ptr + rows[:, None] * INTER + n[None, :], act.to(inter_ptr.dtype.element_ty),
              mask=valid[:, None] & nmask[None, :])
 
 
 @triton.jit
 def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER, rb_down,
-                      tab_ptr, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      tab_ptr, bias_ptr, HAS_BIAS: tl.constexpr, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCKWISE: tl.constexpr):
     mb = tl.program_id(0)
     if mb >= tl.load(used_ptr):
@@ -84,6 +99,8 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
         else:
             w = dequant_tile(w_ptr, w_rows, tl.minimum(k, INTER - 1)[:, None], rb_down, INTER, FMT).to(a.dtype)
         acc += tl.dot(a, w, input_precision="ieee")
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * H + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
     acc = acc * weight[:, None]
     tl.store(out_ptr + tl.where(valid, pairs, 0)[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -91,7 +108,8 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
 
 
 @triton.jit
-def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, tab_ptr, TOP_K: tl.constexpr,
+def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, stride_g, stride_u, tab_ptr, bias_ptr, alpha,
+                         limit, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, TOP_K: tl.constexpr,
                    FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_N: tl.constexpr):
     # One program per (token, expert) pair and BLOCK_N rows of that expert's gate and up: SiLU(gate) * up.
     pair = tl.program_id(0).to(tl.int64)
@@ -104,12 +122,16 @@ def _block_moe_up_kernel(x_ptr, wg_ptr, wu_ptr, ids_ptr, inter_ptr, H, INTER, st
     for kb in range(0, tl.cdiv(H, 256)):
         gate += block_dot(wg_ptr, rows * stride_g, kb, x_row, H, tab_ptr, FMT_GATE, BLOCK_N)
         up += block_dot(wu_ptr, rows * stride_u, kb, x_row, H, tab_ptr, FMT_UP, BLOCK_N)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + expert * 2 * INTER + n, mask=n < INTER, other=0.0).to(tl.float32)
+        up += tl.load(bias_ptr + expert * 2 * INTER + INTER + n, mask=n < INTER, other=0.0).to(tl.float32)
+    act = _swiglu(gate, up, alpha, limit, CLAMP)
     tl.store(inter_ptr + pair * INTER + n, act.to(inter_ptr.dtype.element_ty), mask=n < INTER)
 
 
 @triton.jit
-def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, tab_ptr, FMT: tl.constexpr,
+def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, INTER, stride, tab_ptr, bias_ptr,
+                           HAS_BIAS: tl.constexpr, FMT: tl.constexpr,
                      BLOCK_N: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -118,11 +140,25 @@ def _block_moe_down_kernel(inter_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, H, I
     acc = tl.zeros([BLOCK_N], tl.float32)
     for kb in range(0, tl.cdiv(INTER, 256)):
         acc += block_dot(w_ptr, rows * stride, kb, inter_ptr + pair * INTER, INTER, tab_ptr, FMT, BLOCK_N)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * H + n, mask=n < H, other=0.0).to(tl.float32)
     acc = acc * tl.load(weights_ptr + pair).to(tl.float32)
     tl.store(out_ptr + pair * H + n, acc.to(out_ptr.dtype.element_ty), mask=n < H)
 
 
-def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
+def _activation(x, biases, clamped_swiglu) -> tuple:
+    """The kernels' bias and activation arguments: gate|up's bias, down's, alpha, limit and their two flags (x stands
+    in for an absent bias, never read)."""
+    b_gate_up, b_down = biases or (None, None)
+    if (b_gate_up is None) != (b_down is None):
+        raise ValueError("the Triton MoE takes both expert biases (gate|up and down) or neither")
+    has_bias = b_gate_up is not None
+    alpha, limit = clamped_swiglu or (1.0, 0.0)
+    return (b_gate_up.contiguous() if has_bias else x, b_down.contiguous() if has_bias else x, float(alpha),
+            float(limit), has_bias, clamped_swiglu is not None)
+
+
+def moe_gemv(x, gate, up, down, topk_weights, topk_ids, biases=None, clamped_swiglu=None) -> torch.Tensor:
     """fused_moe's contract for a few tokens: every (token, expert) pair reads its expert's rows
     itself (pairs of one expert run side by side and share them through the cache); no sorting by expert."""
     (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
@@ -137,12 +173,14 @@ def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
     inter = torch.empty(pairs, inter_size, dtype=x.dtype, device=x.device)
     out_pairs = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
     tables = codebook_tables(x.device)
+    b_gu, b_d, alpha, limit, has_bias, clamp = _activation(x, biases, clamped_swiglu)
     _block_moe_up_kernel[(pairs, triton.cdiv(inter_size, MOE_BLOCK_N))](
         x.contiguous(), wg, wu, ids, inter, hidden, inter_size, hidden if fmt_g == 0 else rb_g,
-        hidden if fmt_u == 0 else rb_u, tables, TOP_K=top_k, FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
+        hidden if fmt_u == 0 else rb_u, tables, b_gu, alpha, limit, HAS_BIAS=has_bias, CLAMP=clamp, TOP_K=top_k,
+        FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_N=MOE_BLOCK_N)
     _block_moe_down_kernel[(pairs, triton.cdiv(hidden, MOE_BLOCK_N))](
         inter, wd, ids, topk_weights.flatten().contiguous(), out_pairs, hidden, inter_size,
-        inter_size if fmt_d == 0 else rb_d, tables, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
+        inter_size if fmt_d == 0 else rb_d, tables, b_d, HAS_BIAS=has_bias, FMT=fmt_d, BLOCK_N=MOE_BLOCK_N)
     return out_pairs.view(tokens, top_k, hidden).sum(1)
 
 
@@ -152,17 +190,19 @@ def moe_gemv(x, gate, up, down, topk_weights, topk_ids) -> torch.Tensor:
 GEMV_TOKENS = 1
 
 
-def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None):
+def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, int] | None = None, biases=None,
+              clamped_swiglu: tuple[float, float] | None = None):
     """x [T, H] -> [T, H]. gate, up, down: (tensor, format, row_bytes), tensors [E, I, ..] / [E, H, ..].
     tiles: the grouped GEMM's, which then runs whatever the token count (its BLOCK_K 256 where a stack is a codebook,
-    whose only reader is block-wise)."""
+    whose only reader is block-wise). gpt-oss's experts: biases (gate|up [E, 2I], down [E, H]) and
+    clamped_swiglu's (alpha, limit), as moe_torch.fused_moe takes them."""
     (wg, fmt_g, rb_g), (wu, fmt_u, rb_u), (wd, fmt_d, rb_d) = gate, up, down
     tokens, hidden = x.shape
     formats = (fmt_g, fmt_u, fmt_d)
     block_formats = set(formats) <= set(BLOCK_FORMATS)
     codebooks = bool(set(formats) & set(CODEBOOK_FORMATS))
     if tiles is None and tokens <= GEMV_TOKENS and block_formats:
-        return moe_gemv(x, gate, up, down, topk_weights, topk_ids)
+        return moe_gemv(x, gate, up, down, topk_weights, topk_ids, biases, clamped_swiglu)
     top_k = topk_ids.shape[1]
     num_experts, inter_size = wg.shape[0], wg.shape[1]
     if tokens == 0:
@@ -181,11 +221,13 @@ def fused_moe(x, gate, up, down, topk_weights, topk_ids, tiles: tuple[int, int, 
     sorted_pairs, block_expert, used, inter, out_pairs = moe_buffers(x, topk_ids, num_experts, inter_size, block_m)
     blocks = block_expert.numel()
     x = x.contiguous()
+    b_gu, b_d, alpha, limit, has_bias, clamp = _activation(x, biases, clamped_swiglu)
     _qmoe_up_kernel[(blocks, triton.cdiv(inter_size, block_n))](
-        x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, tables, TOP_K=top_k,
+        x, wg, wu, sorted_pairs, block_expert, used, inter, hidden, inter_size, rb_g, rb_u, tables, b_gu, alpha, limit,
+        HAS_BIAS=has_bias, CLAMP=clamp, TOP_K=top_k,
         FMT_GATE=fmt_g, FMT_UP=fmt_u, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE_GATE=bw_g,
         BLOCKWISE_UP=bw_u)
     _qmoe_down_kernel[(blocks, triton.cdiv(hidden, block_n))](
         inter, wd, sorted_pairs, block_expert, used, topk_weights.flatten().contiguous(), out_pairs, hidden,
-        inter_size, rb_d, tables, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=bw_d)
+        inter_size, rb_d, tables, b_d, HAS_BIAS=has_bias, FMT=fmt_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=bw_d)
     return out_pairs.view(tokens, top_k, hidden).sum(1)

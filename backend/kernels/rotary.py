@@ -1,10 +1,14 @@
 """Rotary position embedding in the "rotate half" layout of Hugging Face checkpoints (torch reference)."""
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from backend.kernels import native, use_triton
+
+if TYPE_CHECKING:
+    from backend.model_config import ModelConfig
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -82,6 +86,20 @@ def cos_sin_table(head_dim: int, theta: float, scaling: dict | None, max_positio
     table = torch.stack([emb.cos(), emb.sin()], dim=1)
     scale = attention_factor(scaling)
     return table if scale == 1.0 else table * scale
+
+
+def model_cos_sin(cfg: "ModelConfig", max_positions: int, theta: float | None = None) -> torch.Tensor:
+    """The model's rotary rows, [rows, 2, rotary_dim] in fp32: every position under its rope_scaling, then, where
+    its RoPE switches by length (ModelConfig.rope_switch_length), the positions before the switch under its
+    short_rope_scaling, which a sequence within that length reads at an offset (engine/rope_switch.py). theta: a
+    layer's own base instead, unscaled in both parts (Gemma 3's local layers)."""
+    scaled = cos_sin_table(cfg.rotary_dim, theta or cfg.rope_theta, None if theta else cfg.rope_scaling, max_positions)
+    length = cfg.rope_switch_length
+    if not length:
+        return scaled
+    if theta:
+        return torch.cat([scaled, scaled[:length]])
+    return torch.cat([scaled, cos_sin_table(cfg.rotary_dim, cfg.rope_theta, cfg.short_rope_scaling, length)])
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -156,11 +156,13 @@ class CpuDecoder:
         x = self.model.model.embed(input_ids).contiguous()
         cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
+        window = meta.sliding or meta  # sliding layers' slots and tables (engine/cache_groups.py)
         d = self.shape.head_dim
         done = native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-            tables.shape[1] * self.shape.block_size, torch.get_num_threads())
+            tables.shape[1] * self.shape.block_size, window.slot_mapping.data_ptr(),
+            window.decode_block_tables.data_ptr(), window.decode_block_tables.stride(0), torch.get_num_threads())
         if not done:
             raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row decode step: lower --max-num-seqs")
         return x

@@ -25,8 +25,6 @@ from backend.kernels.attention import AttentionMetadata
 from backend.layer_spec import AttentionSpec
 from backend.model_config import ModelConfig
 
-GROUPED_PROJECTIONS = ("Qwen3NextForCausalLM",)  # the architectures whose projections are grouped by key head
-
 
 class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: AttentionSpec):
@@ -36,7 +34,7 @@ class GatedDeltaNet(nn.Module):
         self.k_dim, self.v_dim = shape.key_head_dim, shape.value_head_dim
         self.key_size, self.value_size = self.num_k_heads * self.k_dim, self.num_v_heads * self.v_dim
         self.conv_dim = 2 * self.key_size + self.value_size
-        self.grouped = cfg.architecture in GROUPED_PROJECTIONS
+        self.grouped, self.tiled = shape.grouped_projections, shape.tiled_value_heads
         self.eps = cfg.rms_norm_eps
         self.in_proj_qkvz = nn.Linear(cfg.hidden_size, self.conv_dim + self.value_size, bias=False)
         self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * self.num_v_heads, bias=False)
@@ -110,7 +108,9 @@ class GatedDeltaNet(nn.Module):
         window = torch.cat([conv, mixed.float()[:, :, None]], dim=-1)  # [n, conv_dim, kernel]
         self.conv_state.index_copy_(0, slots, window[:, :, 1:])
         mixed = F.silu((window * self.conv1d.weight[:, 0].float()).sum(-1))
-        return delta_rule.recurrent_in_pool(*self._split(mixed), g, beta, self.delta_state, slots, fresh)
+        return delta_rule.recurrent_in_pool(
+            *self._split(mixed), g, beta, self.delta_state, slots, fresh, self.tiled
+        )
 
     def _verify(self, mixed, g, beta, slot: torch.Tensor) -> torch.Tensor:
         """A run that verifies drafts: each row computed as a decode row (the same arithmetic, so that greedy
@@ -147,10 +147,9 @@ class GatedDeltaNet(nn.Module):
         window = torch.cat([conv, mixed.float().t()], dim=-1)  # [conv_dim, keep + run]
         self.conv_state.index_copy_(0, slot, window[None, :, -keep:])
         mixed = F.silu(F.conv1d(window[None], self.conv1d.weight.float(), groups=self.conv_dim)[0].t())
-        state = None if fresh else self.delta_state[slot][0]
-        out, state = delta_rule.chunked(*self._split(mixed), g, beta, state)
-        self.delta_state.index_copy_(0, slot, state[None])
-        return out
+        return delta_rule.prefill_in_pool(
+            *self._split(mixed), g, beta, self.delta_state, int(slot), fresh, self.tiled
+        )
 
     def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMS norm over each value head, scaled by the weight, times SiLU(z); [t, value_size]."""

@@ -35,8 +35,8 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = nn.Linear(h, 1, bias=False) if cfg.shared_expert_gated else None
 
     def use_quantized(self, experts: nn.Module) -> None:
-        """Compute with these (backend.quant.experts.QuantExperts) instead of the float stacks."""
-        self._only_plain_experts("quantized")
+        """Compute with these (backend.quant.experts.QuantExperts) instead of the float stacks (gpt-oss's biases
+        stay this module's)."""
         del self.w_gate_up, self.w_down
         self.experts = experts
 
@@ -63,7 +63,7 @@ class SparseMoE(nn.Module):
     def _only_plain_experts(self, what: str) -> None:
         if self.spec.bias or self.spec.clamped_swiglu:
             raise ValueError(f"experts with biases and the clamped SwiGLU (gpt-oss) cannot be {what} yet: load the "
-                             "model without quantization and with every expert on the device")
+                             "model with every expert on the device")
 
     def _split(self, slots: int, device: torch.device):
         from backend.models.split_experts import SplitExperts
@@ -111,7 +111,8 @@ class SparseMoE(nn.Module):
         if self.expert_cache is not None:
             out = self.expert_cache.compute(x, weights.to(x.dtype), ids)
         elif self.experts is not None:
-            out = self.experts(x, weights.to(x.dtype), ids)
+            biases = None if self.w_gate_up_bias is None else (self.w_gate_up_bias, self.w_down_bias)
+            out = self.experts(x, weights.to(x.dtype), ids, biases=biases, clamped_swiglu=self.spec.clamped_swiglu)
         else:
             out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids, self.w_gate_up_bias, self.w_down_bias,
                             self.spec.clamped_swiglu)

@@ -16,7 +16,7 @@ from torch import nn
 
 from backend.kernels.attention import AttentionMetadata, paged_attention, store_kv
 from backend.kernels.norm import add_rms_norm, rms_norm
-from backend.kernels.rotary import apply_rotary, cos_sin_table
+from backend.kernels.rotary import apply_rotary, model_cos_sin
 from backend.layer_spec import AttentionSpec, LayerSpec
 from backend.model_config import ModelConfig, ModelLoadError
 from backend.models.gated_deltanet import GatedDeltaNet
@@ -107,6 +107,8 @@ class Attention(nn.Module):
             qk = qkv[:, :self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
         qk = self._rotate(qk, *rope[self.rope_table]) if self.rope else qk.contiguous()
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        if self.sliding_window is not None and meta.sliding is not None:  # its own pool's slots and tables
+            meta = meta.sliding
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window, self.sinks)
         out = out.reshape(t, self.q_size)
@@ -201,11 +203,11 @@ class CausalLM(nn.Module):
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        table = cos_sin_table(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
-        self.register_buffer("cos_sin", table, persistent=False)
+        # indexed by each row's place in the table: its position, offset where RoPE switches by length
+        self.register_buffer("cos_sin", model_cos_sin(cfg, max_positions), persistent=False)
         # Layers' own bases: cast with the model (loader.py rebuilds only cos_sin), which rounds them as the cast
         # of each step's rows would; None where every layer rotates by the model's table.
-        own = [cos_sin_table(cfg.rotary_dim, theta, None, max_positions) for theta in rope_bases(cfg)[1:]]
+        own = [model_cos_sin(cfg, max_positions, theta) for theta in rope_bases(cfg)[1:]]
         self.register_buffer("own_cos_sin", torch.stack(own) if own else None, persistent=False)
 
     def tie_weights(self) -> None:

@@ -1,10 +1,12 @@
 """GGUF blocks repacked at load for our CPU kernel (cpu_kernel.c), and the calls into it.
 
 The kernel reads each weight as fma(q, scale, offset) in fp32 from small integer codes (4 bits for the
-4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones and for the grid and table values of the codebook
-formats, IQ*, MXFP4, TQ*) with one scale and offset per group of 32 weights (16 for Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S
+4-bit and 2/3-bit formats, 8 bits for the 5-, 6- and 8-bit ones and for the grid values of the other codebook
+formats, IQ1-IQ3, TQ*) with one scale and offset per group of 32 weights (16 for Q2_K, Q3_K, Q6_K, IQ2_XS, IQ2_S
 and IQ1_M): formats.decode's affine form, so the weights are gguf-py's dequantize bit
-for bit, and x, the products and the sums stay fp32. Weight rows are interleaved 16 at a time (each k's 16
+for bit, and x, the products and the sums stay fp32. The formats of a 16-value table (IQ4_NL, IQ4_XS, MXFP4) keep
+the values' 4-bit places in it and the kernels look the values up (a byte shuffle, or the vpermps the 4-bit codes
+take anyway): 4.5 bits a weight, not 8.5 (TABLES). Weight rows are interleaved 16 at a time (each k's 16
 codes together), so that one decoded vector of weights meets up to 8 rows of x, register-blocked, with no
 horizontal sums: one loop for decode steps, batches and prefill chunks, whose arithmetic for a row is the same
 whatever the number of rows (batch-invariant). Scales are kept in fp16 where that is exact (every format with
@@ -36,10 +38,17 @@ from dataclasses import dataclass
 import torch
 
 from backend.kernels import native
+from backend.quant.codebooks import table_values
 from backend.quant.formats import Format, composed, decode, decode_parts
 
 # Formats whose q fits 4 bits once shifted by `lo` (so q4 = q - lo, offset + lo * scale folded in).
 _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
+# Formats whose q is one of a table's 16 values: kept as its 4-bit index, bits TABLE_BITS + the table's place in
+# TABLES, looked up in the kernels (cpu_exports.h; their C tables are these, the tests compare)
+TABLES = ("IQ4_NL", "MXFP4")
+TABLE_BITS = 16
+_TABLE_OF = {"IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_NL", "MXFP4": "MXFP4"}
+CODE_BITS = {4: 4, 6: 6, 7: 8, 8: 8, TABLE_BITS: 4, TABLE_BITS + 1: 4}  # a layout's bits -> a code's in `codes`
 
 
 PANEL = 16  # weight rows interleaved
@@ -48,7 +57,7 @@ TILE_PANELS = 4  # the most panels a tile of the kernel reads at once: rows are 
 
 @dataclass(frozen=True)
 class Layout:
-    bits: int  # 4 or 8 (in the pairs' order 4, 7 or 8, paired_bits's)
+    bits: int  # 4, 8 or a table's, TABLE_BITS + t (in pairs 4, 7 or 8, paired_bits's; in quads quad_bits's)
     group: int  # weights per scale: 16 or 32
     scale_kind: int  # how scales (and offsets) are stored: SCALES_FP32, SCALES_FP16, or the groups a superblock of
     # a K-quant's parts (parts_of)
@@ -86,7 +95,9 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
     q = q.view(rows, cols).to(torch.int16)
     scale = scale.reshape(rows, -1)
     offset = offset.reshape(rows, -1) if offset is not None else None
-    lo = _FOUR_BIT_LO.get(fmt.name)
+    lo, table = _FOUR_BIT_LO.get(fmt.name), _TABLE_OF.get(fmt.name)
+    if table is not None:
+        q = _indices(q, table)
     if lo is not None and lo:  # q * s + o = (q - lo) * s + (o + lo * s); exact, as lo * s is and their sum is a weight
         offset = (offset if offset is not None else 0) + lo * scale
         q = q - lo
@@ -120,12 +131,37 @@ def pack(raw: torch.Tensor, fmt: Format, cols: int, kind: int | None = None
             return t.half().view(torch.int16) if kind == SCALES_FP16 else t.float().view(torch.int32)
 
     codes = interleaved(q)  # [panels, cols, 16]
-    if lo is not None:  # byte j: row j's code, then row j + 8's in the high nibble
+    if lo is not None or table is not None:  # byte j: row j's code, then row j + 8's in the high nibble
         codes = (codes[..., :8] | (codes[..., 8:] << 4)).to(torch.uint8)
     else:
         codes = codes.to(torch.int8).view(torch.uint8)
-    layout = Layout(4 if lo is not None else 8, group, kind, offset is not None)
+    bits = 4 if lo is not None else 8 if table is None else TABLE_BITS + TABLES.index(table)
+    layout = Layout(bits, group, kind, offset is not None)
     return codes.contiguous(), stored(scale), stored(offset), layout
+
+
+def _indices(q: torch.Tensor, table: str) -> torch.Tensor:
+    """A table's values -> their places in it (MXFP4's two zeros, +0 and -0 in the format and both 0 as gguf-py
+    decodes them: the first)."""
+    values = table_values(table, q.device).to(torch.int64) + 128
+    inverse = torch.full((256,), -1, dtype=torch.int16, device=q.device)
+    inverse[values.flip(0)] = torch.arange(15, -1, -1, dtype=torch.int16, device=q.device)  # the first place wins
+    index = inverse[(q + 128).to(torch.int32)]
+    if int(index.min()) < 0:
+        raise ValueError(f"a weight that is none of {table}'s values")
+    return index
+
+
+def tabled(bits: int) -> bool:
+    """Whether codes of these bits are indices into a table (TABLES)."""
+    return bits >= TABLE_BITS
+
+
+def untabled(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """pack's 4-bit indices into a table ([panels, K, 8], bits TABLE_BITS + t) as pack's 8-bit codes of their values
+    ([panels, K, 16]): for the kernels that look up no table (AMX tiles', pair_order)."""
+    values = table_values(TABLES[bits - TABLE_BITS], codes.device)
+    return values[torch.cat([codes & 15, codes >> 4], dim=-1).long()].view(torch.uint8)  # byte j: rows j and j + 8
 
 
 def parts_of(parts: tuple[torch.Tensor, ...], fmt: Format, scale: torch.Tensor, offset: torch.Tensor | None,
@@ -161,8 +197,10 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """pack's codes in AMX tiles' order, for cpu_amx_codes.c (bits: paired_bits's). A weight tile's row r holds
     k = 2r and 2r + 1 of the panel's 16 rows, word i column i // 2 at k = 2r + i % 2. 4-bit codes [panels, K, 8]
     -> [panels, K / 4, 32], 32 bytes for rows 2c (low nibbles) and 2c + 1 (high); 8-bit codes [panels, K, 16]
-    -> bytes [panels, K / 2, 32], a row each: q + 64 (7) or q + 128 (8)."""
+    -> bytes [panels, K / 2, 32], a row each: q + 64 (7) or q + 128 (8). Never a table's codes (untabled first)."""
     panels, cols = codes.shape[0], codes.shape[1]
+    if codes.shape[2] * 8 != PANEL * (4 if bits == 4 else 8):
+        raise ValueError(f"codes of {codes.shape[2] * 8 // PANEL} bits in pairs of bits {bits}")
     if bits == 4:
         q = torch.cat([codes & 15, codes >> 4], dim=-1)  # [panels, K, 16]: byte j held rows j and j + 8
     else:
@@ -175,11 +213,11 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def quad_bits(codes: list[torch.Tensor], bits: int) -> int:
-    """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit stay 4; 8-bit codes take 6 where
+    """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit (and a table's) stay; 8-bit take 6 where
     every q fits -32 .. 31 (Q6_K, Q5_*: a weight in 6 bits, not 8), else 7 where no q is -128 (AVX2 then multiplies
     q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
-    if bits == 4:
-        return 4
+    if bits == 4 or tabled(bits):
+        return bits
     q = [c.view(torch.int8) for c in codes if c.numel()]
     if all(int(c.min()) >= -32 and int(c.max()) <= 31 for c in q):
         return 6
@@ -188,15 +226,15 @@ def quad_bits(codes: list[torch.Tensor], bits: int) -> int:
 
 def quad_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """pack's codes four k's to a 32-bit lane, for cpu_int8.c (bits: quad_bits's). Per panel of 16 rows:
-    4-bit: 64 bytes for each 8 k's, byte 4r + i holding row r's q at k + i in its low nibble and at k + 4 + i in its
-    high one: [panels, K, 8] -> [panels, K / 8, 64].
+    4-bit (and a table's): 64 bytes for each 8 k's, byte 4r + i holding row r's q at k + i in its low nibble and at
+    k + 4 + i in its high one: [panels, K, 8] -> [panels, K / 8, 64].
     6-bit (u = q + 32, 0 .. 63): 192 bytes for each 16 k's: their low 4 bits as two 4-bit units (k .. k + 7, then
     k + 8 .. k + 15), then 64 bytes of their high 2 bits, byte 4r + i holding those of k + i, k + 4 + i, k + 8 + i
     and k + 12 + i from its low bits up: [panels, K, 16] -> [panels, K / 16, 192].
     7 or 8-bit: 64 bytes for each 4 k's, byte 4r + i row r's q at k + i plus 128: [panels, K, 16] -> [panels,
     K / 4, 64]."""
     panels, cols = codes.shape[0], codes.shape[1]
-    if bits == 4:
+    if bits == 4 or tabled(bits):
         return _nibble_quads(torch.cat([codes & 15, codes >> 4], dim=-1))  # byte j held rows j and j + 8
     if bits == 6:
         u = (codes.view(torch.int8).to(torch.int16) + 32).to(torch.uint8)  # [panels, K, 16]

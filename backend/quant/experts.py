@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from backend.kernels import native, use_triton
-from backend.kernels.moe_torch import expert_groups
+from backend.kernels.moe_torch import expert_groups, swiglu_clamped
 from backend.models.mlp import silu_mul
 from backend.quant.modules import QuantWeight
 
@@ -22,6 +22,10 @@ from backend.quant.modules import QuantWeight
 # (Qwen3-30B-A3B-shaped, 32 experts, AVX2 build: 1.18x the loop at 16, 0.98x at 32, 0.89x at 64; AVX-512 1.10x at 64).
 FEW_TOKENS = 64
 FEW_TOKENS_NARROW = 16
+
+
+# gpt-oss's expert biases: gate|up [E, 2I] and down [E, H] (either may be None), or None
+Biases = tuple[torch.Tensor | None, torch.Tensor | None] | None
 
 
 def one_call_tokens() -> int:
@@ -91,26 +95,35 @@ class QuantExperts(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                tensors: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """x [T, H]; topk_* [T, K] -> [T, H]. tensors: the stacks to use instead of the module's own."""
+                tensors: list[torch.Tensor] | None = None, biases: Biases = None,
+                clamped_swiglu: tuple[float, float] | None = None) -> torch.Tensor:
+        """x [T, H]; topk_* [T, K] -> [T, H]. tensors: the stacks to use instead of the module's own. gpt-oss's
+        experts: biases (gate|up [E, 2I], down [E, H]) and clamped_swiglu's (alpha, limit) as fused_moe takes them."""
         g, u, d = self._split(tensors if tensors is not None else self.tensors())
         if use_triton(x) and len(g) == len(u) == len(d) == 1:
             from backend.kernels import quant_moe_triton
 
             return quant_moe_triton.fused_moe(
                 x, (g[0], self.gate.code, self.gate.row_bytes), (u[0], self.up.code, self.up.row_bytes),
-                (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids)
+                (d[0], self.down.code, self.down.row_bytes), topk_weights, topk_ids, biases=biases,
+                clamped_swiglu=clamped_swiglu)
         if tensors is None and native.usable(x, topk_weights) and self.packed() and self._call_takes(x, topk_ids):
-            out = self._few_tokens(x, topk_weights, topk_ids)
+            out = self._few_tokens(x, topk_weights, topk_ids, biases, clamped_swiglu)
             if out is not None:
                 return out
         weights = topk_weights.flatten()
         out = torch.zeros_like(x)
+        b_gate_up, b_down = biases or (None, None)
         for expert, pairs, tokens in expert_groups(topk_ids, g[0].shape[0]):
             xe = x[tokens]
-            h = silu_mul(torch.cat([self.gate.matmul(xe, expert, g), self.up.matmul(xe, expert, u)], dim=-1))
-            y = self.down.matmul(h, expert, d) * weights[pairs, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
+            gate_up = torch.cat([self.gate.matmul(xe, expert, g), self.up.matmul(xe, expert, u)], dim=-1)
+            if b_gate_up is not None:
+                gate_up = gate_up + b_gate_up[expert]
+            h = silu_mul(gate_up) if clamped_swiglu is None else swiglu_clamped(gate_up, *clamped_swiglu)
+            y = self.down.matmul(h, expert, d)
+            if b_down is not None:
+                y = y + b_down[expert]
+            out.index_add_(0, tokens, (y * weights[pairs, None]).to(out.dtype))
         return out
 
     def packed(self) -> bool:
@@ -129,15 +142,22 @@ class QuantExperts(nn.Module):
         """Whether these tokens' experts go through one C call (which raises the IndexError for bad expert ids)."""
         return x.shape[0] <= one_call_tokens()
 
-    def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor) -> torch.Tensor | None:
+    def _few_tokens(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    biases: Biases = None, clamped_swiglu: tuple[float, float] | None = None) -> torch.Tensor | None:
         """x [T, H]: the loop's result in one call (None where it found no memory: the loop runs instead)."""
         ids, weights = topk_ids.to(torch.int64).contiguous(), topk_weights.float().contiguous()
         out = x.new_empty(x.shape[0], self.down.rows)
         x = x.contiguous()
-        done = native.library().moe_tokens(
-            x.data_ptr(), x.shape[0], ids.data_ptr(), weights.data_ptr(), ids.shape[1], self.num_experts,
-            *(ctypes.byref(s) for s in self.stacks()), out.data_ptr(), torch.get_num_threads())
+        args = (x.data_ptr(), x.shape[0], ids.data_ptr(), weights.data_ptr(), ids.shape[1], self.num_experts,
+                *(ctypes.byref(s) for s in self.stacks()))
+        if biases is None and clamped_swiglu is None:
+            done = native.library().moe_tokens(*args, out.data_ptr(), torch.get_num_threads())
+        else:
+            b = [None if t is None else t.float().contiguous() for t in (biases or (None, None))]
+            alpha, limit = clamped_swiglu or (0.0, 0.0)
+            done = native.library().moe_tokens_biased(
+                *args, *(None if t is None else t.data_ptr() for t in b), alpha, limit, out.data_ptr(),
+                torch.get_num_threads())
         if done < 0:
             raise IndexError(f"an expert id outside this layer's {self.num_experts} experts")
         return out if done else None

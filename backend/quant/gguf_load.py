@@ -16,6 +16,7 @@ from itertools import groupby
 import numpy as np
 import torch
 
+from backend.families import gpt_oss, qwen3_next
 from backend.families.deepseek import kv_b_from_split
 from backend.gguf_config import ROPE_PERMUTED
 from backend.model_config import ModelLoadError
@@ -50,14 +51,14 @@ _LAYOUT_LAYER = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_
                  "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"},
                  # GLM-4.5's norm before the MLP, under the name llama.cpp's glm4moe gives it
-                 "glm4moe": {"post_attention_norm": "post_attention_layernorm"}}
+                 "glm4moe": {"post_attention_norm": "post_attention_layernorm"}, "gpt-oss": gpt_oss.GGUF_TENSORS}
 # layouts whose converter stores each (1 + w) norm as 1 + w; our norms add the 1 themselves (in fp32, which a
 # bf16 copy of 1 + w would round away)
 _NORMS_PLUS_ONE = ("gemma3",)
 _EXPERT_ROLE = {"ffn_gate": 0, "ffn_up": 1, "ffn_down": 2}
 _LEGACY_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")  # older Mixtral files: one tensor per expert
 _FUSED = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
-          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)}
+          ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1), **qwen3_next.FUSED}
 
 
 @dataclass
@@ -86,7 +87,8 @@ def entries(reader, source: str, arch: str) -> list[Entry]:
     for t in reader.tensors:
         parts = t.name.split(".")
         if parts[0] == "blk":
-            layer, kind, suffix = int(parts[1]), ".".join(parts[2:-1]), parts[-1]
+            # a tensor named without .weight (qwen3next's ssm_a) is its own kind and suffix
+            layer, kind, suffix = int(parts[1]), ".".join(parts[2:-1]) or parts[-1], parts[-1]
             if layer >= run:
                 continue  # glm4moe's multi-token prediction layers, which we do not run
         else:
@@ -96,8 +98,10 @@ def entries(reader, source: str, arch: str) -> list[Entry]:
         prefix = f"model.layers.{layer}." if layer is not None else ""
         if m := _LEGACY_EXPERT.match(kind):
             out.append(Entry(t, f"{prefix}mlp", layer, kind, expert=int(m.group(2)), role=_EXPERT_ROLE[m.group(1)]))
-        elif kind.endswith("_exps") and kind[:-5] in _EXPERT_ROLE:
+        elif kind.endswith("_exps") and kind[:-5] in _EXPERT_ROLE and suffix == "weight":  # gpt-oss's biases: floats
             out.append(Entry(t, f"{prefix}mlp", layer, kind, role=_EXPERT_ROLE[kind[:-5]]))
+        elif layer is not None and arch in qwen3_next.GGUF_LAYOUTS and (ours := qwen3_next.gguf_name(kind, suffix)):
+            out.append(Entry(t, prefix + ours, layer, kind))
         elif (layer is None and kind in _GLOBAL) or (layer is not None and kind in layer_names):
             out.append(Entry(t, f"{prefix}{(_GLOBAL if layer is None else layer_names)[kind]}.{suffix}", layer, kind))
         else:
@@ -157,6 +161,8 @@ class GGUFLoad:
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if self.arch in ROPE_PERMUTED and e.kind in ("attn_q", "attn_k"):
             data = _unpermute_rope(data, self.cfg.num_heads if e.kind == "attn_q" else self.cfg.num_kv_heads)
+        if self.arch in qwen3_next.GGUF_LAYOUTS:
+            data = qwen3_next.gguf_array(e.kind, data, self.cfg, e.layer)
         return data
 
     # planning, on the meta model -------------------------------------------------------------------

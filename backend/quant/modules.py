@@ -61,6 +61,9 @@ class QuantWeight(nn.Module):
         # An expert stack is in panels or quads (cpu_moe.c reads both): not AMX tiles' pairs.
         if self.cols % 32 == 0 and native.enabled():
             if products == "bfloat16" and native.amx() and not self.lead:  # every product bf16's, on the tiles
+                if cpu_layout.tabled(layout.bits):  # whose kernels look up no table: the values' 8-bit codes
+                    packs = [(cpu_layout.untabled(p[0], layout.bits), *p[1:]) for p in packs]
+                    layout = dataclasses.replace(layout, bits=8)
                 bits = cpu_layout.paired_bits([p[0] for p in packs], layout.bits)
                 packs = [(cpu_layout.pair_order(p[0], bits), *p[1:]) for p in packs]
                 layout = dataclasses.replace(layout, bits=bits, order="pairs")

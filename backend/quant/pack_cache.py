@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 PARTS = ("codes", "scales", "offsets")
 SUFFIX = ".packed"
 KEEP = 2  # entries kept per GGUF file name (this version of the file and the one before)
-_CODE_BITS = {4: 4, 6: 6, 7: 8, 8: 8}  # a layout's bits -> the bits each weight's code takes in `codes`
+_CODE_BITS = cpu_layout.CODE_BITS  # a layout's bits -> the bits each weight's code takes in `codes`
 
 
 def _code_version() -> str:

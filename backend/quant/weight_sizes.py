@@ -94,6 +94,7 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
                 dense += 4 * (heads + 2 * kv) * d
         if cfg.o_bias:
             dense += 4 * h
+        dense += 4 * heads if cfg.layers[i].attention.sinks else 0
         if cfg.layers[i].mlp.kind == "dense":
             inter = cfg.intermediate_size
             dense += sum(tensor_bytes(fmt(kind), inter, h) for kind in ("ffn_gate", "ffn_up"))  # mixes differ
@@ -106,6 +107,8 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
         per_expert.append(one)
         experts += one * cfg.num_experts
         dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
+        if cfg.layers[i].mlp.bias:  # gpt-oss's: the router's, and each expert's on gate, up and down (fp32)
+            dense += 4 * cfg.num_experts * (1 + 2 * inter + h)
         if cfg.layers[i].mlp.router == "sigmoid_bias":
             dense += 4 * cfg.num_experts  # the router's selection bias (exp_probs_b)
         if cfg.shared_expert_intermediate_size:
@@ -183,6 +186,8 @@ def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
     formats = {}
     for t in reader.tensors:
         parts = t.name.split(".")
+        if parts[-1] == "bias":  # floats beside their weight (gpt-oss's expert stacks'), which names the format
+            continue
         layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
         fmt = BY_NAME.get(t.tensor_type.name)
         formats[(kind, layer)] = fmt.name if fmt is not None else float_name(dtype)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,11 +85,13 @@ class AsyncEngine:
 
     # Called from the event loop ------------------------------------------------------------------------
 
-    def generate(self, request_id: str, request: AdmittedRequest, group: str | None = None
-                 ) -> AsyncIterator[RequestDelta]:
+    def generate(self, request_id: str, request: AdmittedRequest, group: str | None = None,
+                 client: str | None = None) -> AsyncIterator[RequestDelta]:
         """Yields what each step that advanced the request (LLMEngine.validate_request's result) changed, the last
         delta finished. group: the client's request it is part of (one of a completion's prompts), admitted in
-        turns as one."""
+        turns as one; client: who sent it (client_id.py), whose turns and slot share it takes."""
+        if client is not None:
+            request = replace(request, client=client)
         return self._follow(request_id, len(request.token_ids),
                             lambda e: e.add_request(request_id, request, group=group))
 

@@ -9,6 +9,7 @@ from backend.sampling_params import ApiFields
 from backend.server import harmony
 from backend.server.api_fields import OPENAI_CHAT, with_output_limit
 from backend.server.async_engine import AsyncEngine
+from backend.server.client_id import client_id
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
 from backend.server.prompts import admit, budget, chat_prompt, check_guided, clamped_headers
@@ -28,7 +29,9 @@ from backend.server.reasoning import (
     prompt_opens_thinking,
     reasoning_format,
     split_reasoning,
+    think_marker_ids,
 )
+from backend.server.reasoning_count import reasoning_tokens
 from backend.server.state import ServerState
 from backend.server.streams import answer, collect, event, sse, until_disconnect
 from backend.server.tools.conversation import check_history, template_input
@@ -60,6 +63,10 @@ class ChatTools:
     @property
     def parallel(self) -> bool:
         return self.spec is None or self.spec.parallel
+
+    def reasoning_tokens(self, ids: list[int]) -> int:
+        """How many of one choice's output tokens are its reasoning."""
+        return reasoning_tokens(self.reasoning, self.in_thinking, self.tokenizer, ids)
 
 
 def finish_reason(reason: str | None, calls: bool) -> str | None:
@@ -135,13 +142,16 @@ async def prepare(state: ServerState, req: ChatRequest, api: ApiFields = OPENAI_
     clamp = state.policy.max_tokens_past_context == "clamp"
     allowed = budget(engine.engine, len(prompt), requested, which, "messages", clamp)
     guided = spec.guided_json() if spec is not None else None
+    fmt = reasoning_format(state.policy.reasoning_parser, template)
     # harmony's markers are special tokens, which its reader reads
-    markers = reasoning_format(state.policy.reasoning_parser, template) == "harmony"
     params = sampling_params(req, allowed, (req.top_logprobs or 0) if req.logprobs else None, guided,
-                             skip_special_tokens=not (tools.keep_special or markers), api=api)
-    if params.guided_json is None:  # a grammar holds from the first token: all of a guided output is the answer
-        tools.reasoning = reasoning_format(state.policy.reasoning_parser, template)
-        tools.in_thinking = tools.reasoning == "think" and prompt_opens_thinking(tokenizer, prompt)
+                             skip_special_tokens=not (tools.keep_special or fmt == "harmony"), api=api)
+    think = think_marker_ids(tokenizer) if fmt == "think" else None
+    if params.guided_json is None or think is not None:  # else the grammar holds from the first token: all answer
+        tools.reasoning = fmt
+        tools.in_thinking = fmt == "think" and prompt_opens_thinking(tokenizer, prompt)
+    if params.guided_json is not None and think is not None:  # the grammar holds after the think block
+        params.think_first = (*think, tools.in_thinking)
     admitted = await admit(engine.engine, prompt, params, "messages")
     await check_guided(engine.engine, params, "tools" if guided is not None else "response_format")
     return engine, admitted, tools, clamped_headers(requested, [allowed])
@@ -151,7 +161,7 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
     engine, admitted, tools, headers = await prepare(state, req)
     prompt = admitted.token_ids
     rid = new_id("chatcmpl")
-    gen = engine.generate(rid, admitted)
+    gen = engine.generate(rid, admitted, client=client_id(request, req))
     if req.stream:
         return answer(sse(_stream(state, rid, req, gen, prompt, tools)), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))
@@ -163,7 +173,8 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
                         if req.logprobs else None})
     body = {"id": rid, "object": "chat.completion", "created": now(), "model": state.served_model_name,
             "choices": choices,
-            "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
+            "usage": usage(len(prompt), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens,
+                           sum(tools.reasoning_tokens(c.token_ids) for c in out.outputs))}
     if req.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompt, req.prompt_logprobs)
     return answer(body, headers)
@@ -191,12 +202,14 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
         for i in range(req.n):
             yield piece(i, {"role": "assistant", "content": ""})
         completion_tokens = cached = 0
+        ids: list[list[int]] = [[] for _ in range(req.n)]
         async for delta in gen:
             cached = delta.num_cached_tokens
             if delta.prompt_logprobs is not None and req.prompt_logprobs is not None:
                 pending.append(delta.prompt_logprobs)
             for d in delta.outputs:
                 completion_tokens += len(d.token_ids)
+                ids[d.index] += d.token_ids
                 lp = None
                 if req.logprobs and d.logprobs and d.token_ids:
                     lp = chat_logprobs(d.logprobs, d.token_ids, req.top_logprobs or 0)
@@ -206,7 +219,7 @@ def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[in
                 if d.finished:
                     yield piece(d.index, {}, reason=finish_reason(d.finish_reason, reader.has_calls))
         if include_usage:
-            yield chunk([], usage(len(prompt), completion_tokens, cached))
+            yield chunk([], usage(len(prompt), completion_tokens, cached, sum(map(tools.reasoning_tokens, ids))))
 
     return events()
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from backend.server.client_id import client_id
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import completion_logprobs, joined, prompt_logprobs_json
 from backend.server.prompts import admit, budget, check_guided, clamped_headers, completion_prompts, off_loop
@@ -59,7 +60,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     await check_guided(engine.engine, admitted[0].params)
     rid = new_id("cmpl")
     # one request's prompts take their turns at admission together, so they cannot crowd out later requests
-    gens = [engine.generate(f"{rid}-{i}", a, group=rid) for i, a in enumerate(admitted)]
+    client = client_id(request, req)
+    gens = [engine.generate(f"{rid}-{i}", a, group=rid, client=client) for i, a in enumerate(admitted)]
     tokenizer = engine.engine.tokenizer
     if req.stream:
         return answer(sse(_stream(state, rid, req, gens, prompts, echo, tokenizer)), headers)

@@ -9,11 +9,12 @@ import torch
 from backend.arithmetic import pick_dtype
 from backend.config import EngineConfig
 from backend.context_length import serving_config
+from backend.engine.cache_groups import group_sizes
 from backend.engine.kv_budget import CacheShape, activation_bytes, kv_bytes_per_block, min_kv_bytes
 from backend.engine.state_pool import state_pool_bytes
 from backend.loader import locate, read_config
 from backend.quant.weight_sizes import loaded_recipe, weight_bytes
-from backend.spec.speculative_config import SpeculativeConfig
+from backend.speculative.speculative_config import SpeculativeConfig
 
 
 @dataclass
@@ -21,8 +22,9 @@ class ModelNeed:
     name: str
     model: str
     weights: int  # what a load puts on the card (quantized blocks stay as they are): the file, or its resident part
-    # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for), and a hybrid
-    # model's linear-attention states (a slot for each of max_num_seqs)
+    # the smallest cache the engine accepts (one sequence of max_model_len, or the size asked for; a sliding group's
+    # pool beside it: engine/cache_groups.py), and a hybrid model's linear-attention states (a slot for each of
+    # max_num_seqs)
     kv_cache: int
     activations: int
     max_model_len: int
@@ -61,14 +63,15 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
     spec = SpeculativeConfig.parse(config.speculative)
     # a GPU's cache takes the model's dtype (kv_cache_dtype is the CPU's)
     shape = CacheShape.of(replace(config, kv_cache_dtype="auto"), cfg, spec, torch.device("meta"), dtype)
-    per_block = kv_bytes_per_block(cfg, config.block_size, shape.kv_dtype)
+    per_block, sliding_block, reserved = group_sizes(config, shape, [cfg])
     weights, host = placed_weights(config, cfg, reader, dtype)
     if spec is not None and spec.model:
         # The draft keeps a cache of the target's length beside its own weights.
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
         per_block += kv_bytes_per_block(draft_cfg, config.block_size, shape.kv_dtype)
-    kv_cache = min_kv_bytes(config, per_block, shape.max_model_len) + state_pool_bytes(cfg, config.max_num_seqs)
+    kv_cache = min_kv_bytes(config, per_block, shape.max_model_len, sliding_block, reserved) + state_pool_bytes(
+        cfg, config.max_num_seqs)
     return ModelNeed(name, config.model, weights, kv_cache,
                      activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len,
                      host)

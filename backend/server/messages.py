@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from backend.server.api_fields import ANTHROPIC_MESSAGES
 from backend.server.chat import ChatTools, message, prepare, templated
+from backend.server.client_id import client_id
 from backend.server.errors import APIError
 from backend.server.messages_shapes import (
     CountTokensRequest,
@@ -103,7 +104,7 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
     prompt = admitted.token_ids
     mid = new_message_id()
     context_ended = admitted.params.max_tokens < req.max_tokens  # the context leaves less than the client asked
-    gen = engine.generate(mid, admitted)
+    gen = engine.generate(mid, admitted, client=client_id(request, req))
     if req.stream:
         return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools, SIGNATURE,
                                      context_ended), headers)

@@ -8,6 +8,7 @@ longer than the context is refused from its length in characters alone (Limits.m
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from backend.engine import admission
 from backend.engine.admission import AdmittedRequest, chat_prompt_ids
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import InvalidParameter, SamplingParams
@@ -23,9 +24,9 @@ async def off_loop(fn, *args):
 
 
 def too_long(limit: int, prompt: str, param: str) -> APIError:
-    """The one answer to a prompt the context cannot hold, measured in tokens or (before tokenizing) characters."""
-    return APIError(400, f"This model's maximum context length is {limit} tokens, but the prompt has {prompt}; "
-                    "shorten it.", param=param, code="context_length_exceeded")
+    """admission.too_long's answer as a 400."""
+    refusal = admission.too_long(limit, prompt, param)
+    return APIError(400, str(refusal), param=param, code=refusal.code)
 
 
 def check_length(engine: LLMEngine, chars: int, param: str) -> None:

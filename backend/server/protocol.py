@@ -251,11 +251,13 @@ def chat_messages(req: ChatRequest) -> list[dict]:
     return messages
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; cached_tokens: the prompt's tokens read from the prefix cache."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0) -> dict:
+    """OpenAI's usage object; cached_tokens: the prompt's tokens read from the prefix cache; reasoning_tokens: the
+    completion's tokens spent reasoning."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
 
 def chat_logprobs(entries: list[dict[int, Logprob]], token_ids: list[int], top: int) -> dict:

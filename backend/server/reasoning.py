@@ -36,12 +36,19 @@ def opens_thinking(prompt_text: str) -> bool:
     return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
 
 
-def prompt_opens_thinking(tokenizer, prompt: list[int], tail_tokens: int = 256) -> bool:
-    """opens_thinking for a prompt's token ids: read backwards for the markers' own ids where the vocabulary has
-    each as one token (Qwen3, SmolLM3, DeepSeek-R1), else from the text of the prompt's last tokens."""
+def think_marker_ids(tokenizer) -> tuple[int, int] | None:
+    """`<think>`'s and `</think>`'s token ids where the vocabulary has each as one token (Qwen3, SmolLM3,
+    DeepSeek-R1), else None."""
     ids = [tokenizer.encode(marker, add_special_tokens=False) for marker in (THINK_OPEN, THINK_CLOSE)]
-    if all(len(i) == 1 for i in ids):
-        open_id, close_id = ids[0][0], ids[1][0]
+    return (ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None
+
+
+def prompt_opens_thinking(tokenizer, prompt: list[int], tail_tokens: int = 256) -> bool:
+    """opens_thinking for a prompt's token ids: read backwards for the markers' own ids where each is one token,
+    else from the text of the prompt's last tokens."""
+    markers = think_marker_ids(tokenizer)
+    if markers is not None:
+        open_id, close_id = markers
         for tid in reversed(prompt):
             if tid in (open_id, close_id):
                 return tid == open_id

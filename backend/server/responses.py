@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from backend.server.api_fields import OPENAI_RESPONSES
 from backend.server.chat import ChatTools, message, prepare
+from backend.server.client_id import client_id
 from backend.server.errors import APIError
 from backend.server.protocol import ChatRequest, text_of
 from backend.server.reasoning import effort_switches
@@ -181,7 +182,7 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
     engine, admitted, tools, headers, names = await prepare_response(state, req)
     prompt = admitted.token_ids
     rid, created = new_item_id("resp"), time.time()
-    gen = engine.generate(rid, admitted)
+    gen = engine.generate(rid, admitted, client=client_id(request, req))
     if req.stream:
         return answer(stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names),
                       headers)
@@ -190,4 +191,5 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
     status = "incomplete" if c.finish_reason == "length" else "completed"
     return answer(response_body(req, rid, state.served_model_name, created, status,
                                 output_items(tools, names, c.text, c.finish_reason),
-                                response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens)), headers)
+                                response_usage(len(prompt), len(c.token_ids), out.num_cached_tokens,
+                                               tools.reasoning_tokens(c.token_ids))), headers)

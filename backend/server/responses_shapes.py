@@ -54,8 +54,8 @@ def response_body(req: ResponsesRequest, rid: str, model: str, created: float, s
     }
 
 
-def response_usage(prompt_tokens: int, output_tokens: int, cached: int = 0) -> dict:
+def response_usage(prompt_tokens: int, output_tokens: int, cached: int = 0, reasoning: int = 0) -> dict:
     return {"input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt_tokens + output_tokens}

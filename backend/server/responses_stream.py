@@ -134,12 +134,13 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
         yield emit("response.in_progress", response=response_body(req, rid, model, created, "in_progress", [], None))
         output = _Output(emit, names)
         reader = tools.new_reader()
-        tokens, reason, cached = 0, None, 0
+        tokens, reason, cached, ids = 0, None, 0, []
         try:
             async for delta in gen:
                 cached = delta.num_cached_tokens
                 for d in delta.outputs:
                     tokens += len(d.token_ids)
+                    ids += d.token_ids
                     if d.finished:
                         reason = d.finish_reason
                     for piece in reader.read(d.text, d.finished):
@@ -162,7 +163,8 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
         status = "incomplete" if reason == "length" else "completed"
         for e in output.close(status):
             yield e
-        body = response_body(req, rid, model, created, status, output.items, response_usage(prompt_len, tokens, cached))
+        body = response_body(req, rid, model, created, status, output.items,
+                             response_usage(prompt_len, tokens, cached, tools.reasoning_tokens(ids)))
         yield emit("response.incomplete" if status == "incomplete" else "response.completed", response=body)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -101,7 +101,7 @@ def serve(args: argparse.Namespace) -> int:
     from backend.server.app import build_app
     from backend.server.registry import Budget
     from backend.server.shutdown import EndingServer
-    from backend.spec.speculative_config import SpeculativeConfig
+    from backend.speculative.speculative_config import SpeculativeConfig
 
     spec = SpeculativeConfig.parse(config.speculative)
     for _, model in models:

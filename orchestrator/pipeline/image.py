@@ -11,7 +11,7 @@ from orchestrator.cancelling import Cancelled, unless_cancelled
 from orchestrator.clients.comfyui import ComfyUIClient, Interrupted
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline.illustration import holding, lease_for
-from orchestrator.pipeline.params import ParamsError
+from orchestrator.pipeline.params import ParamsError, from_fields
 from orchestrator.pipeline.step_reuse import fingerprint
 from orchestrator.workflows import edit
 
@@ -53,10 +53,7 @@ class ImageParams:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ImageParams":
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ParamsError(f"unknown image setting(s): {', '.join(unknown)}")
-        return cls(**data)
+        return from_fields(cls, data, "image")
 
     def to_dict(self) -> dict:
         return asdict(self)

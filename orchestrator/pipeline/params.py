@@ -10,6 +10,15 @@ class ParamsError(ValueError):
     pass
 
 
+def from_fields(cls, data: dict, what: str):
+    """A params dataclass from a dict of its fields, refusing names it does not have (what: "article", ...)."""
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ParamsError(f"unknown {what} setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**data)
+
+
 LENGTHS = {"short": (3, 120), "medium": (5, 200), "long": (8, 300)}  # sections, words per section
 
 
@@ -57,11 +66,7 @@ class ArticleParams:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ArticleParams":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ParamsError(f"unknown article setting(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+        return from_fields(cls, data, "article")
 
     def stage_sampling(self) -> Sampling:
         return resolve(self.sampling)

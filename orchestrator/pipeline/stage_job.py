@@ -13,7 +13,7 @@ from orchestrator.clients.comfyui import Interrupted
 from orchestrator.history import Actor
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline import stages
-from orchestrator.pipeline.params import ParamsError
+from orchestrator.pipeline.params import ParamsError, from_fields
 from orchestrator.pipeline.steps import Reporter, RunSteps, describe
 
 STAGES = ("research", "write_section", "write_sections", "illustrate", "assemble")
@@ -50,10 +50,7 @@ class StageParams:
 
     @classmethod
     def from_dict(cls, data: dict) -> "StageParams":
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ParamsError(f"unknown stage setting(s): {', '.join(unknown)}")
-        return cls(**data)
+        return from_fields(cls, data, "stage")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,6 +2,7 @@ import os
 import platform
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 
@@ -117,6 +118,12 @@ def qwen_server(tmp_path_factory):
     proc = ServerProcess(str(model), "--served-model-name", "tiny", "--max-model-len", "2048")
     yield proc
     assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An OpenAI client of the module's own `server` fixture (a ServerProcess)."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")

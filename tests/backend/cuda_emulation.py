@@ -94,9 +94,10 @@ def capture_graphs(llm) -> list:
     from backend.engine import residency
 
     engine = llm.engine
-    residency.capture_graphs(engine)
     draft = getattr(engine.proposer, "runner", None)
-    return [r for r in (engine.runner, draft) if r is not None and r.graphs]
+    runners = [r for r in (engine.runner, draft) if r is not None]
+    residency.capture_graphs(runners, engine.shape)
+    return [r for r in runners if r.graphs]
 
 
 def replays(runner) -> int:

@@ -4,7 +4,6 @@ serves (its metrics, its error bodies)."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from tests.serving import free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -39,17 +34,7 @@ class ServerProcess:
             self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before it was ready")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server at {self.url} not ready after {timeout} s")
+        wait_healthy(self.url, timeout, self.proc)
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -56,7 +56,7 @@ def run(args: list, home: Path, env: dict, timeout: float = 900) -> subprocess.C
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    """SmolLM2 with room for Codex's prompt of ~9,700 tokens and aliases for Claude Code's model names. 12,288
+    """SmolLM2 with room for Codex's prompt of ~9,200 tokens and aliases for Claude Code's model names. 12,288
     tokens, not serve's 32,768: Codex asks for no output limit and Claude Code for 32,000 tokens, at temperature 1,
     and a small model that rambles would run to the end of the context (many minutes); here the context ends it
     in a few. (Claude Code's CLAUDE_CODE_MAX_OUTPUT_TOKENS is no bound: it exits 1 when an answer reaches it.) Claude Code's billing line
@@ -80,19 +80,24 @@ def test_claude_code_answers_through_the_messages_api(smol, tmp_path):
     assert not smol.refusals()
 
 
-def test_claude_codes_second_run_reads_the_shared_prompt_from_cache(tmp_path):
+@pytest.mark.parametrize("restart", [False, True], ids=["same server", "after a restart"])
+def test_claude_codes_second_run_reads_the_shared_prompt_from_cache(tmp_path, restart):
     """Claude Code puts a billing line that changes with every prompt first in its system prompt; the server
-    leaves it out, so a second run with another question reads the system prompt from the prefix cache."""
+    leaves it out, so a second run with another question reads the system prompt from the prefix cache: the
+    same server's, or after a restart the disk prefix cache's."""
     claude = cli("claude")
-    server = LoggedServer(tmp_path / "cache.log", "smollm2", "--max-model-len", "12288", "--model-alias",
-                          "claude-*=smollm2", "--log-level", "info")
+    args = ("smollm2", "--max-model-len", "12288", "--model-alias", "claude-*=smollm2", "--log-level", "info")
+    server = LoggedServer(tmp_path / "cache.log", *args)
     try:
         system = "You are the scriptorium's copyist: you answer questions about manuscripts in one short line. " * 3
-        env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "unused"}
         usages = []
         for question in (ASK, "Which ink did medieval scribes use? Answer in one word."):
+            if usages and restart:
+                assert server.stop() == 0
+                server = LoggedServer(tmp_path / "cache.log", *args)
             out = run([claude, "-p", question, "--model", "smollm2", "--tools", "", "--system-prompt", system,
-                       "--output-format", "json"], tmp_path, env)
+                       "--output-format", "json"], tmp_path, {"ANTHROPIC_BASE_URL": server.url,
+                                                              "ANTHROPIC_API_KEY": "unused"})
             assert out.returncode == 0, out.stdout + out.stderr
             usages.append(json.loads(out.stdout)["usage"])
         count = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2", "prompt": system}).json()["count"]

@@ -49,6 +49,12 @@ def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, 
     assert_one_call_is_the_modules(engine)
 
 
+def one_call_engine(directory) -> LLMEngine:
+    """An engine quantized at load (int8) with n-gram drafts, as assert_one_call_is_the_modules runs it."""
+    return LLMEngine(EngineConfig(model=str(directory), block_size=8, quantization="int8",
+                                  speculative={"method": "ngram", "num_tokens": 3}))
+
+
 def assert_one_call_is_the_modules(engine: LLMEngine) -> None:
     """Three sequences past their prompts, one of them verifying 3 drafts: one call for every row, and the
     modules' logits bit for bit."""

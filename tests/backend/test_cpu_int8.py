@@ -21,7 +21,7 @@ from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 
-FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"]
+FORMATS = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 
 
 def quad_ordered(name: str, rows: int, cols: int, seed: int, raw=None):
@@ -71,17 +71,20 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
 
 
 @pytest.mark.parametrize("build", ["avx2", "portable"])
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128", "IQ4_XS", "MXFP4"])
 def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch):
     """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
-    nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128) against
-    AVX2's and GCC's portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
+    nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128, a table's
+    values looked up from 4-bit places) against AVX2's and GCC's portable vectors, which multiply byte by byte: the
+    same bits, at 1 to 20 rows."""
     raw = None
     if name == "Q8_0 with -128":
         name, raw = "Q8_0", random_raw("Q8_0", 70, 256, seed=21)
         raw[5, 2 + 7] = 0x80  # block 0's code 7 of row 5: q = -128
     raw, quads = quad_ordered(name, 70, 256, seed=21, raw=raw)
-    assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6}.get(name, 8 if raw[5, 9] == 0x80 else 7)
+    tables = {"IQ4_XS": cpu_layout.TABLE_BITS, "MXFP4": cpu_layout.TABLE_BITS + 1}  # 4-bit places in a table
+    assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6, **tables}.get(
+        name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
     native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 20)]
     use_kernel_build(build, monkeypatch)

@@ -10,8 +10,8 @@ import pytest
 
 from backend import LLM, SamplingParams
 from backend.model_config import ModelLoadError
-from backend.spec.string_drafts import target_drafts
-from backend.spec.vocab_bridge import VocabBridge, token_bytes
+from backend.speculative.string_drafts import target_drafts
+from backend.speculative.vocab_bridge import VocabBridge, token_bytes
 from tests.backend.conftest import prompts_of_lengths
 from tests.backend.tiny_models import build_model
 from tests.backend.vocab_pairs import build_byte_fallback_draft, build_permuted_draft
@@ -98,7 +98,7 @@ def test_string_drafts_keep_to_token_boundaries(drafts):
 
 
 def test_auto_drafts_by_string_when_few_tokens_are_shared(drafts, monkeypatch):
-    import backend.spec.vocab_bridge as vb
+    import backend.speculative.vocab_bridge as vb
 
     target, draft = _tokenizer(drafts["target"]), _tokenizer(drafts["byte_fallback"])
     assert not vb.choose_vocab("auto", target, 400, draft, 512, "fallback").by_string

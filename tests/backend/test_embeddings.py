@@ -4,7 +4,6 @@ import base64
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import torch
 
@@ -25,11 +24,6 @@ def server(model_dir):
                          "--max-num-batched-tokens", "16")  # inputs longer than a step run in chunks
     yield proc
     assert proc.stop() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 def reference(model_dir, text: str) -> np.ndarray:

@@ -2,22 +2,18 @@
 deltas offline and over the server, and an engine that sleeps and wakes as good as new."""
 
 import asyncio
-import threading
-import time
 from dataclasses import replace
 
-import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
 from backend import LLM, SamplingParams
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.server.app import build_app
 from tests.backend.conftest import prompts_of_lengths
-from tests.backend.server_process import free_port
+from tests.serving import serve_in_thread, wait_healthy
 
 
 def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_model):
@@ -66,19 +62,8 @@ def test_row_slices_of_a_mixed_plan_are_the_rows_of_each_sequence(tiny_dir, hf_m
 def served(tiny_dir):
     """A real uvicorn server in this process and an offline engine on the same model and settings."""
     config = EngineConfig(model=str(tiny_dir("llama")), block_size=8, max_model_len=256)
-    app = build_app(config, "tiny")
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    server, _, url = serve_in_thread(build_app(config, "tiny"))
+    wait_healthy(url, 120)
     yield url, LLMEngine(config)
     server.should_exit = True
 
@@ -134,3 +119,21 @@ def test_sleep_and_wake_then_generate_is_identical_to_a_fresh_engine(tiny_dir, l
     again = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(fresh, again):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids and a.outputs[0].text == b.outputs[0].text
+
+
+def test_after_a_sleep_no_prompt_is_served_from_the_freed_cache_and_the_counters_go_on(tiny_dir):
+    """The KV blocks' contents go with the sleep: the same prompt after waking is computed again (a prefix hit would
+    read freed blocks), and the prefix cache's counters go on counting over the engine's life, as its other
+    statistics do (the disk cache off, so that nothing could serve the prompt but memory)."""
+    llm = LLM(str(tiny_dir("llama")), block_size=8, disk_cache_bytes=0)
+    prompt, params = prompts_of_lengths(40)[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    first = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert llm.generate([prompt], params, use_tqdm=False)[0].num_cached_tokens == 32  # warm: four full blocks
+    before = llm.engine.stats()
+    llm.engine.sleep(1)
+    llm.engine.wake_up()
+    woken = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert woken.num_cached_tokens == 0 and woken.outputs[0].token_ids == first.outputs[0].token_ids
+    after = llm.engine.stats()
+    assert after["prefix_cache_hits"] == before["prefix_cache_hits"] > 0
+    assert after["prefix_cache_queries"] > before["prefix_cache_queries"]

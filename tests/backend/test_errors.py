@@ -37,7 +37,7 @@ def llm(tiny_dir):
 
 
 def test_prompt_longer_than_max_model_len(llm):
-    with pytest.raises(ValueError, match="the prompt has 80 tokens, but max_model_len is 64"):
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens, but the prompt has 80 tokens"):
         llm.generate([5] * 80, SamplingParams(), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
 

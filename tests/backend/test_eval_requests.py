@@ -27,11 +27,6 @@ def server(tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def reference(tiny_dir, hf_model):
     def logprobs(prompt: list[int]) -> torch.Tensor:
         with torch.no_grad():

@@ -11,6 +11,7 @@ from backend.server.harmony import HarmonyReader
 from backend.server.protocol import ToolDef
 from backend.server.reasoning import reasoning_format, split_reasoning
 from backend.server.tools.tool_defs import check_tools
+from tests.backend.test_reasoning import fed_in_pieces
 
 FINAL = "<|start|>assistant<|channel|>final<|message|>"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -48,13 +49,7 @@ CASES = [  # (the output after the generation prompt's `<|start|>assistant`, rea
 
 
 def streamed(text: str, seed: int) -> tuple[str, str]:
-    rng, reader, reasoning, content, at = random.Random(seed), HarmonyReader(), "", "", 0
-    while at < len(text):
-        step = rng.randint(1, 5)
-        delta = reader.feed(text[at : at + step])
-        reasoning, content, at = reasoning + delta.reasoning, content + delta.content, at + step
-    delta = reader.finish()
-    return reasoning + delta.reasoning, content + delta.content
+    return fed_in_pieces(HarmonyReader(), text, seed, 5)
 
 
 @pytest.mark.parametrize("text,reasoning,answer", CASES)

@@ -124,6 +124,12 @@ def test_reasoning_and_answer_from_the_channels_streamed_and_not(server):
     chunks = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in chunks) == " Weigh a b."
     assert "".join(d.content or "" for d in chunks) == " The answer."
+    # the analysis message's tokens, its header and <|end|> included, are the reasoning tokens
+    analysis = SCRIPT.index("<|end|>")
+    assert out.usage.completion_tokens_details.reasoning_tokens == analysis
+    (last,) = [c for c in client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                           **kwargs) if c.usage]
+    assert last.usage.completion_tokens_details.reasoning_tokens == analysis
     # the plain completion of the same prompt is the harmony text itself (its markers special tokens: kept here)
     raw = client.completions.create(
         model="tiny",
@@ -179,7 +185,9 @@ def test_messages_and_responses_take_the_reasoning_apart_streamed_and_not(server
     out = responses.responses.create(**kwargs)
     assert [i.type for i in out.output] == ["reasoning", "message"]
     assert out.output[0].content[0].text == " Weigh a b." and out.output_text == " The answer."
+    assert out.usage.output_tokens_details.reasoning_tokens == SCRIPT.index("<|end|>")
     events = list(responses.responses.create(stream=True, **kwargs))
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == SCRIPT.index("<|end|>")
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == " Weigh a b."
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == " The answer."
 

@@ -23,7 +23,8 @@ PROMPTS = prompts_of_lengths(1, 23, 41, 70)  # block_size 8, chunks of 12: acros
 def test_hybrid_families_read_into_layer_kinds(tiny_dir):
     nxt = from_hf_config(json.loads((tiny_dir("qwen3_next") / "config.json").read_text()), "qwen3_next")
     shape = DeltaNetShape(
-        num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4
+        num_key_heads=2, num_value_heads=4, key_head_dim=16, value_head_dim=8, conv_kernel=4,
+        grouped_projections=True,
     )
     assert [s.attention.kind for s in nxt.layers] == ["linear"] * 3 + ["full"]
     assert {s.attention.linear for s in nxt.layers[:3]} == {shape}

@@ -16,7 +16,7 @@ from backend.kernels import native
 from backend.layer_spec import AttentionSpec, LayerSpec, MLPSpec
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import emulate_cuda
-from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules
+from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules, one_call_engine
 from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
 from tests.backend.tiny_gguf import build_family
 
@@ -106,14 +106,7 @@ def test_the_one_call_step_keeps_nope_layers_and_each_layers_window(tmp_path):
     loop's rows past the window are the modules' bits (a loop that rotated every layer, or used one window for
     all, would not be)."""
     directory = build_family("smollm3_nope_windows", tmp_path / "smol")
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(directory),
-            block_size=8,
-            quantization="int8",
-            speculative={"method": "ngram", "num_tokens": 3},
-        )
-    )
+    engine = one_call_engine(directory)
     assert engine.runner.cpu_decoder is not None
     assert [layer.self_attn.rope for layer in engine.model.model.layers] == [False, True, False]
     assert_one_call_is_the_modules(engine)

@@ -1,9 +1,9 @@
 """Phi-3/Phi-4's LongRoPE (short and long per-frequency factors, and the attention factor) against transformers,
 from a Hugging Face checkpoint and from a GGUF file as llama.cpp's converter writes it (rope_factors_long/short).
 
-The engine picks one set of factors for its whole life, as llama.cpp does: the long ones where max_model_len runs
-past the trained length, else the short ones; transformers switches by each forward pass's sequence length, so the
-two agree on sequences wholly within the trained length (short) or past it (long)."""
+transformers switches by each forward pass's sequence length: the short factors up to the trained length, the long
+ones past it. An engine serving past the trained length does the same by sequence (engine/rope_switch.py): a
+sequence within it reads the short factors' rows, one past it the long ones'."""
 
 from functools import partial
 
@@ -60,18 +60,19 @@ def test_the_config_reads_both_factor_sets_and_the_attention_factor(longrope_dir
 
 def test_short_factors_within_the_trained_length_long_ones_past_it(longrope_dir, hf_model):
     reference = hf_model(longrope_dir)
-    short = assert_matches(
-        LLM(str(longrope_dir), block_size=8, max_model_len=TRAINED),
-        reference,
-        SHORT,
-        8,
-    )
+    short_llm = LLM(str(longrope_dir), block_size=8, max_model_len=TRAINED)
+    short = assert_matches(short_llm, reference, SHORT, 8)
     long_llm = LLM(str(longrope_dir), block_size=8, max_model_len=256)
     assert_matches(long_llm, reference, LONG, 16)
-    # The factor sets differ where it shows: the same prompt under the long factors is another computation (and,
-    # the RoPE settings being part of the disk prefix cache's key, not the short engine's cached blocks)
-    [same_prompt_long] = prefill_logits(long_llm, SHORT[1:2])
-    assert (same_prompt_long - short[1]).abs().max() > 1e-2
+    # Short prompts on the long engine: the short factors, as transformers and the short engine
+    for ours, theirs in zip(assert_matches(long_llm, reference, SHORT, 8), short):
+        assert (ours - theirs).abs().max() < 1e-5
+    # The factor sets differ where it shows: the rows of a prompt past the trained length (long factors) and of its
+    # start alone (short ones)
+    fresh = prompts_of_lengths(40, vocab=350)[0]  # in neither engine's prefix cache
+    [long_prompt] = prefill_logits(long_llm, [fresh])
+    [its_start] = prefill_logits(short_llm, [fresh[:TRAINED - 1]])
+    assert (long_prompt[:TRAINED - 1] - its_start).abs().max() > 1e-2
 
 
 def test_a_phi3_gguf_with_rope_factors_matches_transformers(tiny_gguf, hf_model, monkeypatch):

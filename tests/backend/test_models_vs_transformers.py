@@ -25,15 +25,21 @@ def prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[torch.Tensor]:
     return [logits[rows] for rows in inputs.hidden_rows]
 
 
-def assert_matches_transformers(llm: LLM, reference, prompts: list[list[int]], new_tokens: int,
-                                batched: bool = True) -> list[torch.Tensor]:
+def assert_logits_match(llm: LLM, reference, prompts: list[list[int]], batched: bool = True) -> list[torch.Tensor]:
     """Each prompt's prefill logits within 1e-4 of transformers' (the prompts as one batch, or one at a time where
-    the engine's budget is short) and its greedy tokens the same; returns our logits."""
+    the engine's budget is short); returns ours."""
     logits = prefill_logits(llm, prompts) if batched else [prefill_logits(llm, [p])[0] for p in prompts]
     for prompt, ours in zip(prompts, logits):
         with torch.no_grad():
             expected = reference(torch.tensor([prompt])).logits[0]
         torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    return logits
+
+
+def assert_matches_transformers(llm: LLM, reference, prompts: list[list[int]], new_tokens: int,
+                                batched: bool = True) -> list[torch.Tensor]:
+    """assert_logits_match, and each prompt's greedy tokens the same; returns our logits."""
+    logits = assert_logits_match(llm, reference, prompts, batched)
     greedy = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     for prompt, out in zip(prompts, llm.generate(prompts, greedy, use_tqdm=False)):
         assert out.outputs[0].token_ids == hf_greedy(reference, prompt, new_tokens)
@@ -60,10 +66,7 @@ def test_prefill_logits_and_greedy_match_transformers(family, tiny_dir, hf_model
     reference = hf_model(directory)
     llm = LLM(str(directory), block_size=8)
 
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        with torch.no_grad():
-            expected = reference(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    assert_logits_match(llm, reference, PROMPTS)
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)

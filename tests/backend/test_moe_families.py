@@ -9,12 +9,10 @@ import pytest
 import torch
 
 from backend import LLM
-from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.hf_config import from_hf_config
 from backend.kernels import native
 from backend.model_config import ModelLoadError
-from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules
+from tests.backend.test_cpu_decoder import assert_one_call_is_the_modules, one_call_engine
 from tests.backend.test_models_vs_transformers import PROMPTS, prefill_logits
 from tests.backend.tiny_models import build_model
 
@@ -108,14 +106,7 @@ def test_the_one_call_step_is_the_modules_for_olmoe_and_granite(family, tmp_path
     each branch and the embeddings and takes Granite's attention scale, and adds the ungated shared expert; its
     logits are the modules' bits."""
     directory = build_model(family, tmp_path / family, shared_intermediate_size=64)
-    engine = LLMEngine(
-        EngineConfig(
-            model=str(directory),
-            block_size=8,
-            quantization="int8",
-            speculative={"method": "ngram", "num_tokens": 3},
-        )
-    )
+    engine = one_call_engine(directory)
     decoder = engine.runner.cpu_decoder
     assert decoder is not None
     layer = decoder.layers[0]

@@ -138,7 +138,9 @@ def test_cpu_repack_reads_gguf_weights_bit_for_bit(name, c_kernels):
     # K-quants' (and IQ4_XS's) parts (an fp16 d a superblock, an int8 a group: kind = groups a superblock) for
     # theirs, fp32 for the IQ2/IQ3/IQ1 scales (an fp16 d times a half-integer or odd integer)
     fmt = BY_NAME[name]
-    assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8)
+    table = {"IQ4_NL": 0, "IQ4_XS": 0, "MXFP4": 1}.get(name)  # 4-bit places in a table of 16 values
+    assert layout.bits == (4 if name in ("Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K") else 8 if table is None
+                           else cpu_layout.TABLE_BITS + table)
     fp32 = name.startswith(("IQ1", "IQ2", "IQ3"))
     parts = name.endswith("_K") or name == "IQ4_XS"
     assert layout.scale_kind == (fmt.block // fmt.group if parts else cpu_layout.SCALES_FP32 if fp32

@@ -34,9 +34,14 @@ CASES = [  # (text, the prompt left a think block open, reasoning, answer)
 
 
 def streamed(text: str, in_thinking: bool, seed: int) -> tuple[str, str]:
-    rng, reader, reasoning, content, at = random.Random(seed), ThinkReader(in_thinking), "", "", 0
+    return fed_in_pieces(ThinkReader(in_thinking), text, seed, 4)
+
+
+def fed_in_pieces(reader, text: str, seed: int, longest: int) -> tuple[str, str]:
+    """(reasoning, content) a streaming reader gives for the text fed in random pieces of 1 to longest characters."""
+    rng, reasoning, content, at = random.Random(seed), "", "", 0
     while at < len(text):
-        step = rng.randint(1, 4)
+        step = rng.randint(1, longest)
         delta = reader.feed(text[at : at + step])
         reasoning, content, at = reasoning + delta.reasoning, content + delta.content, at + step
     delta = reader.finish()

@@ -6,6 +6,8 @@ A tiny random model whose chat template opens a think block in the generation pr
 reasoning and the answer must be that text cut at its first `</think>`.
 """
 
+import json
+
 import anthropic
 import httpx
 import openai
@@ -64,6 +66,18 @@ def written(
     return len(ids), out["choices"][0]["text"]
 
 
+def written_tokens(server, messages: list[dict], max_tokens: int, **sampling) -> list[str]:
+    """The tokens the model writes after the messages' prompt, as /v1/completions' logprobs name them."""
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": "tiny", "messages": messages}).json()["tokens"]
+    out = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": "tiny", "prompt": ids, "temperature": 0, "max_tokens": max_tokens, "logprobs": 0,
+              **sampling},
+        timeout=60,
+    ).json()
+    return out["choices"][0]["logprobs"]["tokens"]
+
+
 def cut(text: str) -> tuple[str | None, str]:
     reasoning, closed, answer = text.partition("</think>")
     return reasoning.strip() or None, answer.lstrip() if closed else ""
@@ -82,8 +96,13 @@ def test_chat_completions_reasoning_content_streamed_and_not(server):
             max_tokens=max_tokens,
             extra_body={"allowed_token_ids": allowed},
         )
-        msg = client.chat.completions.create(**kwargs).choices[0].message
+        out = client.chat.completions.create(**kwargs)
+        msg = out.choices[0].message
         assert (msg.reasoning_content, msg.content) == (reasoning, answer)
+        # the prompt opened the block: the tokens through the first </think> (all, while it is open) are reasoning
+        tokens = written_tokens(server, ASK, max_tokens, allowed_token_ids=allowed)
+        thought = tokens.index("</think>") + 1 if "</think>" in tokens else len(tokens)
+        assert out.usage.completion_tokens_details.reasoning_tokens == thought
         assert msg.model_extra["reasoning"] == reasoning  # vLLM's newer name
         chunks = [
             c.choices[0].delta for c in client.chat.completions.create(stream=True, **kwargs) if c.choices
@@ -164,6 +183,7 @@ def test_responses_reasoning_item_streamed_and_not(server):
     (item,) = out.output
     assert item.type == "reasoning" and item.summary == [] and item.status == "incomplete"
     assert [(c.type, c.text) for c in item.content] == [("reasoning_text", raw.strip())]
+    assert out.usage.output_tokens_details.reasoning_tokens == out.usage.output_tokens == 6  # still thinking
     events = list(client.responses.create(stream=True, **kwargs))
     deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
     (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
@@ -214,3 +234,28 @@ def test_no_think_template_or_parser_none_leaves_the_text_as_written(server, smo
         assert "</think>" in raw_think
     finally:
         assert plain.stop() == 0
+
+
+def test_a_grammar_holds_after_the_reasoning(server):
+    """response_format leaves the think block free and holds the answer after it: the reasoning is what the model
+    writes without the grammar (braces and all); the answer is JSON."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    tok = AutoTokenizer.from_pretrained(server.model)
+    brace, end = (tok.encode(t, add_special_tokens=False)[0] for t in ("{", "}"))
+    b, close = server.ids[" b"], server.ids["</think>"]
+    eos = tok.eos_token_id  # the only token the grammar allows after "{}": there, and never before it
+    for allowed in ([b, brace, end], [b, close, brace, end]):
+        _, raw = written(server, ASK, 16, allowed_token_ids=allowed)
+        reasoning, _ = cut(raw)
+        kwargs = dict(model="tiny", messages=ASK, temperature=0, max_tokens=16,
+                      response_format={"type": "json_object"},
+                      extra_body={"allowed_token_ids": [*allowed, eos], "logit_bias": {str(eos): -100}})
+        msg = client.chat.completions.create(**kwargs).choices[0].message
+        if "</think>" in raw:
+            assert msg.reasoning_content == reasoning and json.loads(msg.content) == {}
+        else:  # still thinking at max_tokens: all of it reasoning, free of the grammar
+            assert (msg.reasoning_content, msg.content) == (reasoning, "")
+        chunks = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+        assert "".join(d.model_extra.get("reasoning_content") or "" for d in chunks) == (reasoning or "")
+        assert "".join(d.content or "" for d in chunks) == msg.content
+    assert "</think>" in raw  # the second closed its block

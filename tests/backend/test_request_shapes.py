@@ -2,16 +2,13 @@
 connection; and an unexpected error is a 500 in the API's shape that leaves the connection usable (found by an
 attacker's probe: these crashed their handlers, and each crash reset the client's connection)."""
 
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from backend.config import EngineConfig
 from backend.server import app as server_app
-from tests.backend.server_process import free_port
+from tests.serving import serve_in_thread, wait_healthy
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -56,13 +53,8 @@ def test_a_field_of_the_wrong_shape_is_a_400_naming_it(path, body, param, qwen_s
 def in_process(tiny_dir):
     """Our app on a real uvicorn server in this process, so that a test can make a route fail unexpectedly."""
     app = server_app.build_app(EngineConfig(model=str(tiny_dir("llama")), block_size=8, max_model_len=128), "tiny")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    url = f"http://127.0.0.1:{server.config.port}"
-    deadline = time.monotonic() + 120
-    while not (server.started and httpx.get(f"{url}/health").status_code == 200):
-        assert time.monotonic() < deadline, "the in-process server did not start"
-        time.sleep(0.1)
+    server, _, url = serve_in_thread(app)
+    wait_healthy(url, 120, what="the in-process server")
     yield url
     server.should_exit = True
 

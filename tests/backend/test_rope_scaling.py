@@ -8,7 +8,7 @@ from backend.context_length import fit_context, parse_rope_scaling
 from backend.kernels.rotary import attention_factor, inverse_frequencies
 from backend.loader import locate, read_config
 from tests.backend.conftest import hf_greedy, prompts_of_lengths
-from tests.backend.test_models_vs_transformers import prefill_logits
+from tests.backend.test_models_vs_transformers import assert_logits_match, prefill_logits
 from tests.backend.tiny_models import build_model
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
@@ -49,11 +49,7 @@ def test_a_yarn_gguf_matches_transformers(tiny_gguf, hf_model):
     config, _ = read_config(locate(str(path)))
     assert config.rope_scaling == YARN
     reference = hf_model(reference_dir)
-    llm = LLM(str(path), block_size=8)
-    for prompt, ours in zip(PROMPTS, prefill_logits(llm, PROMPTS)):
-        with torch.no_grad():
-            expected = reference(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+    assert_logits_match(LLM(str(path), block_size=8), reference, PROMPTS)
 
 
 def test_rope_scaling_setting_is_transformers_yarn_on_a_plain_checkpoint(tmp_path, hf_model):

@@ -27,11 +27,6 @@ def server(model_dir):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def offline(model_dir):
     return LLM(str(model_dir), block_size=8, max_model_len=256)
 

@@ -7,8 +7,8 @@ import torch
 
 from backend import LLM, SamplingParams
 from backend.model_config import ModelLoadError
-from backend.spec.ngram import propose_ngram
-from backend.spec.speculator import best_num_drafts
+from backend.speculative.ngram import propose_ngram
+from backend.speculative.speculator import best_num_drafts
 from tests.backend.conftest import prompts_of_lengths
 from tests.backend.tiny_models import build_model
 

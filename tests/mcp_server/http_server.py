@@ -3,11 +3,9 @@
 import os
 import subprocess
 import sys
-import time
 
-import httpx
-
-from tests.backend.server_process import ROOT, free_port
+from tests.backend.server_process import ROOT
+from tests.serving import free_port, wait_healthy
 
 
 class MCPHTTPServer:
@@ -18,17 +16,11 @@ class MCPHTTPServer:
             self.proc = subprocess.Popen([sys.executable, "-m", "mcp_server", "--http", "--host", host, "--port",
                                           str(self.port)], cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)},
                                          stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the MCP server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError("the MCP server did not start")
+        try:
+            wait_healthy(self.url, 60, self.proc, "the MCP server")
+        except TimeoutError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -14,6 +14,23 @@ def run_ops(home, *args, env=None, timeout=600):
                           timeout=timeout, cwd=ROOT)
 
 
+def http_service(name: str, port: int, stop_timeout: int) -> str:
+    """A compose.yaml service that ops runs natively: python's http.server on port, healthy once it answers."""
+    return f"""  {name}:
+    image: unused
+    x-ops:
+      health: http://127.0.0.1:{port}/
+      native: ["{sys.executable}", "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
+      stop_timeout: {stop_timeout}
+"""
+
+
+def write_stack(tmp_path, services: str) -> dict:
+    """A compose.yaml of these services in tmp_path; the environment that points ops at it."""
+    (tmp_path / "compose.yaml").write_text("services:\n" + services)
+    return {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
+
+
 @pytest.fixture
 def gpu_file(tmp_path):
     """Write a simulated device for the probe (SCRIPTORIUM_GPU_PROBE_FILE, its only seam)."""

@@ -4,12 +4,12 @@ a `vllm` program on PATH, and a `sglang.launch_server` module for `python -m`.""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.backend.server_process import ROOT, free_port
+from tests.backend.server_process import ROOT
+from tests.serving import free_port, wait_healthy
 
 
 def standin_env(root: Path) -> dict[str, str]:
@@ -37,15 +37,11 @@ class StandinServer:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.ops.engine_standins", kind, *argv, *args], cwd=ROOT,
                                      env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"the {kind} stand-in did not start")
+        try:
+            wait_healthy(self.url, 30, self.proc, f"the {kind} stand-in")
+        except TimeoutError:
+            self.stop()
+            raise
 
     def state(self) -> dict:
         return httpx.get(f"{self.url}/_test/state", timeout=2).json()

@@ -3,27 +3,16 @@
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from tests.backend.server_process import free_port
-from tests.ops.conftest import run_ops
+from tests.ops.conftest import http_service, run_ops, write_stack
 
 
 def stack_with_a_dead_service(tmp_path) -> dict:
-    port = free_port()
-    (tmp_path / "compose.yaml").write_text(f"""
-services:
-  web:
-    image: x
-    x-ops:
-      health: http://127.0.0.1:{port}/
-      native: ["{sys.executable}", "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
-      stop_timeout: 3
-""")
-    env = {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
+    env = write_stack(tmp_path, http_service("web", free_port(), 3))
     assert run_ops(tmp_path / "home", "up", env=env).returncode == 0
     status = json.loads(run_ops(tmp_path / "home", "status", "--json", env=env).stdout)
     os.kill(status["services"][0]["pid"], signal.SIGKILL)

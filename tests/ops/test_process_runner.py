@@ -11,7 +11,7 @@ import httpx
 from ops.service_records import pid_alive
 from tests.backend.server_process import free_port
 from tests.backend.tiny_models import build_model
-from tests.ops.conftest import run_ops
+from tests.ops.conftest import http_service, run_ops, write_stack
 
 
 def test_the_stack_comes_up_in_order_stays_up_and_goes_down(tmp_path):
@@ -61,16 +61,7 @@ def test_the_stack_comes_up_in_order_stays_up_and_goes_down(tmp_path):
 
 
 def compose_with(tmp_path, second: str) -> dict:
-    port = free_port()
-    (tmp_path / "compose.yaml").write_text(f"""
-services:
-  first:
-    image: unused
-    x-ops:
-      health: http://127.0.0.1:{port}/
-      native: ["{sys.executable}", "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
-      stop_timeout: 5
-  second:
+    return write_stack(tmp_path, http_service("first", free_port(), 5) + f"""  second:
     image: unused
     depends_on: [first]
     x-ops:
@@ -79,7 +70,6 @@ services:
       health_timeout: 3
       stop_timeout: 2
 """)
-    return {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
 
 
 def test_a_service_that_never_gets_healthy_is_reported_and_the_rest_stopped(tmp_path):

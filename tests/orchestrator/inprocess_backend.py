@@ -5,35 +5,16 @@ arrives, so router tests can see exactly what reached which upstream and in what
 import threading
 import time
 
-import httpx
 import uvicorn
 
 from backend.config import EngineConfig
 from backend.server.app import build_app
-from tests.backend.server_process import free_port
+from tests.serving import free_port, serve_in_thread, wait_healthy
 
 
 def _serve(app, port: int, lifespan: str) -> tuple[uvicorn.Server, threading.Thread]:
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan, interface="asgi3"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server, thread, _ = serve_in_thread(app, port, lifespan=lifespan, interface="asgi3")
     return server, thread
-
-
-def _wait_healthy(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"the backend at {url} was not healthy after {timeout} s")
 
 
 class InProcessBackend:
@@ -47,7 +28,7 @@ class InProcessBackend:
         self.state = self.app.state.server
         self.calls: list[tuple[str, str]] = []  # (method, path) of each request through the public listener
         self._home = _serve(self.app, free_port(), "on")
-        _wait_healthy(f"http://127.0.0.1:{self._home[0].config.port}")
+        wait_healthy(f"http://127.0.0.1:{self._home[0].config.port}", 120, what="the backend")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._public: tuple[uvicorn.Server, threading.Thread] | None = None

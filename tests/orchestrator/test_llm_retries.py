@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from orchestrator.clients.llm_client import LLMClient, LLMError
 from tests.backend.server_process import free_port
-from tests.orchestrator.inprocess_backend import _wait_healthy
+from tests.serving import wait_healthy
 
 ANSWER = {"id": "c", "object": "chat.completion", "model": "m",
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "ink"}, "finish_reason": "stop"}]}
@@ -80,7 +80,7 @@ def upstream():
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))
-        _wait_healthy(f"http://127.0.0.1:{port}")
+        wait_healthy(f"http://127.0.0.1:{port}", 120)
         return f"http://127.0.0.1:{port}/v1", seen
 
     yield start

@@ -15,7 +15,7 @@ from orchestrator.pipeline.prose import repeated_share
 from orchestrator.pipeline.sampling import DEFAULTS
 from tests.backend.server_process import free_port
 from tests.orchestrator.conftest import run_cli
-from tests.orchestrator.inprocess_backend import _wait_healthy
+from tests.serving import wait_healthy
 
 LOOP = "You will read about the first mug of porridge! The secrets of the scriptorium! " * 8
 PROSE = ("Porridge began as a plain meal of grain and water, cooked slowly over a fire. Farmers ate it before "
@@ -60,7 +60,7 @@ def looping_upstream(request):
                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    _wait_healthy(f"http://127.0.0.1:{port}")
+    wait_healthy(f"http://127.0.0.1:{port}", 120)
     yield f"http://127.0.0.1:{port}/v1", requests
     server.should_exit = True
     thread.join(10)

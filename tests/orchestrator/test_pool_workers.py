@@ -11,6 +11,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import time
 
 import pytest
 
@@ -121,6 +122,11 @@ def test_a_job_taken_by_a_dispatcher_that_died_waits_again(settings, bystander):
     store = JobStore(settings.jobs_db)
     job = store.create_run("article", ARTICLE, client="api")
     dispatcher = subprocess.Popen(["sleep", "120"])
+    while start_time(dispatcher.pid) == start_time(bystander.pid):  # started in one clock tick: no swap below
+        dispatcher.kill()
+        dispatcher.wait()
+        time.sleep(0.02)
+        dispatcher = subprocess.Popen(["sleep", "120"])
     store.update(job.id, pid=dispatcher.pid)  # as pool._take marks it, with the dispatcher's start time
     assert store.get(job.id).worker_alive and api.get(job.id, settings).queue_position is None  # taken
     dispatcher.kill()

@@ -27,11 +27,11 @@ def end_at_once(backend: InProcessBackend, times: int) -> None:
     engine = backend.state.engine
     generate, left = engine.generate, [times]
 
-    async def patched(request_id, request, group=None):
+    async def patched(request_id, request, group=None, client=None):
         empty = left[0] > 0
         left[0] -= empty
         once = dataclasses.replace(request, params=dataclasses.replace(request.params, max_tokens=1))
-        async for delta in generate(request_id, once if empty else request, group):
+        async for delta in generate(request_id, once if empty else request, group, client):
             for output in delta.outputs if empty else ():
                 output.text = ""
             yield delta

@@ -9,12 +9,11 @@ import time
 
 import httpx
 import pytest
-import uvicorn
 
 from backend.config import EngineConfig
 from backend.server.app import build_app
-from tests.backend.server_process import free_port
 from tests.reliability.server_state import rss_bytes
+from tests.serving import serve_in_thread, wait_healthy
 
 
 def test_a_20mb_body_gets_413_in_openai_shape_and_health_stays_responsive(poison_server):
@@ -64,19 +63,8 @@ def test_n_is_capped_by_max_n_and_n_at_the_cap_works(poison_server):
 def inprocess(tiny_dir):
     """A real uvicorn server in this process, so a test can reach the engine behind it and break it."""
     app = build_app(EngineConfig(model=str(tiny_dir("llama")), block_size=8, max_model_len=128))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    server, thread, url = serve_in_thread(app)
+    wait_healthy(url, 120)
     yield url, app.state.server
     server.should_exit = True
     thread.join(timeout=30)

@@ -15,7 +15,7 @@ from common.procs import pid_alive, start_time
 from ops import lease_repair
 from ops.service_records import Record, State
 from tests.backend.server_process import free_port
-from tests.ops.conftest import run_ops
+from tests.ops.conftest import http_service, run_ops, write_stack
 from tests.reliability.disk_log import DiskLog
 
 
@@ -31,16 +31,7 @@ def bystander():
 
 def one_service_stack(tmp_path) -> dict:
     port = free_port()
-    (tmp_path / "compose.yaml").write_text(f"""
-services:
-  first:
-    image: unused
-    x-ops:
-      health: http://127.0.0.1:{port}/
-      native: ["{sys.executable}", "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
-      stop_timeout: 3
-""")
-    return {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml"), "HEALTH": f"http://127.0.0.1:{port}/"}
+    return {**write_stack(tmp_path, http_service("first", port, 3)), "HEALTH": f"http://127.0.0.1:{port}/"}
 
 
 def write_record(home: Path, env: dict, **fields) -> None:

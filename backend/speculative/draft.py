@@ -20,8 +20,8 @@ from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.loader import load_model, load_tokenizer, locate, read_config
 from backend.model_config import ModelConfig, ModelLoadError
-from backend.spec.string_drafts import target_drafts
-from backend.spec.vocab_bridge import VocabBridge, choose_vocab
+from backend.speculative.string_drafts import target_drafts
+from backend.speculative.vocab_bridge import VocabBridge, choose_vocab
 
 
 @dataclass(eq=False)
@@ -34,6 +34,7 @@ class DraftState:
     num_cached_tokens: int | None = None
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
+    rope_offset: int = 0  # the draft rotates by its scaled rows at every length (engine/rope_switch.py)
     ends: list[int] = field(default_factory=list)  # per target token read: how many draft tokens reach past it
 
     @property
@@ -65,30 +66,26 @@ def load_draft(model: str, target: ModelConfig, device: torch.device, dtype: tor
 class DraftProposer:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int, block_size: int,
                  kv_dtype: torch.dtype | None = None, bridge: VocabBridge | None = None):
-        self.model = model
         self.bridge = bridge
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, device, dtype, kv_dtype)
+        self.runner = ModelRunner(model, num_blocks, block_size, device, dtype, kv_dtype)
         self.states: dict[int, DraftState] = {}
+
+    @property
+    def model(self):
+        """The draft's weights, which its runner holds (None while in a level-2 sleep)."""
+        return self.runner.model
 
     def sleep(self, level: int) -> None:
         """Give back the device memory: the cache always, the weights to host memory (1) or dropped (2)."""
-        self.runner.free_kv_cache()
+        self.runner.sleep(level)
         self.states.clear()
-        if level == 2:
-            self.runner.model = self.model = None
-        elif self.runner.device.type != "cpu":
-            self.model.to("cpu")
 
     def wake_up(self, model, num_blocks: int) -> None:
         """model: the reloaded draft after a level-2 sleep, else None. The prefix cache starts empty: the
         blocks it indexed were freed."""
-        if model is not None:
-            self.runner.model = self.model = model
-        elif self.runner.device.type != "cpu":
-            self.model.to(self.runner.device)
+        self.runner.wake_up(model, num_blocks)
         self.block_manager = BlockManager(num_blocks, self.block_manager.block_size, enable_prefix_caching=True)
-        self.runner.allocate_kv_cache(num_blocks)
 
     def _follow(self, state: DraftState, target_ids: list[int]) -> None:
         """Make the state's tokens the draft's reading of target_ids, keeping the cache of what they share with

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from backend.engine.scheduler import StepPlan
 from backend.engine.sequence import Sequence
-from backend.spec.speculative_config import SpeculativeConfig
+from backend.speculative.speculative_config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 

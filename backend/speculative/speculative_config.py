@@ -3,7 +3,7 @@
 import json
 from dataclasses import dataclass, fields
 
-from backend.spec.vocab_bridge import VOCAB_METHODS
+from backend.speculative.vocab_bridge import VOCAB_METHODS
 
 METHODS = ("ngram", "draft")
 

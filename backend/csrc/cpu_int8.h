@@ -1,0 +1,84 @@
+/* The 8-bit kernel's vectors (cpu_int8.c): a panel's rows as int32 and fp32 lanes, and the integer dot products of
+ * codes and x's bytes in each build, for cpu_int8.c alone. */
+#pragma once
+#include "cpu_kernel.h"
+
+/* Integer and float vectors of IL lanes: a panel's 16 rows in one AVX-512 register, or in two halves of 8 (AVX2 and
+ * the portable build: GCC splits a 64-byte vector into 16-byte pieces through the stack there, 2x slower, measured) */
+#if defined(__AVX512F__)
+#define IL 16
+#else
+#define IL 8
+#endif
+#define HV (PANEL / IL) /* vectors per panel */
+typedef int32_t VI __attribute__((vector_size(IL * 4)));
+typedef float VF __attribute__((vector_size(IL * 4)));
+
+/* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), or 8-bit codes
+ * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
+enum { BYTES, NIBBLES, SIGNED };
+
+/* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
+ * of u - 128) */
+INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    (void)kind;
+    return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
+#elif defined(__AVX2__)
+    /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4 and
+     * 6-bit codes times |x| <= 128 (a digit may be -128) stay under it (2 * 63 * 128); 8-bit codes go in as their
+     * two nibbles (u = 16 hi + lo), the high one's sums scaled by 16 in int32 by vpmaddwd; and codes without -128 as
+     * |x| times q * sign(x) (2 * 128 * 127 = 32512). Exact integers every way, the same as vpdpbusd's and the
+     * portable loop's. */
+    const __m256i xb = _mm256_set1_epi32(x), ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0F);
+    __m256i half[IL / 8], sum[IL / 8];
+    memcpy(half, &u, sizeof half);
+    memcpy(sum, &acc, sizeof sum);
+    for (int i = 0; i < IL / 8; i++) {
+        if (kind == NIBBLES) {
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(half[i], xb), ones));
+        } else if (kind == SIGNED) {
+            __m256i q = _mm256_xor_si256(half[i], _mm256_set1_epi8((char)0x80));
+            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb));
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, ones));
+        } else {
+            __m256i lo = _mm256_and_si256(half[i], low), hi = _mm256_and_si256(_mm256_srli_epi16(half[i], 4), low);
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xb), ones));
+            sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb), _mm256_set1_epi16(16)));
+        }
+    }
+    memcpy(&acc, sum, sizeof acc);
+    return acc;
+#else
+    (void)kind;
+    for (int i = 0; i < 4; i++) acc += ((u >> (8 * i)) & 0xFF) * (int32_t)(int8_t)(x >> (8 * i));
+    return acc;
+#endif
+}
+
+#if !((IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__)))
+/* the portable build's lookup, a byte at a time: one copy, not one inlined in each of the tiles (the build's compile
+ * time) */
+static __attribute__((noinline)) VI table_bytes_of(VI u, int t) {
+    uint8_t b[IL * 4];
+    memcpy(b, &u, sizeof b);
+    for (int i = 0; i < IL * 4; i++) b[i] = (uint8_t)(CODE_TABLES[t][b[i]] + 128);
+    memcpy(&u, b, sizeof u);
+    return u;
+}
+#endif
+
+/* u's bytes (each below 16) as their values in table t plus 128 (a byte shuffle), for the codes of bits TABLE_BITS + t:
+ * then read as bits 7's bytes are (no table value is -128) */
+INLINE VI table_bytes(VI u, int t) {
+#if (IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__))
+    const __m128i table = _mm_xor_si128(_mm_load_si128((const __m128i *)CODE_TABLES[t]), _mm_set1_epi8((char)0x80));
+#if IL == 16
+    return (VI)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), (__m512i)u);
+#else
+    return (VI)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), (__m256i)u);
+#endif
+#else
+    return table_bytes_of(u, t);
+#endif
+}

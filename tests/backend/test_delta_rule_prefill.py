@@ -1,0 +1,74 @@
+"""The gated delta rule's prompt runs on the state pool (kernels/delta_rule.prefill_in_pool: our C kernel, the
+recurrent form token by token) against the chunked form, from a slot's state and from zeros; and the value heads'
+tiled order (llama.cpp's qwen35moe files) as the checkpoints' grouped order with the heads permuted, in every form."""
+
+import pytest
+import torch
+
+from backend.kernels import delta_rule, native
+
+HK, HV, DK, DV = 2, 6, 16, 8
+
+
+def _inputs(t: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(t, HK, DK, generator=g),
+        torch.randn(t, HK, DK, generator=g),
+        torch.randn(t, HV, DV, generator=g),
+        -torch.rand(t, HV, generator=g) * 2,
+        torch.rand(t, HV, generator=g),
+        torch.randn(HV, DK, DV, generator=g),
+    )
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("t", [1, 37, 150])
+def test_c_prompt_run_matches_the_chunked_form(t, tiled):
+    assert native.enabled()
+    q, k, v, g, beta, state = _inputs(t)
+    pool = torch.zeros(3, HV, DK, DV)
+    pool[1], pool[2] = state, 5.0
+    expected, final = delta_rule.chunked(q, k, v, g, beta, state, chunk=16, tiled=tiled)
+    out = delta_rule.prefill_in_pool(q, k, v, g, beta, pool, 1, False, tiled)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[1], final, atol=2e-5, rtol=1e-5)
+    # fresh: from zeros, whatever the slot held; the other slots untouched
+    expected, final = delta_rule.chunked(q, k, v, g, beta, None, tiled=tiled)
+    out = delta_rule.prefill_in_pool(q, k, v, g, beta, pool, 2, True, tiled)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[2], final, atol=2e-5, rtol=1e-5)
+    assert pool[0].abs().max() == 0
+
+
+def test_tiled_value_heads_are_the_grouped_ones_permuted():
+    """Value head j * HK + h of the tiled order is head h * (HV / HK) + j of the grouped one: both read key head h."""
+    per = HV // HK
+    tiled_of = torch.tensor(
+        [h * per + j for j in range(per) for h in range(HK)]
+    )  # tiled position -> grouped head
+    q, k, v, g, beta, state = _inputs(40, seed=1)
+    grouped_out, grouped_final = delta_rule.chunked(q, k, v, g, beta, state)
+    tiled_out, tiled_final = delta_rule.chunked(
+        q, k, v[:, tiled_of], g[:, tiled_of], beta[:, tiled_of], state[tiled_of], tiled=True
+    )
+    torch.testing.assert_close(tiled_out, grouped_out[:, tiled_of], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(tiled_final, grouped_final[tiled_of], atol=2e-5, rtol=1e-5)
+    pool = state[tiled_of][None].clone().contiguous()
+    step, _ = delta_rule.recurrent_step(q[:1], k[:1], v[:1], g[:1], beta[:1], state[None].clone())
+    fresh = torch.zeros(1, dtype=torch.bool)
+    ours = delta_rule.recurrent_in_pool(
+        q[:1],
+        k[:1],
+        v[:1, tiled_of],
+        g[:1, tiled_of],
+        beta[:1, tiled_of],
+        pool,
+        torch.tensor([0]),
+        fresh,
+        True,
+    )
+    torch.testing.assert_close(ours, step[:, tiled_of], atol=2e-5, rtol=1e-5)
+    # read in the grouped order, the same tensors meet other key heads
+    misread, _ = delta_rule.chunked(q, k, v[:, tiled_of], g[:, tiled_of], beta[:, tiled_of], state[tiled_of])
+    assert (misread - tiled_out).abs().max() > 1e-2
