@@ -70,8 +70,8 @@ class LLMEngine:
         target = config.step_time_budget or (0.25 if self.device.type == "cpu" else 0.05)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
                                    StepBudget(target, self.shape.prefill_tokens_while_decoding),
-                                   config.long_prefill_token_threshold)
-        self.scheduler.rope_switch = rope_switch.of(loaded.model)  # short sequences exact under added scaling
+                                   config.long_prefill_token_threshold,
+                                   rope_switch.of(loaded.model))  # short sequences exact under added scaling
         self.sampler = Sampler(config.seed, self.device, lambda: GuidedDecoding(
             self.tokenizer, self.model_config.vocab_size, max_schema_bytes=config.max_schema_bytes))
         self.proposer, self.speculator = engine_setup.speculation(

@@ -72,7 +72,8 @@ StepPlan = list[ScheduledSeq]  # in the scheduler's order: running sequences fir
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 step_budget: StepBudget | None = None, max_prompt_tokens_while_decoding: int | None = None):
+                 step_budget: StepBudget | None = None, max_prompt_tokens_while_decoding: int | None = None,
+                 switch: rope_switch.RopeSwitch | None = None):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -84,7 +85,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.on_release: list[Callable[[Sequence], None]] = []  # when a sequence's blocks are freed
-        self.rope_switch: rope_switch.RopeSwitch | None = None  # the engine's, where RoPE switches by length
+        self.rope_switch = switch  # the engine's, where RoPE switches by length
         self.planned_prompt_tokens = 0  # the last plan's prompt work, which observe() times
 
     def add(self, seq: Sequence) -> None:
