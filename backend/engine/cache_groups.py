@@ -10,6 +10,7 @@ table a sequence (Sequence.window_table) and a second set of slots and tables in
 """
 
 import math
+import mmap
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -177,3 +178,13 @@ def fill_window_static(
     tables = [t[:limit] for t in tables]
     width = max(len(t) for t in tables)
     static["window_tables"][: len(tables), :width].copy_(padded(tables, torch.device("cpu")))
+
+
+def host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros in anonymous memory: the kernel maps zero pages as they are first touched, so a cache of gigabytes
+    costs nothing at start-up (torch.zeros writes every byte: 2.3 s for SmolLM2's default cache) and takes
+    memory only as sequences fill it. The tensor keeps the mapping alive."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)

@@ -1,7 +1,5 @@
 """Owns the model and its KV cache; turns a scheduled batch into tensors and runs one forward pass."""
 
-import math
-import mmap
 from dataclasses import dataclass, field
 
 import torch
@@ -69,7 +67,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.model.config
         # Zeroed: decode attention reads (and masks) slots past each sequence's end, which must be finite.
-        zeros = _host_zeros if self.device.type == "cpu" else torch.zeros
+        zeros = cache_groups.host_zeros if self.device.type == "cpu" else torch.zeros
         for module, spec in zip(self._attention_modules(), cfg.layers, strict=True):
             k_block, v_block = spec.attention.block_shapes(self.block_size, cfg.num_kv_heads, cfg.head_dim)
             rows = self.sliding.num_blocks if self._windowed(spec.attention.kind) else num_blocks
@@ -297,12 +295,3 @@ class ModelRunner:
         index = torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)
         return StepOutput(self.model.compute_logits(hidden[index]), inputs.logit_rows, pooled, prompt_logprobs)
 
-
-def _host_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros in anonymous memory: the kernel maps zero pages as they are first touched, so a cache of gigabytes
-    costs nothing at start-up (torch.zeros writes every byte: 2.3 s for SmolLM2's default cache) and takes
-    memory only as sequences fill it. The tensor keeps the mapping alive."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.zeros(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
