@@ -168,6 +168,13 @@ async def create(url: str, topic: str, sections: int, words: int) -> str:
         return result.structured_content["run_id"]
 
 
+def reason(error: BaseException) -> str:
+    """The error under the SDK's task groups, named when its message is empty (a refused connection, a timeout)."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python examples/agent_team.py")
     parser.add_argument(
@@ -182,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.role:
-            article = asyncio.run(play(args.url, args.role, args.run, args.timeout))
+            try:
+                article = asyncio.run(play(args.url, args.role, args.run, args.timeout))
+            except Exception as e:  # noqa: BLE001 this agent's one line, above the team's summary
+                print(f"error: the {args.role} agent: {reason(e)}", file=sys.stderr)
+                return 1
             if article:
                 print(article)
             return 0
@@ -209,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         outs = {role: proc.communicate()[0] for role, proc in agents.items()}
     except Exception as e:  # noqa: BLE001 one line for the person at the terminal
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {reason(e)}", file=sys.stderr)
         return 1
     failed = [role for role, proc in agents.items() if proc.returncode != 0]
     if failed:

@@ -32,7 +32,7 @@ def test_the_agent_team_example_hands_a_run_from_research_to_assembly(served):
         timeout=900,
         cwd=ROOT,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, f"{result.stderr}\n--- the MCP server's log:\n{server.log_tail()}"
     article = Path(result.stdout.strip())
     assert article.name == "article.html" and article.is_file()
     run_id = article.parent.name
