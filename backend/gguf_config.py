@@ -110,18 +110,10 @@ def gguf_config(path: Path) -> tuple[ModelConfig, object]:
                                                      or shared.shape[1])
     if arch == "granitemoe":
         _granite_scalars(mc, field)
-    if arch in deepseek.GGUF_LAYOUTS:
-        deepseek.from_gguf(mc, arch, field, tensors)
-        return mc, reader
-    if arch in gemma3.GGUF_LAYOUTS:
-        gemma3.from_gguf(mc, arch, field, tensors)
-        return mc, reader
-    if arch in gpt_oss.GGUF_LAYOUTS:
-        gpt_oss.from_gguf(mc, arch, field, tensors)
-        return mc, reader
-    if arch in qwen3_next.GGUF_LAYOUTS:
-        qwen3_next.from_gguf(mc, arch, field, tensors)
-        return mc, reader
+    for family in (deepseek, gemma3, gpt_oss, qwen3_next):  # families that describe their own layers
+        if arch in family.GGUF_LAYOUTS:
+            family.from_gguf(mc, arch, field, tensors)
+            return mc, reader
     mc.layers = tuple(_layer(arch, field, tensors, i, head_dim) for i in range(mc.num_layers))
     return mc, reader
 

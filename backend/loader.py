@@ -23,7 +23,7 @@ from backend.model_store import resolve
 from backend.models.transformer import CausalLM
 from backend.plain_tokenizer import PlainTokenizer
 from backend.quant.formats import BY_NAME
-from backend.weights import iter_safetensors, load_weights, materialise
+from backend.weights import iter_safetensors, keep_stored_formats, load_weights, materialise
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,7 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
             if source.random_format is not None:
                 random_blocks.fill_random(model, generator)
     elif reader is None:
+        keep_stored_formats(model, source.path, dtype)
         model = materialise(model, "cpu")
         model.tie_weights()  # materialising meta tensors may have split the shared embedding
         with torch.no_grad():
@@ -173,7 +174,9 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
         load_gguf(model, reader, dtype, source.name, keep_quantized=quantization != "dequantize")
     if device.type == "cpu":
         _pack_for_cpu(model, products, reader if source.gguf_file is not None else None)
-    model.cos_sin = _cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
+    from backend.kernels.rotary import model_cos_sin
+
+    model.cos_sin = model_cos_sin(config, max_positions)  # kept in fp32; cast per batch like the reference does
     _offload(model, moe_gpu_experts, device, moe_cpu_compute)
     return model.to(device).eval()
 
@@ -237,12 +240,6 @@ def _link_ahead(model: CausalLM) -> None:
         ratio = torch.where(mine != 0, theirs / mine, torch.zeros_like(mine))
         guess = (gate.weight.float() * ratio).to(gate.weight.dtype)
         this.mlp.expert_cache.link_next(guess, after.mlp.top_k, after.mlp.expert_cache)
-
-
-def _cos_sin(config: ModelConfig, max_positions: int) -> torch.Tensor:
-    from backend.kernels.rotary import model_cos_sin
-
-    return model_cos_sin(config, max_positions)
 
 
 def _auto_tokenizer(path: Path, **kwargs):

@@ -71,6 +71,20 @@ def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{file}: cannot read safetensors weights ({e}); the file may be corrupt") from None
 
 
+def keep_stored_formats(model: nn.Module, directory: Path, dtype: torch.dtype) -> None:
+    """On the meta model, before it is given memory: the checkpoint's experts that compute as stored (gpt-oss's
+    MXFP4 blocks) in place of float stacks."""
+    if model.config.architecture not in gpt_oss.ARCHITECTURES:
+        return
+    from safetensors import safe_open
+
+    names = set()
+    for file in safetensors_files(directory):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    gpt_oss_weights.keep_mxfp4(model, names, dtype)
+
+
 def _shard_rows(param: str, shard: int, model: nn.Module) -> tuple[int, int]:
     cfg = model.config
     if ".qkv_proj." in param:  # q's rows: twice num_heads * head_dim with an output gate (Qwen3-Next)
@@ -89,7 +103,7 @@ def load_weights(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], 
     params = dict(model.named_parameters(remove_duplicate=False))
     written = {name: 0 for name in params}
     if model.config.architecture in gpt_oss.ARCHITECTURES:  # its experts' layout (and MXFP4) as ours
-        tensors = gpt_oss_weights.as_ours(tensors, source)
+        tensors = gpt_oss_weights.as_ours(tensors, source, model)
     vision = 0
     for name, tensor in tensors:
         if name.endswith("rotary_emb.inv_freq") or name.startswith(_SKIPPED):

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.backend.agent_cli_env import QUIET, codex_home  # noqa: E402
 from tests.backend.server_process import ServerProcess  # noqa: E402
-from tests.backend.test_agent_clis import QUIET, codex_home  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ASK = "What is the capital of France? Answer in one word."

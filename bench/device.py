@@ -171,7 +171,7 @@ def speculative(path: str, device: str, dtype: str, batch: int, new_tokens: int,
     stats = spec.engine.stats()
     same = [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     # forward passes by a CUDA graph, of the target's and the draft's: only prompts should run eagerly
-    replayed = {name: round(r.steps["replayed"] / max(sum(r.steps.values()), 1), 3)
+    replayed = {name: round(r.steps["graph"] / max(sum(r.steps.values()), 1), 3)
                 for name, r in (("target", spec.engine.runner), ("draft", spec.engine.proposer.runner))}
     del spec
     gc.collect()

@@ -120,12 +120,13 @@ def bench_file(layers: int, experts: int, float_experts: bool) -> Path:
     return out
 
 
-def ours(path: Path, prompt: list[int], new_tokens: int) -> dict:
+def ours(path: Path, prompt: list[int], new_tokens: int, **settings) -> dict:
+    """settings: more of LLM's arguments (activations="int8")."""
     from engine_vs_peers import best, ours_decode_rate, ours_generate  # bench/, beside this script
 
     from backend import LLM
 
-    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False)
+    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False, **settings)
     ours_generate(llm, [prompt[:32]], 4)  # warm-up: kernels built, first allocations made
     batch = [prompt[i * 8 : i * 8 + 32] for i in range(4)]
     batch_s = best(ours_generate, llm, batch, new_tokens + 1) - best(ours_generate, llm, batch, 1)

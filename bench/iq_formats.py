@@ -1,18 +1,20 @@
-"""The codebook formats side by side with llama.cpp, one JSON line: SmolLM2-135M and a Qwen3-MoE file (bench/moe_gguf.py:
-its small shape, or --moe-shape qwen3_30b_a3b_shaped for Qwen3-30B-A3B's layer shapes) in llama.cpp's IQ4_XS and
-IQ3_XS mixes (and MXFP4_MOE for the MoE file): batch-1 decode and prompt tokens/s, ours vs llama.cpp on the same
-files, on the CPU.
+"""The codebook formats side by side with llama.cpp, one JSON line: SmolLM2-135M and a Qwen3-30B-A3B-shaped MoE file
+(bench/iq_moe_file.py: the 30B's layer and expert widths, 32 of its experts, --moe-layers of its 48 layers) in
+llama.cpp's IQ4_XS and IQ3_XS mixes (and MXFP4_MOE for the MoE file): batch-1 decode and prompt tokens/s, ours vs
+llama.cpp on the same files, on the CPU.
 
 With --llama-cpp-python PATH (or LLAMA_CPP_PYTHON: the python of a venv holding llama-cpp-python, a benchmark peer,
 never a dependency) llama.cpp's own quantizer makes the files (bench/llama_cpp_iq_peer.py, requantizing the source
-file) and measures its rates on them. Without it the row says "peer": "missing" and the files are ours: each
+file) and measures its rates on them; where it refuses a mix (IQ3_XS of the MoE file: its IQ3_XXS tensors want an
+importance matrix, which the library cannot be handed) the row's "file" says so and both read our file of the mix,
+below. Without it the row says "peer": "missing" and the files are ours: each
 quantized tensor rewritten as random blocks of the format llama.cpp's mix would pick (llama_tensor_get_type,
 approximated: IQ4_XS everywhere; IQ3_XS as IQ3_S with IQ3_XXS gate/up and an IQ4_XS attn_v; MXFP4 experts and Q8_0
 elsewhere; Q6_K output; rows not of whole 256-blocks in IQ4_NL, or Q8_0 for Q6_K, as llama.cpp falls back), whose
 speed is that of real weights of the same formats.
 
-python bench/iq_formats.py [--llama-cpp-python PATH] [--moe-shape NAME] [--new-tokens 32] [--prompt-tokens 256]
-                          [--models smollm2,moe]
+python bench/iq_formats.py [--llama-cpp-python PATH] [--moe-layers 4] [--new-tokens 32] [--prompt-tokens 256]
+                          [--models smollm2,moe] [--mixes IQ4_XS,IQ3_XS,MXFP4_MOE]
 """
 
 import argparse
@@ -134,15 +136,18 @@ def row(model: str, mix: str, path: Path, prompt: list[int], args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
-    parser.add_argument("--moe-shape", default="qwen3_moe", help="a shape of bench/moe_gguf.py")
+    parser.add_argument(
+        "--moe-layers", type=int, default=4, help="layers of the Qwen3-30B-A3B-shaped file (48 in the 30B)"
+    )
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument(
         "--models", default="smollm2,moe", help="which rows: smollm2, moe or both (comma-separated)"
     )
+    parser.add_argument("--mixes", default=",".join(MIXES), help="which of the mixes (comma-separated)")
     args = parser.parse_args()
     import torch
-    from moe_gguf import moe_file
+    from iq_moe_file import qwen3_30b_a3b_cut
 
     from backend.model_store import pull
 
@@ -151,17 +156,29 @@ def main() -> None:
     if "smollm2" in wanted:
         sources["smollm2-135m"] = (pull("smollm2", quiet=True), ("IQ4_XS", "IQ3_XS"))
     if "moe" in wanted:
-        sources[f"{args.moe_shape}-moe"] = (moe_file(args.moe_shape), ("IQ4_XS", "IQ3_XS", "MXFP4_MOE"))
+        sources[f"qwen3-30b-a3b-shaped-{args.moe_layers}l"] = (
+            qwen3_30b_a3b_cut(args.moe_layers),
+            ("IQ4_XS", "IQ3_XS", "MXFP4_MOE"),
+        )
     prompt = [(17 * i + 3) % 400 + 3 for i in range(args.prompt_tokens)]
     rows = []
     for model, (source, mixes) in sources.items():
-        for mix in mixes:
-            path = (
-                llama_cpp_copy(source, mix, args.llama_cpp_python)
-                if args.llama_cpp_python
-                else random_mix_copy(source, mix)
-            )
-            rows.append(row(model, mix, path, prompt, args))
+        for mix in (m for m in args.mixes.split(",") if m in mixes):
+            file, path = "llama.cpp's quantizer", None
+            if args.llama_cpp_python:
+                # IQ3_XS on whole 256-blocks has IQ3_XXS tensors, for which llama.cpp wants an importance matrix
+                # (the library takes none): then our mix, read by both
+                try:
+                    path = llama_cpp_copy(source, mix, args.llama_cpp_python)
+                except SystemExit as e:
+                    file = f"random blocks, our mix ({e})"
+            if path is None:
+                path = random_mix_copy(source, mix)
+                if not args.llama_cpp_python:
+                    file = "random blocks, our mix"
+            rows.append({**row(model, mix, path, prompt, args), "file": file})
+            # each row as it is measured (a run takes minutes)
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(
             {
@@ -169,7 +186,6 @@ def main() -> None:
                 "device": "cpu",
                 "threads": torch.get_num_threads(),
                 "peer": "llama.cpp" if args.llama_cpp_python else "missing",
-                "files": "llama.cpp's quantizer" if args.llama_cpp_python else "random blocks, our mix",
                 "new_tokens": args.new_tokens,
                 "prompt_tokens": args.prompt_tokens,
                 "rows": rows,

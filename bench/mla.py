@@ -1,10 +1,15 @@
 """Multi-head latent attention on the CPU: a DeepSeek-V2-Lite-shaped Q4_K_M GGUF of random weights in llama.cpp's
 deepseek2 layout (tests/backend/tiny_gguf_deepseek.py writes it as its converter does, kv_b split in attn_k_b and
-attn_v_b), cut to fewer layers, experts and a smaller vocabulary so that it builds on a small machine (the row says
-which). One JSON line: our decode at batch 1 and 4 and prompt tokens/s, llama.cpp's on the same file beside them
-("peer": "missing" without llama-cpp-python's venv), and the KV bytes a token against an MHA model of the same width.
+attn_v_b): V2-Lite's 27 layers and widths, with fewer routed experts (8 of its 64 by default, top-6 kept) and a
+smaller vocabulary, so that the file is about 1.5 GB; the row says which. llama.cpp reads a deepseek2 file without
+q_lora_rank only at V2-Lite's 27 layers (its loader's is_lite), so a cut to fewer layers runs ours alone.
 
-Run: python bench/mla.py [--layers 4 --experts 16] [--llama-cpp-python PATH]
+One JSON line: our decode at batch 1 and 4 and prompt tokens/s, llama.cpp's on the same file beside them
+(llama-cpp-python in its own venv, --llama-cpp-python PATH or LLAMA_CPP_PYTHON; "peer": "missing" without it; it
+serves one sequence at a time, so its batch-4 figure is four sequences one after another), and the KV bytes a token
+against an MHA model of the same width.
+
+Run: python bench/mla.py [--layers 27 --experts 8] [--activations int8] [--llama-cpp-python PATH]
 """
 
 import argparse
@@ -71,14 +76,22 @@ def lite_file(layers: int, experts: int) -> Path:
     from tests.backend.tiny_gguf_deepseek import convert
     from tests.backend.tiny_models import build_model
 
-    shape = dict(LITE, num_hidden_layers=layers, n_routed_experts=experts)
+    shape = dict(
+        LITE, num_hidden_layers=layers, n_routed_experts=experts, num_experts_per_tok=min(6, experts)
+    )
     key = hashlib.sha256(json.dumps([shape, Q4_K_M], sort_keys=True).encode()).hexdigest()[:12]
     out = cache_dir() / "bench" / f"deepseek-v2-lite-shaped-{key}-Q4_K_M.gguf"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as root:
-        hf = build_model("deepseek_v2", Path(root) / "hf", initializer_range=0.02, **shape)
+        # built and saved in bf16: at 27 layers the checkpoint is 2.7B parameters (11 GB in fp32)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            hf = build_model("deepseek_v2", Path(root) / "hf", initializer_range=0.02, **shape)
+        finally:
+            torch.set_default_dtype(default)
         partial = Path(root) / out.name
         convert(hf, partial, split=True, policy=Q4_K_M, reference=False)
         partial.replace(out)
@@ -97,29 +110,31 @@ def rate(llm: LLM, prompts: list[list[int]], new_tokens: int, rounds: int) -> fl
     return best
 
 
-def prompt_rate(path: Path, length: int, rounds: int) -> float:
-    llm = LLM(str(path), max_model_len=2048, enable_prefix_caching=False)
-    prompt = [[(17 * i + 3) % 8000 + 10 for i in range(length)]]
-    llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)  # warm
+def prompt_rate(path: Path, prompt: list[int], rounds: int, activations: str) -> float:
+    llm = LLM(str(path), max_model_len=2048, enable_prefix_caching=False, activations=activations)
+    llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)  # warm
     best = 0.0
     for _ in range(rounds):
         start = time.perf_counter()
-        llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
-        best = max(best, length / (time.perf_counter() - start))
+        llm.generate([prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+        best = max(best, len(prompt) / (time.perf_counter() - start))
     return best
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--experts", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=27)
+    parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
+    parser.add_argument(
+        "--activations", default="float32", help="ours: float32 (exact) or int8 (llama.cpp's own arithmetic)"
+    )
     args = parser.parse_args()
     path = lite_file(args.layers, args.experts)
-    llm = LLM(str(path), max_model_len=1024, max_num_seqs=8)
+    llm = LLM(str(path), max_model_len=1024, max_num_seqs=8, activations=args.activations)
     single = [[(17 * i + 3) % 8000 + 10 for i in range(32)]]
     batch = [[(17 * i + 29 * b) % 8000 + 10 for i in range(32)] for b in range(1, 5)]
     cfg = llm.engine.model_config
@@ -128,36 +143,49 @@ def main() -> None:
         "batch4_tok_s": rate(llm, batch, args.new_tokens, args.rounds),
     }
     del llm
-    ours["prompt_tok_s"] = prompt_rate(path, args.prompt_tokens, args.rounds)
+    prompt = [(17 * i + 3) % 8000 + 10 for i in range(args.prompt_tokens)]
+    ours["prompt_tok_s"] = prompt_rate(path, prompt, args.rounds, args.activations)
     mla = kv_bytes_per_block(cfg, 16, torch.bfloat16) // 16
     mha = 2 * cfg.num_layers * cfg.num_heads * cfg.layers[0].attention.mla.v_head_dim * 2
     row = {
         "bench": "mla",
-        "model": f"deepseek-v2-lite-shaped/{args.layers}L/{args.experts}E/vocab8192-Q4_K_M",
+        "model": f"deepseek-v2-lite-shaped/{args.layers}L/{args.experts}E-top{min(6, args.experts)}/vocab8192-Q4_K_M",
+        "routed_experts": f"{args.experts} of V2-Lite's 64 (file size); every other width V2-Lite's",
+        "gib": round(path.stat().st_size / 2**30, 2),
         "device": "cpu",
         "threads": torch.get_num_threads(),
         "new_tokens": args.new_tokens,
+        "prompt_tokens": args.prompt_tokens,
         "rounds": args.rounds,
+        "activations": args.activations,
         **{k: round(v, 2) for k, v in ours.items()},
         "kv_bytes_per_token_bf16": mla,
         "mha_same_width_kv_bytes_per_token_bf16": mha,
     }
-    if args.llama_cpp_python:
-        from engine_quantized import llama_cpp_rates
-
-        try:
-            one, many = llama_cpp_rates(path, single + batch, args.new_tokens, args.llama_cpp_python)
-            row["peer"] = {"llama_cpp_batch1_tok_s": round(one, 2), "llama_cpp_batch4_tok_s": round(many, 2)}
-        except SystemExit as e:  # the peer's last line of stderr
-            row["peer"] = {"failed": str(e)}
-            # its loader says is_lite = (n_layer == 27); any other deepseek2 file must carry q_lora_rank
-            if args.layers != 27:
-                row["peer"]["why"] = (
-                    "llama.cpp reads deepseek2 without q_lora_rank only at V2-Lite's 27 layers"
-                )
-    else:
-        row["peer"] = "missing"
+    row["peer"] = peer(path, prompt, single + batch, args)
+    if "prompt_tokens_per_s" in row["peer"]:
+        theirs = row["peer"]
+        row["prompt_vs_llama_cpp"] = round(ours["prompt_tok_s"] / theirs["prompt_tokens_per_s"], 2)
+        row["batch1_vs_llama_cpp"] = round(ours["batch1_tok_s"] / theirs["decode_tokens_per_s_batch1"], 2)
+        row["batch4_vs_llama_cpp"] = round(
+            ours["batch4_tok_s"] / theirs["decode_tokens_per_s_batch4_one_at_a_time"], 2
+        )
     print(json.dumps(row), flush=True)
+
+
+def peer(path: Path, prompt: list[int], short: list[list[int]], args) -> dict | str:
+    """llama.cpp's rates on the file (bench/hybrid.py's peer runs), or why there are none."""
+    from hybrid import llama_cpp  # bench/, beside this script
+
+    if not args.llama_cpp_python:
+        return "missing"
+    # its loader: is_lite = (n_layer == 27); any other deepseek2 file must carry q_lora_rank
+    if args.layers != 27:
+        return {"skipped": "llama.cpp reads deepseek2 without q_lora_rank only at V2-Lite's 27 layers"}
+    try:
+        return llama_cpp(path, prompt, short[1:], args.new_tokens, args.llama_cpp_python)
+    except SystemExit as e:  # the peer's last line of stderr
+        return {"failed": str(e)}
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ SmolLM2-135M on the CPU by default. Prints one JSON line: per round the requests
 hung up, 5xx and in-band errors, KV blocks and requests still held afterwards, seconds; the server's
 RSS after each round; the slowest / median time to first chunk of `--concurrency` n=1 and n=2
 streams; and the p50 / p99 / max gap between tokens of `--gap-streams` streams alone and beside each of
-those (`--gaps-only`: that alone). Run: python bench/reliability_under_load.py [--requests 200] [--tiny]
+those (`--gaps-only`: that alone). Run: python bench/reliability_under_load.py [--requests 200] [--tiny] [--quick]
 """
 
 import argparse
@@ -30,9 +30,17 @@ from tests.reliability.soak import settle, soak_round  # noqa: E402
 
 async def first_chunks(url: str, concurrency: int, n: int, max_tokens: int) -> list[float]:
     """Seconds from sending to the first content chunk, per stream."""
+
     async def one(i: int, client: httpx.AsyncClient) -> float:
-        body = {"stream": True, "n": n, "max_tokens": max_tokens, "temperature": 0.8, "seed": i, "ignore_eos": True,
-                "messages": [{"role": "user", "content": f"Describe folio {i} of the manuscript in detail."}]}
+        body = {
+            "stream": True,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": 0.8,
+            "seed": i,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"Describe folio {i} of the manuscript in detail."}],
+        }
         start = time.monotonic()
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             async for line in response.aiter_lines():
@@ -49,8 +57,12 @@ async def first_chunks(url: str, concurrency: int, n: int, max_tokens: int) -> l
 
 def _percentiles(gaps: list[float]) -> dict:
     ordered = sorted(gaps) or [0.0]
-    return {"p50": round(ordered[len(ordered) // 2], 3), "p99": round(ordered[int(len(ordered) * 0.99)], 3),
-            "max": round(ordered[-1], 3), "gaps": len(gaps)}
+    return {
+        "p50": round(ordered[len(ordered) // 2], 3),
+        "p99": round(ordered[int(len(ordered) * 0.99)], 3),
+        "max": round(ordered[-1], 3),
+        "gaps": len(gaps),
+    }
 
 
 async def token_gaps(url: str, streams: int, max_tokens: int, burden=None) -> dict:
@@ -60,8 +72,14 @@ async def token_gaps(url: str, streams: int, max_tokens: int, burden=None) -> di
     times: list[list[float]] = [[] for _ in range(streams)]
 
     async def stream(i: int, client: httpx.AsyncClient) -> None:
-        body = {"prompt": f"Folio {i} of the manuscript says", "max_tokens": max_tokens, "temperature": 0,
-                "logprobs": 0, "ignore_eos": True, "stream": True}
+        body = {
+            "prompt": f"Folio {i} of the manuscript says",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
@@ -86,27 +104,51 @@ def _embeddings(url: str, inputs: list[list[int]]):
         response = await client.post(f"{url}/v1/embeddings", json={"input": inputs})
         if response.status_code != 200:
             raise RuntimeError(f"embeddings: {response.status_code} {response.text}")
+
     return send
 
 
 def _grammar_compiles(url: str, model: str):
     """Two chat requests whose JSON schemas (400 patterns each, their own) take seconds to compile."""
+
     async def send(client: httpx.AsyncClient) -> None:
         async def one(seed: int):
-            schema = {"type": "object", "properties": {
-                f"p{k}": {"type": "string", "pattern": f"^([a-z]{{1,{seed + 8}}}-){{0,20}}[0-9]{{2,{k % 7 + 9}}}$"}
-                for k in range(400)}}
-            return await client.post(f"{url}/v1/chat/completions", json={
-                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+            schema = {
+                "type": "object",
+                "properties": {
+                    f"p{k}": {
+                        "type": "string",
+                        "pattern": f"^([a-z]{{1,{seed + 8}}}-){{0,20}}[0-9]{{2,{k % 7 + 9}}}$",
+                    }
+                    for k in range(400)
+                },
+            }
+            return await client.post(
+                f"{url}/v1/chat/completions",
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 1,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": schema},
+                    },
+                },
+            )
+
         await asyncio.gather(one(int(time.time()) % 1000), one(int(time.time()) % 1000 + 1))
+
     return send
 
 
 def _many_prompts(url: str, model: str):
     """A completion of 1,000 prompts: refused (--max-prompts) before any is tokenized."""
+
     async def send(client: httpx.AsyncClient) -> None:
-        await client.post(f"{url}/v1/completions", json={"model": model, "prompt": ["hi"] * 1000, "max_tokens": 4})
+        await client.post(
+            f"{url}/v1/completions", json={"model": model, "prompt": ["hi"] * 1000, "max_tokens": 4}
+        )
+
     return send
 
 
@@ -116,12 +158,20 @@ def gaps_beside_embeddings(url: str, args: argparse.Namespace) -> dict:
     length, tokens = min(args.embed_tokens, context), min(args.gap_tokens, context - 16)
     # ids below 500: in every vocabulary, the tiny model's included
     inputs = [[3 + (i * 7 + j * 13) % 497 for j in range(length)] for i in range(args.embed_inputs)]
-    return {"streams": args.gap_streams, "stream_tokens": tokens, "embedding_inputs": args.embed_inputs,
-            "input_tokens": length, "alone": asyncio.run(token_gaps(url, args.gap_streams, tokens)),
-            "beside_embeddings": asyncio.run(token_gaps(url, args.gap_streams, tokens, _embeddings(url, inputs))),
-            "beside_grammar_compiles": asyncio.run(token_gaps(url, args.gap_streams, tokens,
-                                                              _grammar_compiles(url, model))),
-            "beside_1000_prompts": asyncio.run(token_gaps(url, args.gap_streams, tokens, _many_prompts(url, model)))}
+    return {
+        "streams": args.gap_streams,
+        "stream_tokens": tokens,
+        "embedding_inputs": args.embed_inputs,
+        "input_tokens": length,
+        "alone": asyncio.run(token_gaps(url, args.gap_streams, tokens)),
+        "beside_embeddings": asyncio.run(token_gaps(url, args.gap_streams, tokens, _embeddings(url, inputs))),
+        "beside_grammar_compiles": asyncio.run(
+            token_gaps(url, args.gap_streams, tokens, _grammar_compiles(url, model))
+        ),
+        "beside_1000_prompts": asyncio.run(
+            token_gaps(url, args.gap_streams, tokens, _many_prompts(url, model))
+        ),
+    }
 
 
 def main() -> None:
@@ -130,15 +180,30 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=24, help="streams in the n=1 / n=2 comparison")
     parser.add_argument("--tiny", action="store_true", help="a tiny random model instead of SmolLM2")
-    parser.add_argument("--gap-streams", type=int, default=16, help="healthy streams whose token gaps are measured")
+    parser.add_argument(
+        "--gap-streams", type=int, default=16, help="healthy streams whose token gaps are measured"
+    )
     parser.add_argument("--gap-tokens", type=int, default=256, help="tokens each of them generates")
-    parser.add_argument("--embed-inputs", type=int, default=8, help="inputs of the embeddings request beside them")
+    parser.add_argument(
+        "--embed-inputs", type=int, default=8, help="inputs of the embeddings request beside them"
+    )
     parser.add_argument("--embed-tokens", type=int, default=1500, help="tokens of each input")
     parser.add_argument("--gaps-only", action="store_true", help="only the token gaps beside embeddings")
-    parser.add_argument("--server-args", default="",
-                        help="more arguments for the server, e.g. '--long-prefill-token-threshold 2048' (the "
-                             "prompt chunks of a step while streams decode, as before the threshold)")
+    parser.add_argument(
+        "--server-args",
+        default="",
+        help="more arguments for the server, e.g. '--long-prefill-token-threshold 2048' (the "
+        "prompt chunks of a step while streams decode, as before the threshold)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run of a few minutes: 40 requests a round, 8 streams in the n=1 / n=2 "
+        "comparison, 4 gap streams of 64 tokens, embedding inputs of 400 tokens",
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(requests=40, concurrency=8, gap_streams=4, gap_tokens=64, embed_tokens=400)
     model = "smollm2"
     if args.tiny:
         from tests.backend.tiny_models import build_model
@@ -150,8 +215,17 @@ def main() -> None:
             gaps = gaps_beside_embeddings(server.url, args)
         finally:
             server.stop()
-        print(json.dumps({"bench": "reliability", "model": "tiny" if args.tiny else "smollm2-135m", "device": "cpu",
-                          "server_args": args.server_args, "token_gaps_s": gaps}))
+        print(
+            json.dumps(
+                {
+                    "bench": "reliability",
+                    "model": "tiny" if args.tiny else "smollm2-135m",
+                    "device": "cpu",
+                    "server_args": args.server_args,
+                    "token_gaps_s": gaps,
+                }
+            )
+        )
         return
     try:
         rounds, rss = [], []
@@ -159,24 +233,41 @@ def main() -> None:
             result = asyncio.run(soak_round(server.url, args.requests, args.max_tokens, seed))
             held = settle(server.url)
             rss.append(rss_bytes(server.proc.pid))
-            rounds.append({"requests": result.requests, "completed": result.completed,
-                           "hung_up": result.disconnected, "5xx": sum(v for k, v in result.statuses.items() if k >= 500),
-                           "errors": len(result.errors), "running_after": held["running"],
-                           "waiting_after": held["waiting"], "kv_usage_after": held["kv_cache_usage"],
-                           "seconds": round(result.seconds, 2)})
+            rounds.append(
+                {
+                    "requests": result.requests,
+                    "completed": result.completed,
+                    "hung_up": result.disconnected,
+                    "5xx": sum(v for k, v in result.statuses.items() if k >= 500),
+                    "errors": len(result.errors),
+                    "running_after": held["running"],
+                    "waiting_after": held["waiting"],
+                    "kv_usage_after": held["kv_cache_usage"],
+                    "seconds": round(result.seconds, 2),
+                }
+            )
         waits = {n: asyncio.run(first_chunks(server.url, args.concurrency, n, 32)) for n in (1, 2)}
         gaps = gaps_beside_embeddings(server.url, args)
     finally:
         server.stop()
-    print(json.dumps({
-        "bench": "reliability", "model": "tiny" if args.tiny else "smollm2-135m", "device": "cpu", "rounds": rounds,
-        "rss_mb_after_rounds": [round(r / 2**20, 1) for r in rss],
-        "rss_growth": round(rss[1] / rss[0] - 1, 4),
-        "first_chunk_s": {f"n{n}": {"max": round(max(w), 2), "median": round(statistics.median(w), 2)}
-                          for n, w in waits.items()},
-        "n2_vs_n1_slowest_first_chunk": round(max(waits[2]) / max(waits[1]), 2),
-        "token_gaps_s": gaps,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "reliability",
+                "model": "tiny" if args.tiny else "smollm2-135m",
+                "device": "cpu",
+                "rounds": rounds,
+                "rss_mb_after_rounds": [round(r / 2**20, 1) for r in rss],
+                "rss_growth": round(rss[1] / rss[0] - 1, 4),
+                "first_chunk_s": {
+                    f"n{n}": {"max": round(max(w), 2), "median": round(statistics.median(w), 2)}
+                    for n, w in waits.items()
+                },
+                "n2_vs_n1_slowest_first_chunk": round(max(waits[2]) / max(waits[1]), 2),
+                "token_gaps_s": gaps,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Servers the tests start: an ASGI app on a real uvicorn listener in this process, and the one wait for any of
-our servers (in this process or a child) to answer its health check."""
+our servers (in this process or a child) to answer its health check, and the one wait for any other condition."""
 
 import socket
 import subprocess
@@ -32,6 +32,19 @@ def wait_healthy(
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{what} at {url} was not healthy after {timeout} s")
+
+
+def wait_for(predicate, timeout: float = 120, interval: float = 0.1):
+    """predicate()'s first true value, looking every interval; TimeoutError (with its last value) after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    if not value:
+        raise TimeoutError(f"condition not met in {timeout} s (last: {value!r})")
+    return value
 
 
 def serve_in_thread(app, port: int | None = None, **config) -> tuple[uvicorn.Server, threading.Thread, str]:

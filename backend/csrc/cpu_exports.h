@@ -145,6 +145,12 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
                            const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
                            const float *sinks, i64 max_len, int threads);
+/* cpu_mla.c: multi-head latent attention's decode rows (W_UK, the latent attention, W_UV) */
+int mla_decode_rows(const float *q_nope, i64 ld_nope, i64 hs_nope, const float *q_pe, i64 ld_pe, i64 hs_pe, i64 rows,
+                    i64 heads, i64 nope, i64 rope, i64 lora, i64 v, const void *w_uk, const float *uk_scales, i64 uk_hs,
+                    const void *w_uv, const float *uv_scales, i64 uv_hs, const void *cache, int kind, i64 block_size,
+                    const int64_t *tables, i64 table_stride, const int64_t *lens, float scale, i64 max_len,
+                    float *out, int threads);
 
 /* --- the one-call decode step (cpu_decoder.c) */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,

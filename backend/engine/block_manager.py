@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from backend.engine.rope_switch import root_hash
 from backend.engine.sequence import Sequence
-from backend.engine.state_pool import StatePool
+from backend.engine.state_pool import SNAPSHOT_SLOTS, StatePool
+from backend.engine.state_snapshots import StateCopies, StateSnapshots
 from backend.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
@@ -48,10 +49,10 @@ class BlockManager:
         # The sliding-window layers' blocks, released once out of every window (engine/window_blocks.py); these
         # blocks are the full group's
         self.window = WindowBlocks(sliding.num_blocks, block_size, sliding.window) if sliding else None
-        # A hybrid model's linear-attention states, a slot a running sequence; it takes no prefix hit, as a cached
-        # prefix's state is not kept (engine/state_pool.py)
+        # A hybrid model's linear-attention states, a slot a running sequence (engine/state_pool.py), and with
+        # prefix caching the snapshots its hits resume from, in the rows after them (engine/state_snapshots.py)
         self.states = StatePool(state_slots) if state_slots else None
-        enable_prefix_caching = enable_prefix_caching and self.states is None
+        self.snapshots = StateSnapshots(state_slots, SNAPSHOT_SLOTS) if state_slots and enable_prefix_caching else None
         self.enable_prefix_caching = enable_prefix_caching
         # A disk entry would need each group's blocks: a model with a sliding group writes none
         self.disk = disk if enable_prefix_caching and self.window is None else None
@@ -109,6 +110,9 @@ class BlockManager:
         if self.window is not None:  # as far as the sliding group holds the window before the hit's end
             usable = self.window.usable_hit(seq, hashes)
             ids, hashes = ids[:usable], hashes[:usable]
+        if self.snapshots is not None:  # as far as a snapshot holds the linear layers' states at the hit's end
+            usable = self.snapshots.longest(hashes)
+            ids, hashes = ids[:usable], hashes[:usable]
         return ids, hashes
 
     def _load_from_disk(self, seq: Sequence, ids: list[int], hashes: list[int], limit: int) -> None:
@@ -154,6 +158,19 @@ class BlockManager:
             self.prefix_queries += seq.num_prompt_tokens
             self.prefix_hits += num_hit_tokens
         return True
+
+    def plan_states(self, seq: Sequence, n: int, hit_hashes: list[int] | None = None) -> tuple[int, StateCopies | None]:
+        """A hybrid model's chunk of n tokens after seq.num_computed_tokens, cut to end at the sequence's snapshot
+        boundary where it would pass it, and its state copies: the snapshot an admission's hit (hit_hashes)
+        resumes from, and the slot reserved for the states at the boundary where the chunk ends there."""
+        if self.snapshots is None or seq.pooling:
+            return n, None
+        start, end = seq.num_computed_tokens, (seq.num_tokens - 1) // self.block_size * self.block_size
+        if start < end < start + n:
+            n = end - start
+        resume = self.snapshots.resume(hit_hashes[-1]) if hit_hashes else None
+        snapshot = self.snapshots.reserve(seq.seq_id, end // self.block_size) if start < end == start + n else None
+        return n, None if resume is None and snapshot is None else StateCopies(resume, snapshot)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make sure the sequence's blocks cover num_new_tokens more tokens; False if the cache is full."""
@@ -203,6 +220,8 @@ class BlockManager:
             if h not in self.cached:
                 block.hash, block.token_ids = h, tokens
                 self.cached[h] = block.block_id
+        if self.snapshots is not None:
+            self.snapshots.settle(seq.seq_id, seq.block_hashes)
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Release the blocks past the first num_tokens tokens (slots of rejected draft tokens)."""
@@ -249,6 +268,8 @@ class BlockManager:
         if self.states is not None and seq.state_slot is not None:
             self.states.give_back(seq.state_slot)
             seq.state_slot = None
+        if self.snapshots is not None:
+            self.snapshots.drop(seq.seq_id)
 
     def forget_contents(self) -> None:
         """The cache's tensors were freed (the engine slept with every block free): no block holds a prefix now.
@@ -258,3 +279,5 @@ class BlockManager:
         self.cached.clear()
         if self.window is not None:
             self.window.forget_contents()
+        if self.snapshots is not None:  # the states were freed with the cache
+            self.snapshots.clear()

@@ -17,6 +17,7 @@ from backend.engine.model_runner import ModelRunner
 from backend.engine.scheduler import ScheduledSeq
 from backend.engine.sequence import Sequence
 from backend.engine.state_pool import is_hybrid, state_pool_bytes
+from backend.kernels import step_paths
 from backend.model_config import ModelConfig
 from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
@@ -28,8 +29,10 @@ log = logging.getLogger(__name__)
 # manager; past 2**20 (16M tokens at block 16) they would cost host memory and start-up time for a cache
 # no batch fills.
 MAX_CUDA_BLOCKS = 1 << 20
-MAX_GRAPH_ROWS = 512  # larger decode steps run eagerly: launching kernels is then a small part of the step
 GIB = 2**30
+# The attention kernels multiply at least the 16 rows of a tensor-core matrix product and read the cache in tiles
+# that do not depend on the block size; these are the sizes compiled and checked for sm_80/89/90.
+CUDA_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
@@ -53,12 +56,7 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-CUDA_BLOCK_SIZES = (16, 32, 64, 128, 256)
-
-
 def check_cuda_block_size(block_size: int) -> None:
-    """The attention kernels multiply at least the 16 rows of a tensor-core matrix product and read the cache
-    in tiles that do not depend on the block size; these are the sizes compiled and checked for sm_80/89/90."""
     if block_size not in CUDA_BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {', '.join(map(str, CUDA_BLOCK_SIZES))} on CUDA, "
                          f"got {block_size}; use 16 (the default) or 32")
@@ -95,7 +93,8 @@ def warm_up(model, tokens: int, max_model_len: int, block_size: int, device: tor
     """Run the largest prefill batch the scheduler can form once, through a throwaway KV cache, then the
     logits of the most rows one step can sample (a full decode batch, drafts included: 256 rows of a
     152k vocabulary are 230 MB), and with graph_rows, capture the largest CUDA graph: its memory pool stays
-    held beside the cache for good (an H200 run's engine held 0.09 GiB over its budget before it was counted). Returns the throwaway cache's size in blocks (part of the measured peak)."""
+    held beside the cache for good (an H200 run's engine held 0.09 GiB over its budget before it was counted).
+    Returns the throwaway cache's size in blocks (part of the measured peak)."""
     lengths = []
     while sum(lengths) < tokens:
         lengths.append(min(max_model_len - 1, tokens - sum(lengths)))
@@ -146,7 +145,7 @@ class CacheShape:
         prefill = config.long_prefill_token_threshold or (256 if device.type == "cpu" else tokens)
         return cls(device, dtype, kv_dtype, max_model_len, tokens, min(prefill, tokens),
                    min(config.max_num_seqs * (1 + drafts), tokens),
-                   min(max(config.max_num_seqs, min(speculated * (1 + drafts), tokens)), MAX_GRAPH_ROWS))
+                   step_paths.graph_rows(config.max_num_seqs, speculated * (1 + drafts), tokens))
 
 
 def num_kv_blocks(config: EngineConfig, shape: CacheShape, models: list) -> int:

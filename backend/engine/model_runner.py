@@ -7,29 +7,14 @@ import torch
 from backend.engine import cache_groups
 from backend.engine.prompt_logprobs import chunk_prompt_logprobs
 from backend.engine.scheduler import ScheduledSeq, StepPlan
-from backend.engine.state_pool import allocate_states, free_states
+from backend.engine.state_pool import allocate_states, free_states, resume_states, snapshot_states
 from backend.engine.step_inputs import StepInputs, lay_out
-from backend.kernels import native, use_triton
+from backend.kernels import step_paths
 from backend.kernels.attention import AttentionMetadata, PrefillChunk
 from backend.kernels.delta_rule import StateRows
 from backend.models.cpu_decoder import CpuDecoder
 from backend.models.gated_deltanet import GatedDeltaNet
 from backend.models.transformer import CausalLM
-
-# Prompt chunks whose rows attend to at most this many positions on average also run as decode rows where a dense model
-# has a one-call step (CpuDecoder): per row it saves the module path's overhead but attends alone (every key read
-# once per row), which costs more than the batched prefill attention past about this (SmolLM2, 2 cores: a fresh
-# 512-token prompt breaks even; a 20-token chunk after 1000 cached tokens is 30% slower as decode rows, measured).
-SHORT_CONTEXT = 256
-# With CUDA graphs, a run of up to this many rows that is not a verification (a draft model catching up on the tokens
-# it has not read, a prompt's uncached tail) replays a captured decode step as decode rows: each row then attends
-# alone, which at this length costs far less than launching every kernel of an eager step.
-GRAPH_RUN_ROWS = 8
-# On the CUDA path several rows of one sequence (a verification, a short run) attend as decode rows only up to this
-# context: each row reads the sequence's whole cache, (1 + k) times the prompt kernel's reads, which at long contexts
-# outweighs the launches a graph saves (on paper: Llama-3-8B at 32k, 5 rows read 20 GB of cache against 16 GB of
-# weights; not measured on a device yet).
-DECODE_ROWS_CONTEXT = 4096
 
 
 @dataclass
@@ -53,10 +38,8 @@ class ModelRunner:
         self.dtype = dtype
         self.kv_dtype = kv_dtype or dtype  # the KV cache's (kv_cache_dtype; the model's by default)
         self.graphs: dict[int, tuple] = {}  # decode batch size -> (CUDA graph, its output)
-        self.steps = {"replayed": 0, "eager": 0}  # forward passes run by a captured graph, and the others
-        # Our C kernels run this runner's decode steps: verification runs as decode rows, and the one-call step
-        self.cpu_kernels = device.type == "cpu" and dtype == torch.float32 and native.enabled()
-        self.triton = use_triton(torch.empty(0, device=device))  # the CUDA path (or its interpreted twin in tests)
+        self.steps = dict.fromkeys(step_paths.STEP_PATHS, 0)  # forward passes by the path that ran them
+        self.kernels = step_paths.kernels_for(device, dtype)  # which of our C and Triton kernels its steps may use
         self.cpu_decoder: CpuDecoder | None = None  # decode steps in one C call, where the model allows
         self.allocate_kv_cache(num_blocks)
 
@@ -74,7 +57,7 @@ class ModelRunner:
             module.k_cache = zeros((rows, *k_block), dtype=self.kv_dtype, device=self.device)
             module.v_cache = zeros((rows, *v_block), dtype=self.kv_dtype, device=self.device)
         allocate_states(self._attention_modules(), self.state_slots, self.device)
-        self.cpu_decoder = CpuDecoder.build(self.model) if self.cpu_kernels else None
+        self.cpu_decoder = CpuDecoder.build(self.model) if self.kernels.c else None
 
     def _windowed(self, kind: str) -> bool:
         return self.sliding is not None and kind == "sliding"
@@ -115,20 +98,14 @@ class ModelRunner:
     def capture_graphs(self, max_rows: int, max_model_len: int, largest_only: bool = False) -> None:
         """Record one decode step per bucket of rows, replayed instead of launching every kernel (largest_only: the
         bucket of max_rows alone, whose memory pool the others share: what the KV cache's sizing measures).
-
-        MoE layers are captured too (their routing never waits for the host); with experts offloaded
-        the host picks which experts to copy in, so those models stay eager.
-        """
+        Which models stay eager: step_paths.captures_graphs."""
         from backend.models.moe import SparseMoE
 
-        if any(isinstance(m, SparseMoE) and m.expert_cache is not None for m in self.model.modules()):
-            return
-        if self.state_slots:  # a captured step has no rows' state slots to read: hybrid models stay eager
+        offloaded = any(isinstance(m, SparseMoE) and m.expert_cache is not None for m in self.model.modules())
+        if not step_paths.captures_graphs(bool(self.state_slots), offloaded):
             return
         largest = max_rows
-        sizes = sorted({b for b in (1, 2, 4, 8) if b <= largest} | set(range(16, largest + 1, 16)) | {largest})
-        if largest_only:
-            sizes = [largest]
+        sizes = [largest] if largest_only else step_paths.graph_buckets(largest)
         self.allocate_static(largest, max_model_len)
         pool = None
         with torch.inference_mode():
@@ -190,31 +167,22 @@ class ModelRunner:
         graph.replay()
         return out[:rows]
 
-    def _replays(self, plan: StepPlan) -> bool:
-        """Whether a captured graph runs this step: every item decodes, verifies its drafts or is a short run, its
-        rows as decode rows, and none reads rows other than the sampled ones (embeddings, prompt logprobs)."""
-        if not self.graphs or any(
-                item.pool or item.prompt_logprobs
-                or item.num_scheduled_tokens > max(GRAPH_RUN_ROWS, item.num_draft + 1)
-                or (item.num_scheduled_tokens > 1 and item.seq.num_computed_tokens > DECODE_ROWS_CONTEXT)
-                or item.seq.num_computed_tokens + item.num_scheduled_tokens > self.static_positions
-                for item in plan):
-            return False
-        return sum(item.num_scheduled_tokens for item in plan) <= max(self.graphs)
-
-    def _attends_as_decode(self, item: ScheduledSeq) -> bool:
-        # With our CPU kernels or the Triton ones a verification run is decode rows too (each row attending exactly as
-        # it would decoding, so greedy speculation keeps plain decoding's tokens), and so is a short prompt chunk with
-        # the one-call step: the step stays a decode step.
-        # A hybrid model's verification is a run of its own (GatedDeltaNet keeps its state apart until commit).
-        drafts = item.num_draft > 0 and not self.state_slots
-        return item.num_scheduled_tokens == 1 or (self.cpu_kernels and drafts) or (
-            self.triton and drafts and item.seq.num_computed_tokens <= DECODE_ROWS_CONTEXT) or (
-            self.cpu_decoder is not None and self.cpu_decoder.max_rows is None
-            and item.seq.num_computed_tokens + item.num_scheduled_tokens / 2 <= SHORT_CONTEXT)
+    def path_parts(self) -> step_paths.RunnerParts:
+        """What the step-path table (kernels/step_paths.py) reads of this runner as it is now."""
+        decoder = self.cpu_decoder
+        return step_paths.RunnerParts(
+            self.kernels, hybrid=bool(self.state_slots), one_call=decoder is not None,
+            one_call_rows=decoder.max_rows if decoder is not None else None, graph_rows=max(self.graphs, default=0),
+            graph_positions=self.static_positions if self.graphs else 0)
 
     def lay_out(self, plan: StepPlan) -> StepInputs:
-        return lay_out(plan, self.block_size, self._attends_as_decode, self.sliding is not None)
+        parts = self.path_parts()
+
+        def attends_as_decode(item: ScheduledSeq) -> bool:
+            return step_paths.attends_as_decode(parts, item.num_scheduled_tokens, item.num_draft,
+                                                item.seq.num_computed_tokens)
+
+        return lay_out(plan, self.block_size, attends_as_decode, self.sliding is not None)
 
     def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, StepInputs]:
         """The plan's rows (step_inputs.lay_out) as the model's tensors and attention metadata."""
@@ -257,6 +225,7 @@ class ModelRunner:
     def commit_states(self, plan: StepPlan, tokens: list[list[int] | None]) -> None:
         """A hybrid model's runs that verified drafts keep the state after the rows postprocess keeps: the last
         known token and the accepted drafts (len(tokens[i]), as postprocess counts them)."""
+        snapshot_states(self._attention_modules(), plan)  # prefix-hit snapshots at block boundaries (state_snapshots.py)
         kept = [len(new) if new else 1 for item, new in zip(plan, tokens) if item.num_draft]
         if self.state_slots and kept:
             for module in self._attention_modules():
@@ -269,20 +238,19 @@ class ModelRunner:
         needs: token ids, for greedy requests), whose rows are whose, and by position in the plan each embedding
         input chunk's (item.pool) fp32 sum of its hidden rows, and for each chunk of a request that asked for
         prompt logprobs, (the index of the first prompt token they are for, their entries)."""
-        # Rows other than the sampled ones are read: from the model's forward pass, as embeddings always have been
-        # (the one-call step and graphs have kernels of their own)
-        if self._replays(plan):
+        # A step reading rows besides the sampled ones runs through the modules, as embeddings always have (the
+        # one-call step and graphs have kernels of their own): step_paths decides
+        path = step_paths.step_path(self.path_parts(), [path_item(item) for item in plan])
+        self.steps[path] += 1
+        if path == step_paths.GRAPH:
             inputs = lay_out(plan, self.block_size, lambda item: True, self.sliding is not None)
             hidden = self._replay(inputs)
-            self.steps["replayed"] += 1
             if len(inputs.sample_rows) < hidden.shape[0]:  # a run that samples only its last row, or nothing
                 hidden = hidden[torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)]
             return StepOutput(self.model.compute_logits(hidden), inputs.logit_rows)
-        every_row = any(item.pool or item.prompt_logprobs for item in plan)
-        self.steps["eager"] += 1
+        resume_states(self._attention_modules(), plan)  # a hybrid model's prefix hits start from their snapshots
         input_ids, positions, meta, inputs = self.prepare(plan)
-        if self.cpu_decoder is not None and not meta.prefills and not every_row \
-                and self.cpu_decoder.takes(input_ids.shape[0]):
+        if path == step_paths.ONE_CALL:
             hidden = self.cpu_decoder(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
@@ -295,3 +263,8 @@ class ModelRunner:
         index = torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)
         return StepOutput(self.model.compute_logits(hidden[index]), inputs.logit_rows, pooled, prompt_logprobs)
 
+
+def path_item(item: ScheduledSeq) -> step_paths.Item:
+    """What the step-path table reads of a scheduled item."""
+    return step_paths.Item(item.num_scheduled_tokens, item.num_draft, item.seq.num_computed_tokens,
+                           item.pool or item.prompt_logprobs)

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.engine import rope_switch
-from backend.engine.block_manager import BlockManager
+from backend.engine.block_manager import BlockManager, StateCopies
 from backend.engine.deltas import add_logprob, append_token, record_prompt_logprobs
 from backend.engine.embedding import add_rows, mean_vector
 from backend.engine.sequence import Sequence, Status
-from backend.engine.step_budget import MIN_CHUNK, StepBudget, fair_share, max_seqs_per_client
+from backend.engine.step_budget import StepBudget, chunk_allowance, fair_share, max_seqs_per_client
 from backend.engine.wait_queue import WaitQueue, client_of
 
 
@@ -46,6 +46,7 @@ class ScheduledSeq:
     # its rows give prompt logprobs (engine/prompt_logprobs.py): the request asked, and the chunk has prompt tokens
     # after its rows
     prompt_logprobs: bool = False
+    states: StateCopies | None = None  # a hybrid model's state copies around its chunk (engine/state_snapshots.py)
 
     @property
     def samples(self) -> bool:
@@ -133,9 +134,9 @@ class Scheduler:
         # each prompt's part of them: equal parts, where a prompt needing less leaves the rest to the others
         newcomers = [s.num_tokens for s in itertools.islice(self.waiting, starting)]
         needs = [s.num_tokens - s.num_computed_tokens for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        share = max(min(MIN_CHUNK, prefill), fair_share(needs + newcomers, prefill))
+        share = fair_share(needs + newcomers, prefill)  # a long prompt takes at most this (chunk_allowance)
         # what the requests that can start would take is kept for them, up to half, whatever the prompts under way
-        running_prefill = prefill - min(sum(min(n, share) for n in newcomers), prefill // 2)
+        running_prefill = prefill - min(sum(chunk_allowance(n, share) for n in newcomers), prefill // 2)
         plan: StepPlan = []
         preempted = False
         i = 0
@@ -143,11 +144,12 @@ class Scheduler:
             seq = self.running[i]
             n = seq.num_tokens - seq.num_computed_tokens
             if n > 1:  # a prompt chunk leaves a token for each decoding sequence behind it
-                n = min(n, running_prefill, share,
+                n = min(chunk_allowance(n, share), running_prefill,
                         budget - sum(1 for s in self.running[i + 1:] if s.num_tokens - s.num_computed_tokens == 1))
                 if n < 1:
                     i += 1
                     continue
+            n, states = self.block_manager.plan_states(seq, n)  # a hybrid model's chunk ends at its snapshot
             if rope_switch.passes(self.rope_switch, seq, n):  # admitted again scaled, recomputed once
                 self._preempt(self.running.pop(i))
                 continue
@@ -164,7 +166,7 @@ class Scheduler:
                     break
             else:
                 plan.append(ScheduledSeq(seq, n, max_drafts=k, pool=seq.pooling,
-                                         prompt_logprobs=_wants_prompt_logprobs(seq)))
+                                         prompt_logprobs=_wants_prompt_logprobs(seq), states=states))
                 budget -= n
                 if n > 1 and not k:
                     prefill -= n
@@ -200,15 +202,16 @@ class Scheduler:
             every_row = seq.pooling or seq.params.prompt_logprobs is not None
             rope_switch.admit(self.rope_switch, seq)  # before the lookup: the prefix hashes depend on it
             hit_ids, hit_hashes = ([], []) if every_row else self.block_manager.find_cached_prefix(seq)
-            n = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, tokens, share)
+            n = min(chunk_allowance(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, share), tokens)
             if not self.block_manager.allocate(seq, hit_ids, hit_hashes, n):
                 break
+            n, states = self.block_manager.plan_states(seq, n, hit_hashes)
             self.waiting.take(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
             slots += need
             by_client[client] = held + need
-            plan.append(ScheduledSeq(seq, n, pool=seq.pooling, prompt_logprobs=_wants_prompt_logprobs(seq)))
+            plan.append(ScheduledSeq(seq, n, pool=seq.pooling, prompt_logprobs=_wants_prompt_logprobs(seq), states=states))
             tokens -= n
         return plan
 

@@ -48,11 +48,13 @@ class StepBudget:
         if not self.steps:
             return min(self.first_guess, cap)
         fitted = self.cost()
-        if fitted is None:  # one size so far: as if it all were the tokens' (which makes the next step's size differ)
-            tokens, seconds = self.steps[-1]
-            fitted = 0.0, seconds / tokens
-        fixed, per_token = fitted
         target = self.target if busy else self.target * self.idle_factor
+        if fitted is None:  # one size so far: as if it all were the tokens'
+            tokens, seconds = self.steps[-1]
+            size = max(MIN_CHUNK, min(cap, round(target / (seconds / tokens))))
+            # alone, a prompt takes twice the tokens where that size would repeat, so that the fit can start
+            return size if busy or size >= 1.5 * tokens else min(cap, max(size, 2 * tokens))
+        fixed, per_token = fitted
         return max(MIN_CHUNK, min(cap, round((target - fixed) / per_token)))
 
 
@@ -65,6 +67,13 @@ def fair_share(needs: list[int], tokens: int) -> int:
             return left // (count - i)
         left -= need
     return max(needs, default=tokens)
+
+
+def chunk_allowance(need: int, share: int) -> int:
+    """The most of a prompt's need it may take this step: all of a short one (at most MIN_CHUNK: it ends in this
+    step), else its fair share, at least a token. A floor for long prompts would let the first in line take a
+    small step whole, step after step, while a short prompt behind it waited for its end."""
+    return need if need <= MIN_CHUNK else min(need, max(1, share))
 
 
 def max_seqs_per_client(max_num_seqs: int) -> int:

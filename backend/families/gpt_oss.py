@@ -47,7 +47,8 @@ def from_hf(cfg: dict, arch: str, source: str) -> ModelConfig:
 
 
 # llama.cpp's layout of gpt-oss (convert_hf_to_gguf.py's GptOssModel): gate and up experts as two stacks (the
-# checkpoint's interleaved rows split), MXFP4 kept as its blocks (GGML type 39), sinks as attn_sinks.weight.
+# checkpoint's interleaved rows split) or, with its fuse_gate_up_exps, one ffn_gate_up_exps stack of gate's rows then
+# up's (its bias likewise), MXFP4 kept as its blocks (GGML type 39), sinks as attn_sinks.weight.
 GGUF_LAYOUTS = ("gpt-oss",)
 # its tensors that gguf_load's shared table does not name (the expert stacks' biases: gpt_oss_weights.as_ours)
 GGUF_TENSORS = {
@@ -56,6 +57,7 @@ GGUF_TENSORS = {
     "ffn_gate_exps": "mlp.ffn_gate_exps",
     "ffn_up_exps": "mlp.ffn_up_exps",
     "ffn_down_exps": "mlp.ffn_down_exps",
+    "ffn_gate_up_exps": "mlp.ffn_gate_up_exps",
 }
 # No key carries the clamped SwiGLU's alpha and limit: llama.cpp's graph (llama-graph.cpp, LLM_FFN_SWIGLU_OAI_MOE)
 # hard-codes gpt-oss's 1.702 and 7.0.

@@ -1,9 +1,10 @@
 """gpt-oss checkpoints' tensors under our names and layouts: the experts' stacks (float, or OpenAI's MXFP4
 `*_blocks` / `*_scales`) as [E, 2I, H] gate rows then up rows and [E, H, I], their biases likewise, and the router's
-bias. weights.load_weights reads the rest as it reads every family's."""
+bias. MXFP4 stacks stay MXFP4 (keep_mxfp4: re-encoded into GGML's blocks, which our kernels read, value for value);
+weights.load_weights reads the rest as it reads every family's."""
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import torch
 
@@ -11,8 +12,9 @@ from backend.model_config import ModelLoadError
 
 _EXPERTS = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
 _OURS = {"gate_up_proj": "w_gate_up", "down_proj": "w_down"}
-# a gpt-oss GGUF's expert biases (gguf_load names them after llama.cpp's stacks): gate and up apart, [E, I] each
-_GGUF_BIAS = re.compile(r"^(.*\.mlp)\.ffn_(gate|up|down)_exps\.bias$")
+# a gpt-oss GGUF's expert biases (gguf_load names them after llama.cpp's stacks): gate and up apart, [E, I] each, or
+# fused as [E, 2I], gate's then up's
+_GGUF_BIAS = re.compile(r"^(.*\.mlp)\.ffn_(gate|up|down|gate_up)_exps\.bias$")
 
 # MXFP4 as the OCP Microscaling Formats (MX) Specification v1.0 defines it: blocks of 32 elements (its table 1,
 # MXFP4: k = 32) of FP4 E2M1 sharing one E8M0 scale.
@@ -43,13 +45,60 @@ def mxfp4_decode(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (values * scale[..., None]).flatten(-2)
 
 
+def ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """OpenAI's packing (blocks [..., G, 16], scales [..., G]) -> GGML's MXFP4 blocks [..., G * 17] of the same values:
+    each block's E8M0 byte, then element j in byte j's low nibble and element j + 16 in its high nibble (ggml's
+    block_mxfp4, whose table holds the E2M1 values doubled beside a halved scale: the same products)."""
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., G, 32], in element order
+    packed = codes[..., :16] | (codes[..., 16:] << 4)
+    return torch.cat([scales[..., None], packed], dim=-1).flatten(-2)
+
+
+def keep_mxfp4(model: torch.nn.Module, names: Collection[str], dtype: torch.dtype) -> None:
+    """On the meta model: each MoE layer whose checkpoint holds its experts as MXFP4 blocks computes on them as
+    stored (QuantExperts in MXFP4, filled by as_ours), not on floats four times their size."""
+    from backend.quant.experts import QuantExperts
+    from backend.quant.formats import BY_NAME
+    from backend.quant.modules import QuantWeight
+
+    mxfp4 = BY_NAME["MXFP4"]
+    for name, module in model.named_modules():
+        if not all(f"{name}.experts.{proj}_blocks" in names for proj in _OURS):
+            continue
+        experts, rows, hidden = module.w_gate_up.shape
+        gate, up = (QuantWeight(mxfp4, rows // 2, hidden, (experts,), dtype=dtype) for _ in range(2))
+        module.use_quantized(
+            QuantExperts(gate, up, QuantWeight(mxfp4, hidden, rows // 2, (experts,), dtype=dtype))
+        )
+
+
+def _fill_mxfp4(experts, proj: str, blocks: torch.Tensor, scales: torch.Tensor, source: str) -> None:
+    """A pair of OpenAI's MXFP4 tensors into the stacks keep_mxfp4 made (gate_up's interleaved rows parted)."""
+    stacked = ggml_mxfp4(blocks, scales)
+    pairs = (
+        ((experts.gate, stacked[:, 0::2]), (experts.up, stacked[:, 1::2]))
+        if proj == "gate_up_proj"
+        else ((experts.down, stacked),)
+    )
+    for weight, data in pairs:
+        if tuple(weight.data.shape) != tuple(data.shape):
+            raise ModelLoadError(
+                f"{source}: MXFP4 experts {proj} of {tuple(blocks.shape)} blocks do not match the "
+                f"config's {weight.lead[0]} experts of {weight.rows} x {weight.cols}"
+            )
+        weight.data.copy_(data)
+
+
 def _gate_rows_first(t: torch.Tensor, proj: str) -> torch.Tensor:
     """gpt-oss interleaves each expert's gate and up rows (gate 0, up 0, gate 1, ...); ours are gate rows then up."""
     return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) if proj == "gate_up_proj" else t
 
 
-def as_ours(tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint's (name, tensor) pairs with the experts and the router's bias in our names and layouts."""
+def as_ours(
+    tensors: Iterator[tuple[str, torch.Tensor]], source: str, model: torch.nn.Module
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's (name, tensor) pairs with the experts and the router's bias in our names and layouts; MXFP4
+    experts that keep_mxfp4 kept are written into the model's stacks here, not yielded."""
     pending: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name, tensor in tensors:
         if name.endswith(".self_attn.sinks.weight"):  # llama.cpp's attn_sinks.weight
@@ -57,8 +106,8 @@ def as_ours(tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> Iterato
             continue
         if b := _GGUF_BIAS.match(name):
             mlp, role = b.groups()
-            if role == "down":
-                yield f"{mlp}.w_down_bias", tensor
+            if role in ("down", "gate_up"):
+                yield f"{mlp}.w_{role}_bias", tensor
                 continue
             halves = pending.setdefault((mlp, "gate_up_bias"), {})
             halves[role] = tensor
@@ -81,7 +130,11 @@ def as_ours(tensors: Iterator[tuple[str, torch.Tensor]], source: str) -> Iterato
             parts[part] = tensor
             if len(parts) == 2:
                 del pending[(mlp, proj)]
-                yield ours, _gate_rows_first(mxfp4_decode(parts["_blocks"], parts["_scales"]), proj)
+                kept = getattr(model.get_submodule(mlp), "experts", None)
+                if kept is not None:
+                    _fill_mxfp4(kept, proj, parts["_blocks"], parts["_scales"], source)
+                else:
+                    yield ours, _gate_rows_first(mxfp4_decode(parts["_blocks"], parts["_scales"]), proj)
     if pending:
         missing = ", ".join(_other_half(mlp, proj, p) for (mlp, proj), p in pending.items())
         raise ModelLoadError(f"{source}: experts without their other half: {missing}")

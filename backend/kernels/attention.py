@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from backend.kernels import native, use_triton
 from backend.kernels.delta_rule import StateRows
+from backend.kernels.step_paths import TRITON, C, attention_kernel, rows_kernel
 
 
 @dataclass
@@ -30,8 +31,8 @@ class PrefillChunk:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens]: cache slot of each token in the batch
-    # The first num_decode tokens each attend as a decoding token at their own position: one per sequence, or on
-    # the CPU with our kernels also a verification run's rows and short prompt chunks (several of one sequence).
+    # The first num_decode tokens each attend as a decoding token at their own position: one per sequence, or also
+    # a verification run's rows and short prompt chunks (several of one sequence: step_paths.attends_as_decode).
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks], padded with 0
     decode_context_lens: torch.Tensor | None = None  # [num_decode]
@@ -95,15 +96,17 @@ def _attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, scale: float, sliding_window: int | None = None,
-                     uniform_len: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     uniform_len: int | None = None, sinks: torch.Tensor | None = None,
+                     kernel: str | None = None) -> torch.Tensor:
     """One query token per sequence, attending to its whole context. q [B, Hq, D] -> [B, Hq, D].
 
     Slots past a sequence's end are read (block tables are padded) and masked out; the cache is
     zero-initialised so they always hold finite numbers. With uniform_len (every context that long, as a
     single sequence's always is) they are sliced off instead: no mask to build, a faster attention.
     sinks [Hq]: a learned logit a head in every softmax's denominator (gpt-oss), or None.
+    kernel: C or TORCH as paged_attention found it (step_paths.rows_kernel); None: asked here.
     """
-    if _native(q, k_cache, v_cache):
+    if (kernel or rows_kernel(q, k_cache, v_cache)) == C:
         return _native_rows(q, k_cache, v_cache, block_tables, context_lens, scale, sliding_window, sinks)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
@@ -119,12 +122,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if sliding_window is not None:
         mask &= pos[None, :] >= context_lens[:, None] - sliding_window
     return _attend(q.unsqueeze(2), k, v, mask[:, None, None, :], scale, sinks).squeeze(2)
-
-
-def _native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether our C kernel runs these rows: fp32 queries, heads contiguous, a CPU cache of a dtype it reads."""
-    return (native.usable(q) and q.stride(2) == 1 and q.stride(1) == q.shape[2] and k_cache.is_cpu
-            and k_cache.dtype in native.KV_KINDS and v_cache.dtype == k_cache.dtype)
 
 
 def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
@@ -173,12 +170,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      context_len: int, scale: float, sliding_window: int | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
     """A chunk that scores drafts, each of its S rows attended exactly as decode_attention attends a single
     sequence's token at that position: the same kernel on the same shapes, so that greedy speculation accepts
-    exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently)."""
+    exactly the tokens plain decoding would have produced (a masked multi-row attention rounds differently).
+    kernel: as decode_attention's."""
     s, hq, d = q.shape
-    if _native(q, k_cache, v_cache):
+    if (kernel or rows_kernel(q, k_cache, v_cache)) == C:
         lens = torch.arange(context_len - s + 1, context_len + 1)
         return _native_rows(q, k_cache, v_cache, block_table.expand(s, -1), lens, scale, sliding_window, sinks)
     out = torch.empty_like(q)
@@ -203,20 +201,25 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, sliding_window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for a mixed batch (decode tokens first, then prompt chunks); kv already stored."""
-    if use_triton(q):
+    kernel = attention_kernel(q, k_cache, v_cache)
+    if kernel == TRITON:
         return _paged_attention_cuda(q, k_cache, v_cache, meta, scale, sliding_window, sinks)
     n = meta.num_decode
     if not meta.prefills:  # a decode step: no copy into a shared output
         return decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
-                                sliding_window, meta.decode_uniform_len, sinks)
+                                sliding_window, meta.decode_uniform_len, sinks, kernel)
     out = torch.empty_like(q)
     if n:
         out[:n] = decode_attention(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                   scale, sliding_window, meta.decode_uniform_len, sinks)
+                                   scale, sliding_window, meta.decode_uniform_len, sinks, kernel)
     for chunk in meta.prefills:
-        attend = verify_attention if chunk.verifies else prefill_attention
-        out[chunk.start:chunk.end] = attend(q[chunk.start:chunk.end], k_cache, v_cache, chunk.block_table,
-                                            chunk.context_len, scale, sliding_window, sinks)
+        rows = q[chunk.start:chunk.end]
+        if chunk.verifies:
+            out[chunk.start:chunk.end] = verify_attention(rows, k_cache, v_cache, chunk.block_table, chunk.context_len,
+                                                          scale, sliding_window, sinks, kernel)
+        else:
+            out[chunk.start:chunk.end] = prefill_attention(rows, k_cache, v_cache, chunk.block_table,
+                                                           chunk.context_len, scale, sliding_window, sinks)
     return out
 
 

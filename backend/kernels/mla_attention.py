@@ -17,11 +17,52 @@ greedy speculation keeps plain decoding's tokens) and chunks of up to ABSORBED_R
 space on the CPU; longer chunks, and every chunk on CUDA, are expanded.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from backend.kernels import native, use_triton
 from backend.kernels.attention import AttentionMetadata, decode_attention
+
+# Decode rows of at most this many go through our one C call (cpu_mla.c, which reads each head's weights once for
+# all its rows with vector dot products); more rows, a prompt chunk's, are faster in torch's batched matmuls
+C_ROWS = 16
+BLOCK = 32  # columns a scale of the int8 weights covers (cpu_mla.c's BLOCK)
+
+
+@dataclass
+class HeadWeights:
+    """kv_b's halves a matrix per head as cpu_mla.c reads them: W_UK [heads, lora, nope] and W_UV [heads, v, lora],
+    each as int8 with a scale per BLOCK columns where those hold its weights exactly (a GGUF's Q8_0 attn_k_b and
+    attn_v_b: a quarter of fp32's bytes a token), else fp32 (W_UV then a view of kv_b). A layer holds one, made at
+    its first decode step from kv_b at `source` (its address) and again should kv_b move."""
+
+    source: int = 0
+    uk: torch.Tensor | None = None
+    uk_scales: torch.Tensor | None = None
+    uv: torch.Tensor | None = None
+    uv_scales: torch.Tensor | None = None
+
+    def refresh(self, w_kv_b: torch.Tensor, heads: int, nope: int) -> "HeadWeights":
+        if self.source != w_kv_b.data_ptr():
+            w = w_kv_b.detach().view(heads, -1, w_kv_b.shape[1])
+            self.uk, self.uk_scales = exact_int8(w[:, :nope].transpose(1, 2).contiguous())
+            self.uv, self.uv_scales = exact_int8(w[:, nope:])
+            self.source = w_kv_b.data_ptr()
+        return self
+
+
+def exact_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(codes [..., cols] int8, scales [..., cols / BLOCK] fp32) whose products are w's every element (a Q8_0
+    tensor's blocks as dequantized: each block's largest magnitude 127 times its scale), or (w, None) where no such
+    pair is exact."""
+    blocks = w.unflatten(-1, (-1, BLOCK))
+    scales = blocks.abs().amax(-1) / 127
+    codes = torch.round(blocks / torch.where(scales == 0, 1.0, scales)[..., None])
+    if not torch.equal(codes * scales[..., None], blocks):
+        return w, None
+    return codes.to(torch.int8).flatten(-2).contiguous(), scales.contiguous()
 
 
 def store_latent(rows: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -43,12 +84,15 @@ def absorbed_attention(
     tables: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    held: HeadWeights | None = None,
 ) -> torch.Tensor:
     """Each row as one decoding token attending to the first lens[i] positions of its block table, in the latent
     space. q_nope [N, H, nope], q_pe [N, H, rope], w_kv_b [H * (nope + v), kv_lora], tables [N, blocks],
-    lens [N] -> [N, H, v]."""
+    lens [N] -> [N, H, v]. held: the layer's HeadWeights, for our C kernel (None: the torch path)."""
     n, heads, nope = q_nope.shape
     kv_lora = k_cache.shape[-1] - q_pe.shape[-1]
+    if held is not None and n <= C_ROWS and _c_reads(q_nope, q_pe, k_cache, w_kv_b):
+        return _c_rows(q_nope, q_pe, k_cache, held.refresh(w_kv_b, heads, nope), tables, lens, scale)
     w = w_kv_b.view(heads, -1, kv_lora)
     w_uk, w_uv = w[:, :nope], w[:, nope:]
     # batched over heads; the weight's head slices are read in place (einsum copies them)
@@ -64,6 +108,53 @@ def absorbed_attention(
     # kernel on the CPU, reading the cache in place; torch's attention elsewhere.
     latent = decode_attention(q, k_cache, k_cache, tables, lens, scale)[..., :kv_lora]
     return _values(latent, w_uv)
+
+
+def _c_reads(q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, w_kv_b: torch.Tensor) -> bool:
+    """Whether cpu_mla.c runs these rows: fp32 on the CPU, widths its vectors take."""
+    nope, rope = q_nope.shape[-1], q_pe.shape[-1]
+    lora, v = k_cache.shape[-1] - rope, w_kv_b.shape[0] // q_nope.shape[1] - nope
+    return (
+        native.usable(q_nope, q_pe, w_kv_b)
+        and k_cache.is_cpu
+        and k_cache.dtype in native.KV_KINDS
+        and q_nope.stride(-1) == 1
+        and q_pe.stride(-1) == 1
+        and nope % BLOCK == 0
+        and lora % BLOCK == 0
+        and v % BLOCK == 0
+        and rope % 8 == 0
+    )
+
+
+def _c_rows(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_cache: torch.Tensor,
+    w: HeadWeights,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """absorbed_attention's rows in one call of cpu_mla.c."""
+    n, heads, nope = q_nope.shape
+    rope, v = q_pe.shape[-1], w.uv.shape[1]
+    out = q_nope.new_empty(n, heads, v)
+    tables, lens = tables.contiguous() if tables.stride(-1) != 1 else tables, lens.contiguous()
+
+    def scales(s: torch.Tensor | None) -> int | None:
+        return None if s is None else s.data_ptr()
+
+    done = native.library().mla_decode_rows(
+        q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1), q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
+        n, heads, nope, rope, k_cache.shape[-1] - rope, v,
+        w.uk.data_ptr(), scales(w.uk_scales), w.uk.stride(0), w.uv.data_ptr(), scales(w.uv_scales), w.uv.stride(0),
+        k_cache.data_ptr(), native.KV_KINDS[k_cache.dtype], k_cache.shape[1], tables.data_ptr(), tables.stride(0),
+        lens.data_ptr(), scale, tables.shape[1] * k_cache.shape[1], out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if not done:
+        raise MemoryError(f"no memory for the scratch of {n} latent attention rows: lower --max-num-seqs")
+    return out
 
 
 def _values(latent: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
@@ -125,14 +216,23 @@ def mla_attention(
     w_kv_b: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    held: HeadWeights | None = None,
 ) -> torch.Tensor:
-    """A mixed batch (decode rows first, then prompt chunks), its latents already stored -> [T, H, v]."""
+    """A mixed batch (decode rows first, then prompt chunks), its latents already stored -> [T, H, v]. held: the
+    layer's HeadWeights for our C kernel's decode rows."""
     n = meta.num_decode
     v_dim = w_kv_b.shape[0] // q_nope.shape[1] - q_nope.shape[2]
     out = q_nope.new_empty(*q_nope.shape[:2], v_dim)
     if n:
         out[:n] = absorbed_attention(
-            q_nope[:n], q_pe[:n], k_cache, w_kv_b, meta.decode_block_tables, meta.decode_context_lens, scale
+            q_nope[:n],
+            q_pe[:n],
+            k_cache,
+            w_kv_b,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            scale,
+            held,
         )
     for i, chunk in enumerate(meta.prefills):
         rows = slice(chunk.start, chunk.end)
@@ -144,7 +244,7 @@ def mla_attention(
         ):  # rows at their positions
             lens = torch.arange(chunk.context_len - s + 1, chunk.context_len + 1, device=q_nope.device)
             out[rows] = absorbed_attention(
-                q_nope[rows], q_pe[rows], k_cache, w_kv_b, table.expand(s, -1), lens, scale
+                q_nope[rows], q_pe[rows], k_cache, w_kv_b, table.expand(s, -1), lens, scale, held
             )
         else:
             out[rows] = decompressed_attention(

@@ -2,7 +2,7 @@
 matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c,
 cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c; the small ops, attention and the one-call decode step
 cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c; an embedding's rows
-from the packed weights cpu_packed_rows.c), built into one library.
+from the packed weights cpu_packed_rows.c; latent attention's decode rows cpu_mla.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
@@ -31,7 +31,7 @@ log = logging.getLogger("backend")
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
                                                  "moe", "int8", "int8_rows", "nibbles", "delta_rule",
-                                                 "packed_rows")]
+                                                 "packed_rows", "mla")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -121,6 +121,9 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
                                           ptr, i64, i32]
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
+    lib.mla_decode_rows.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr,
+                                    i64, ptr, i32, i64, ptr, i64, ptr, f32, i64, ptr, i32]
+    lib.mla_decode_rows.restype = i32
     lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, i32]
     lib.decode_layers.restype = i32
     lib.struct_layouts.argtypes = [ptr]

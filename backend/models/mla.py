@@ -7,7 +7,7 @@ Hugging Face checkpoints'."""
 import torch
 from torch import nn
 
-from backend.kernels.mla_attention import mla_attention, store_latent
+from backend.kernels.mla_attention import HeadWeights, mla_attention, store_latent
 from backend.kernels.rotary import apply_rotary
 from backend.layer_spec import AttentionSpec
 from backend.model_config import ModelConfig
@@ -46,6 +46,8 @@ class LatentAttention(nn.Module):
         # Bound by the model runner once the KV cache is allocated (v_cache is empty: the values are the latents).
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # kv_b as our C kernel reads it, made at the first decode step on the CPU
+        self.head_weights = HeadWeights()
 
     def forward(self, x: torch.Tensor, rope: list[tuple[torch.Tensor, torch.Tensor]], meta) -> torch.Tensor:
         t, m = x.shape[0], self.shape
@@ -66,5 +68,6 @@ class LatentAttention(nn.Module):
             self.kv_b_proj.weight,
             meta,
             self.scale,
+            self.head_weights,
         )
         return self.o_proj(out.reshape(t, self.num_heads * m.v_head_dim))

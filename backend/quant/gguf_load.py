@@ -7,7 +7,6 @@ kernel of ours takes, dequantized here by gguf-py) go through weights.load_weigh
 """
 
 import logging
-import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from backend.families import gpt_oss, qwen3_next
 from backend.families.deepseek import kv_b_from_split
 from backend.gguf_config import ROPE_PERMUTED
 from backend.model_config import ModelLoadError
-from backend.quant.experts import QuantExperts
 from backend.quant.formats import FLOAT_TYPES, FORMATS
+from backend.quant.gguf_experts import expert_parts, quant_experts
 from backend.quant.modules import QuantEmbedding, QuantLinear, QuantWeight
 from backend.weights import load_weights, materialise
 
@@ -55,8 +54,6 @@ _LAYOUT_LAYER = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_
 # layouts whose converter stores each (1 + w) norm as 1 + w; our norms add the 1 themselves (in fp32, which a
 # bf16 copy of 1 + w would round away)
 _NORMS_PLUS_ONE = ("gemma3",)
-_EXPERT_ROLE = {"ffn_gate": 0, "ffn_up": 1, "ffn_down": 2}
-_LEGACY_EXPERT = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")  # older Mixtral files: one tensor per expert
 _FUSED = {".q_proj": (".qkv_proj", 0), ".k_proj": (".qkv_proj", 1), ".v_proj": (".qkv_proj", 2),
           ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1), **qwen3_next.FUSED}
 
@@ -69,6 +66,7 @@ class Entry:
     kind: str
     expert: int | None = None  # legacy per-expert tensors
     role: int | None = None  # expert stacks: 0 gate, 1 up, 2 down
+    part: tuple[int, int] | None = None  # the rows it holds of a fused tensor (ffn_gate_up_exps)
 
     @property
     def fmt(self):
@@ -77,7 +75,8 @@ class Entry:
     @property
     def rows_cols(self) -> tuple[int, int]:
         shape = [int(s) for s in self.tensor.shape]  # ggml order: cols first
-        return (shape[1] if len(shape) > 1 else 1), shape[0]
+        rows = shape[1] if len(shape) > 1 else 1
+        return (rows if self.part is None else self.part[1] - self.part[0]), shape[0]
 
 
 def entries(reader, source: str, arch: str) -> list[Entry]:
@@ -96,10 +95,8 @@ def entries(reader, source: str, arch: str) -> list[Entry]:
         if kind in ("rope_freqs", "rope_factors_long", "rope_factors_short"):
             continue  # read into the config's rope scaling (backend/gguf_config.py)
         prefix = f"model.layers.{layer}." if layer is not None else ""
-        if m := _LEGACY_EXPERT.match(kind):
-            out.append(Entry(t, f"{prefix}mlp", layer, kind, expert=int(m.group(2)), role=_EXPERT_ROLE[m.group(1)]))
-        elif kind.endswith("_exps") and kind[:-5] in _EXPERT_ROLE and suffix == "weight":  # gpt-oss's biases: floats
-            out.append(Entry(t, f"{prefix}mlp", layer, kind, role=_EXPERT_ROLE[kind[:-5]]))
+        if stacks := expert_parts(t, kind, suffix, source):
+            out += [Entry(t, f"{prefix}mlp", layer, kind, expert=x, role=r, part=p) for r, x, p in stacks]
         elif layer is not None and arch in qwen3_next.GGUF_LAYOUTS and (ours := qwen3_next.gguf_name(kind, suffix)):
             out.append(Entry(t, prefix + ours, layer, kind))
         elif (layer is None and kind in _GLOBAL) or (layer is not None and kind in layer_names):
@@ -155,10 +152,13 @@ class GGUFLoad:
         else:
             from gguf.quants import dequantize
 
-            if int(t.tensor_type) not in FLOAT_TYPES and e.kind not in _FLOAT_KINDS:  # expanded by design
+            # counted for the warning: not the kinds expanded by design; a fused tensor once (at its first part)
+            if int(t.tensor_type) not in FLOAT_TYPES and e.kind not in _FLOAT_KINDS and not (e.part or (0,))[0]:
                 file_bytes, elements = self.dequantized.get(t.tensor_type.name, (0, 0))
                 self.dequantized[t.tensor_type.name] = (file_bytes + int(t.n_bytes), elements + int(t.n_elements))
             data = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if e.part is not None:  # gate's or up's rows of a fused stack
+            data = np.ascontiguousarray(data[..., e.part[0] : e.part[1], :])
         if self.arch in ROPE_PERMUTED and e.kind in ("attn_q", "attn_k"):
             data = _unpermute_rope(data, self.cfg.num_heads if e.kind == "attn_q" else self.cfg.num_kv_heads)
         if self.arch in qwen3_next.GGUF_LAYOUTS:
@@ -213,19 +213,8 @@ class GGUFLoad:
         setattr(self.model.get_submodule(parent) if parent else self.model, attr, new)
 
     def _quant_experts(self, module: str, roles: dict[int, list[Entry]]) -> None:
-        weights = []
-        for role in (0, 1, 2):
-            es = roles.get(role)
-            if not es:
-                raise ModelLoadError(f"{self.source}: {module} has expert tensors but none for "
-                                     f"{['ffn_gate', 'ffn_up', 'ffn_down'][role]}")
-            # One stacked tensor [E, rows, ..], or (older files) one tensor per expert
-            lead = (int(es[0].tensor.shape[2]),) if es[0].expert is None else (len(es),)
-            w = QuantWeight(es[0].fmt if self.quantized(es[0]) else None, *es[0].rows_cols, lead, dtype=self.dtype)
-            for e in es:
-                self.targets[id(e)] = (w, 0, e.expert)
-            weights.append(w)
-        self.model.get_submodule(module).use_quantized(QuantExperts(*weights))
+        experts = quant_experts(roles, self.quantized, self.dtype, self.source, module, self.targets)
+        self.model.get_submodule(module).use_quantized(experts)
 
     # filling, once the model has memory --------------------------------------------------------------
 

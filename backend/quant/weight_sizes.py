@@ -196,6 +196,8 @@ def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
             formats.update({(part, layer): name for part in ("attn_q", "attn_k", "attn_v")})
         elif kind == "ffn_up" and ("ffn_gate", layer) not in formats:
             formats[("ffn_gate", layer)] = name
+        elif kind == "ffn_gate_up_exps":  # the converter's fused gate | up expert stack
+            formats.update({(part, layer): name for part in ("ffn_gate_exps", "ffn_up_exps")})
     for _, layer in [k for k in formats if k[0] in ("attn_kv_b", "attn_k_b", "attn_v_b")]:
         formats[("attn_kv_b", layer)] = float_name(dtype)  # deepseek2's kv_b: expanded at load (gguf_load.py)
     return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))

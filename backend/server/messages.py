@@ -107,7 +107,7 @@ async def create_message(state: ServerState, req: MessagesRequest, request: Requ
     gen = engine.generate(mid, admitted, client=client_id(request, req))
     if req.stream:
         return answer(stream_message(state.served_model_name, mid, gen, len(prompt), tools, SIGNATURE,
-                                     context_ended), headers)
+                                     context_ended, state.policy.stream_keepalive), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     blocks = content_blocks(tools, c.text)

@@ -2,13 +2,14 @@
 
 message_start once the engine has taken the request (its prompt's cached tokens known) or after one ping
 interval, then `ping` every few seconds while the prompt is processed (so a client's read
-timeout does not fire on a long prompt); per content block content_block_start, content_block_delta
+timeout does not fire on a long prompt), and after `keepalive` seconds without content an empty delta in the
+open block, or in a block opened for it (thinking where the prompt opened the reasoning, else text): Claude
+Code's stream watchdog counts every event but `ping`; per content block content_block_start, content_block_delta
 (thinking_delta and, before it stops, signature_delta for a thinking block; text_delta; or input_json_delta for
 a tool_use block's input) and content_block_stop; then message_delta
 (stop_reason, usage) and message_stop. An error after the stream began is an `error` event.
 """
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -17,35 +18,16 @@ from fastapi.responses import StreamingResponse
 
 from backend.server.errors import APIError
 from backend.server.messages_shapes import message_usage, stop_reason, toolu
+from backend.server.streams import Silence, with_pings
 
 log = logging.getLogger("backend.server")
 
 PING_SECONDS = 5.0
+KEEPALIVE_SECONDS = 60.0  # serve --stream-keepalive; Claude Code's watchdog is 300 s at the least
 
 
 def sse(kind: str, **fields) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n"
-
-
-async def with_pings(gen, interval: float) -> AsyncIterator:
-    """gen's items, and None whenever interval seconds pass without one."""
-    it = gen.__aiter__()
-    while True:
-        step = asyncio.ensure_future(it.__anext__())
-        try:
-            while True:
-                done, _ = await asyncio.wait({step}, timeout=interval)
-                if done:
-                    break
-                yield None
-            try:
-                item = step.result()
-            except StopAsyncIteration:
-                return
-        finally:
-            if not step.done():
-                step.cancel()
-        yield item
 
 
 class _Blocks:
@@ -82,6 +64,12 @@ class _Blocks:
                            delta={"type": "input_json_delta", "partial_json": delta}))
         return out
 
+    def keepalive(self, kind: str) -> list[str]:
+        """An empty delta in the open block, or in a new block of kind: content for a watchdog, no text."""
+        if self.open == "tool_use":
+            return [sse("content_block_delta", index=self.count, delta={"type": "input_json_delta", "partial_json": ""})]
+        return self.text("", self.open or kind)
+
     def close(self) -> list[str]:
         if self.open is None:
             return []
@@ -95,11 +83,13 @@ class _Blocks:
 
 
 def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature: str = "",
-                   context_ended: bool = False) -> StreamingResponse:
-    """context_ended: the context, not the client's max_tokens, limits the answer's length (stop_reason)."""
+                   context_ended: bool = False, keepalive: float = KEEPALIVE_SECONDS) -> StreamingResponse:
+    """context_ended: the context, not the client's max_tokens, limits the answer's length (stop_reason);
+    keepalive: seconds without content before an empty delta is sent (0: never)."""
 
     async def events() -> AsyncIterator[str]:
-        items = with_pings(gen, PING_SECONDS).__aiter__()
+        ping_every = min(PING_SECONDS, keepalive or PING_SECONDS)
+        items = with_pings(gen, ping_every).__aiter__()
         # message_start waits for the engine's first step of the request (a ping interval at most), which tells
         # how much of the prompt the prefix cache holds: clients read the cache from message_start's usage.
         try:
@@ -117,24 +107,33 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature:
         blocks = _Blocks(signature)
         reader = tools.new_reader()
         tokens, finished = 0, None
+        quiet, empty = Silence(ping_every), Silence(keepalive)  # since any event; since one with content
         try:
             async for delta in items:
-                if delta is None:
-                    yield sse("ping")
-                    continue
-                cached = delta.num_cached_tokens
-                for d in delta.outputs:
+                out = []
+                for d in delta.outputs if delta is not None else ():
                     tokens += len(d.token_ids)
                     if d.finished:
                         finished = d
                     for piece in reader.read(d.text, d.finished):
-                        for e in blocks.text(piece.reasoning, "thinking") if piece.reasoning else []:
-                            yield e
-                        for e in blocks.text(piece.content) if piece.content else []:
-                            yield e
+                        out += blocks.text(piece.reasoning, "thinking") if piece.reasoning else []
+                        out += blocks.text(piece.content) if piece.content else []
                         for call in piece.tool_calls:
-                            for e in blocks.call_piece(call):
-                                yield e
+                            out += blocks.call_piece(call)
+                if delta is not None:
+                    cached = delta.num_cached_tokens
+                content = bool(out)
+                if not content and quiet.due():
+                    out.append(sse("ping"))
+                if not content and empty.due():
+                    out += blocks.keepalive("thinking" if tools.in_thinking else "text")
+                    content = True
+                if out:
+                    quiet.broken()
+                if content:
+                    empty.broken()
+                for e in out:
+                    yield e
         except APIError as e:
             yield sse("error", error=e.anthropic_body()["error"])
             return

@@ -12,11 +12,10 @@ from backend.engine import admission
 from backend.engine.admission import AdmittedRequest, chat_prompt_ids
 from backend.engine.llm_engine import LLMEngine
 from backend.sampling_params import InvalidParameter, SamplingParams
+from backend.server.grammar_lane import compile_in_turn
 from backend.server.protocol import APIError
 
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
-# Schemas compile on threads of their own: a slow compile never holds up the tokenizing of other requests.
-_grammar_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
 
 async def off_loop(fn, *args):
@@ -92,28 +91,12 @@ async def check_guided(engine: LLMEngine, params: SamplingParams, param: str = "
     try:
         if await off_loop(lambda: engine.guided_decoding().compiled(params.guided_json)):  # made on first use
             return
-        loop, began = asyncio.get_running_loop(), asyncio.Event()
-
-        def compile_schema():
-            loop.call_soon_threadsafe(began.set)
-            return engine.guided_matcher(params)
-
-        compiling = loop.run_in_executor(_grammar_pool, compile_schema)
-        # Read when it ends: after a timeout nobody awaits it, and an error left unread is logged as a fault.
-        compiling.add_done_callback(lambda done: done.cancelled() or done.exception())
-        # Compiles take their turns on the grammar thread; the limit counts from this one's start, not from when
-        # it joined the queue behind another request's slow schema.
-        queued = asyncio.ensure_future(began.wait())
-        try:
-            await asyncio.wait({compiling, queued}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            queued.cancel()
-        await asyncio.wait_for(asyncio.shield(compiling), limit)
+        await compile_in_turn(lambda: engine.guided_matcher(params), limit)
     except InvalidParameter as e:
         message = str(e).replace("guided_json: ", f"{param}: ", 1) if param == "tools" else str(e)
         raise APIError(400, message, param=param) from None
     except TimeoutError:
-        # The compile goes on in its thread; its grammar is kept, so the same schema sent again starts at once.
+        # The compile goes on in its thread (server/grammar_lane.py) while the next schema compiles.
         raise APIError(400, f"{param}: compiling its JSON schema took longer than {limit:g} s (serve "
                        "--grammar-compile-timeout); simplify the schema, or send it again later", param=param) from None
 

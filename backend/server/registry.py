@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backend.engine.kv_budget import kv_bytes_per_block
+from backend.engine.cache_groups import group_sizes
 from backend.engine.llm_engine import LLMEngine
 from backend.server.async_engine import ENGINE_STUCK_AFTER, AsyncEngine, settle
 from backend.server.errors import APIError
@@ -35,12 +35,13 @@ class Budget:
 
 
 def engine_bytes(engine: LLMEngine) -> int:
-    """What a loaded engine holds: its weights (and a draft's) and its KV cache."""
-    models = [engine.model] + ([engine.proposer.model] if hasattr(engine.proposer, "model") else [])
-    weights = sum(t.numel() * t.element_size() for m in models if m is not None
-                  for t in (*m.parameters(), *m.buffers()))
-    per_block = sum(kv_bytes_per_block(m.config, engine.config.block_size, engine.shape.kv_dtype) for m in models if m)
-    return weights + engine.num_kv_blocks * per_block
+    """What a loaded engine holds: its weights (and a draft's) and its KV cache, each group's blocks as the KV budget
+    sized them (sliding-window layers only their own pool's)."""
+    models = [m for m in [engine.model, getattr(engine.proposer, "model", None)] if m is not None]
+    weights = sum(t.numel() * t.element_size() for m in models for t in (*m.parameters(), *m.buffers()))
+    full, window, _ = group_sizes(engine.config, engine.shape, [m.config for m in models])
+    sliding = engine.runner.sliding
+    return weights + engine.num_kv_blocks * full + (sliding.num_blocks * window if sliding is not None else 0)
 
 
 def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:

@@ -184,8 +184,8 @@ async def create_response(state: ServerState, req: ResponsesRequest, request: Re
     rid, created = new_item_id("resp"), time.time()
     gen = engine.generate(rid, admitted, client=client_id(request, req))
     if req.stream:
-        return answer(stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names),
-                      headers)
+        return answer(stream_response(state.served_model_name, req, rid, created, gen, len(prompt), tools, names,
+                                      state.policy.stream_keepalive), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], 1))
     c = out.outputs[0]
     status = "incomplete" if c.finish_reason == "length" else "completed"

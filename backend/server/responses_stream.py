@@ -6,7 +6,8 @@ response.content_part.done, for the reasoning the same with response.reasoning_t
 response.function_call_arguments.done, or for a custom tool call (once its input is whole)
 response.custom_tool_call_input.delta and .done; response.output_item.done; then response.completed (or
 response.incomplete when max_output_tokens cut it short). An error after the stream began is an `error`
-event. Each event carries its sequence_number.
+event. Each event carries its sequence_number. After `keepalive` seconds without an event (a long prompt),
+response.in_progress again: Codex's stream watchdog counts events, and this one changes nothing in the answer.
 """
 
 import json
@@ -24,6 +25,7 @@ from backend.server.responses_shapes import (
     response_usage,
 )
 from backend.server.responses_tools import ToolNames
+from backend.server.streams import Silence, with_pings
 
 # per text item type: how it is made, its id's prefix, and its part's type (which names its events)
 TEXT_ITEMS = {"message": (message_item, "msg", "output_text"), "reasoning": (reasoning_item, "rs", "reasoning_text")}
@@ -125,8 +127,9 @@ class _Output:
         return out
 
 
-def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: int, tools, names: ToolNames
-                    ) -> StreamingResponse:
+def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: int, tools, names: ToolNames,
+                    keepalive: float = 0) -> StreamingResponse:
+    """keepalive: seconds without an event before response.in_progress is sent again (0: never)."""
     emit = _Events()
 
     async def events() -> AsyncIterator[str]:
@@ -134,25 +137,29 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
         yield emit("response.in_progress", response=response_body(req, rid, model, created, "in_progress", [], None))
         output = _Output(emit, names)
         reader = tools.new_reader()
-        tokens, reason, cached, ids = 0, None, 0, []
+        tokens, reason, cached, ids, quiet = 0, None, 0, [], Silence(keepalive)
         try:
-            async for delta in gen:
-                cached = delta.num_cached_tokens
-                for d in delta.outputs:
+            async for delta in with_pings(gen, keepalive) if keepalive else gen:
+                out = []
+                for d in delta.outputs if delta is not None else ():
                     tokens += len(d.token_ids)
                     ids += d.token_ids
                     if d.finished:
                         reason = d.finish_reason
                     for piece in reader.read(d.text, d.finished):
-                        if piece.reasoning:
-                            for e in output.text(piece.reasoning, "reasoning"):
-                                yield e
-                        if piece.content:
-                            for e in output.text(piece.content):
-                                yield e
+                        out += output.text(piece.reasoning, "reasoning") if piece.reasoning else []
+                        out += output.text(piece.content) if piece.content else []
                         for call in piece.tool_calls:
-                            for e in output.call_piece(call):
-                                yield e
+                            out += output.call_piece(call)
+                if delta is not None:
+                    cached = delta.num_cached_tokens
+                if not out and quiet.due():
+                    out.append(emit("response.in_progress", response=response_body(
+                        req, rid, model, created, "in_progress", list(output.items), None)))
+                if out:
+                    quiet.broken()
+                for e in out:
+                    yield e
         except APIError as e:
             yield emit("error", code=e.code or e.type, message=e.message, param=e.param)
             return

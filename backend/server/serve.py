@@ -60,6 +60,7 @@ def request_policy(args: argparse.Namespace) -> "RequestPolicy":
         args.max_tokens_past_context,
         args.keep_attribution_header,
         reasoning_parser=args.reasoning_parser,
+        stream_keepalive=args.stream_keepalive,
     )
 
 

@@ -124,6 +124,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(dropped by default: it differs every request and would defeat the prefix cache)",
     )
     parser.add_argument(
+        "--stream-keepalive",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a /v1/messages or /v1/responses stream that has sent no content for this long (a long "
+        "prompt being processed) sends an empty one: Claude Code's and Codex's watchdogs count "
+        "events, not pings (0: never)",
+    )
+    parser.add_argument(
         "--no-sleep",
         action="store_true",
         help="refuse /sleep: never lend this server's GPU memory to another service",

@@ -29,6 +29,8 @@ class RequestPolicy:
     keep_attribution_header: bool = False
     # how the output's reasoning is told from its answer: "auto" (from the chat template), "none", "think"
     reasoning_parser: str = "auto"
+    # seconds a stream may send no content before an empty one keeps clients' watchdogs fed (0: never)
+    stream_keepalive: float = 60.0
 
 
 class ServerState:

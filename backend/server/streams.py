@@ -3,7 +3,9 @@
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -98,3 +100,40 @@ async def until_disconnect(request: Request, coro):
     finally:
         if not task.done():
             task.cancel()
+
+
+async def with_pings(gen, interval: float) -> AsyncIterator:
+    """gen's items, and None whenever interval seconds pass without one."""
+    it = gen.__aiter__()
+    while True:
+        step = asyncio.ensure_future(it.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=interval)
+                if done:
+                    break
+                yield None
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+        finally:
+            if not step.done():
+                step.cancel()
+        yield item
+
+
+@dataclass
+class Silence:
+    """How long a stream has sent nothing (of some kind), against the most it may: every seconds (0: no limit).
+    The engine gives a request's stream a delta at each step, with no text while its prompt is processed, so
+    a stream checks this at each item, not only when with_pings finds none."""
+
+    every: float
+    since: float = field(default_factory=time.monotonic)
+
+    def due(self) -> bool:
+        return bool(self.every) and time.monotonic() - self.since >= self.every
+
+    def broken(self) -> None:
+        self.since = time.monotonic()

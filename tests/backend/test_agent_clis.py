@@ -12,20 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.backend.agent_cli_env import cli, codex_home, environment
 from tests.backend.server_process import ServerProcess
 from tests.backend.tiny_models import TOOLS_CHAT_TEMPLATE, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
-         "DISABLE_ERROR_REPORTING": "1", "NO_COLOR": "1"}
 ASK = "What is the capital of France? Answer in one word."
-
-
-def cli(name: str) -> Path:
-    path = ROOT / ".tools" / "npm" / "bin" / name
-    if not path.exists():
-        pytest.skip(f"the {name} CLI is not installed: `make tools` installs it (needs npm)")
-    return path
 
 
 class LoggedServer(ServerProcess):
@@ -49,8 +41,7 @@ class LoggedServer(ServerProcess):
 
 
 def run(args: list, home: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-    base = {"PATH": os.environ["PATH"], "HOME": str(home), **QUIET, **env}
-    return subprocess.run([str(a) for a in args], cwd=home, env=base, capture_output=True, text=True,
+    return subprocess.run([str(a) for a in args], cwd=home, env=environment(home, env), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -124,17 +115,6 @@ def test_claude_codes_whole_default_request_is_served(tmp_path, tmp_path_factory
         assert not server.refusals()
     finally:
         assert server.stop() == 0
-
-
-def codex_home(home: Path, url: str) -> Path:
-    codex = home / ".codex"
-    codex.mkdir(parents=True, exist_ok=True)
-    (codex / "config.toml").write_text(
-        'model = "smollm2"\nmodel_provider = "scriptorium"\ncheck_for_update_on_startup = false\n'
-        '[analytics]\nenabled = false\n'
-        '[model_providers.scriptorium]\nname = "Scriptorium"\n'
-        f'base_url = "{url}/v1"\nwire_api = "responses"\nenv_key = "SCRIPTORIUM_API_KEY"\n')
-    return codex
 
 
 def test_codex_exec_answers_through_the_responses_api(smol, tmp_path):

@@ -6,7 +6,7 @@ with graphs on both runners; fp16 weights, eager against graphs."""
 import pytest
 
 from backend import LLM, SamplingParams
-from backend.engine.model_runner import GRAPH_RUN_ROWS
+from backend.kernels.step_paths import GRAPH_RUN_ROWS
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, replays
 

@@ -11,7 +11,7 @@ from backend.hf_config import from_hf_config
 from backend.kernels import delta_rule
 
 
-def _random_rule_inputs(t: int, hk: int = 2, hv: int = 4, dk: int = 16, dv: int = 8, seed: int = 0):
+def random_rule_inputs(t: int, hk: int = 2, hv: int = 4, dk: int = 16, dv: int = 8, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return (
         torch.randn(t, hk, dk, generator=g),
@@ -30,7 +30,7 @@ def test_delta_rule_forms_match_transformers_and_each_other(t, chunk):
         torch_recurrent_gated_delta_rule,
     )
 
-    q, k, v, g, beta, state = _random_rule_inputs(t)
+    q, k, v, g, beta, state = random_rule_inputs(t)
     out, final = delta_rule.chunked(q, k, v, g, beta, state, chunk=chunk)
     args = (q[None], k[None], v[None], g[None], beta[None])
     theirs, their_final = torch_chunk_gated_delta_rule(
@@ -54,7 +54,7 @@ def test_delta_rule_forms_match_transformers_and_each_other(t, chunk):
 
 
 def test_recurrent_step_runs_each_sequence_from_its_own_state():
-    rows = [_random_rule_inputs(1, seed=i) for i in range(3)]
+    rows = [random_rule_inputs(1, seed=i) for i in range(3)]
     batched = [torch.cat([r[j] for r in rows]) for j in range(5)]
     out, states = delta_rule.recurrent_step(*batched, torch.stack([r[5] for r in rows]))
     for i, r in enumerate(rows):
@@ -66,7 +66,7 @@ def test_recurrent_step_runs_each_sequence_from_its_own_state():
 def test_recurrent_update_in_the_pool_matches_the_step_and_touches_only_its_slots():
     """The decode rows' update on the pool in place (our C kernel on the CPU) against the torch step on gathered
     states: rows 0 and 2 resume their slots, row 1 starts fresh over a stale slot; slot 1 is nobody's."""
-    rows = [_random_rule_inputs(1, hk=2, hv=4, dk=32, dv=16, seed=i) for i in range(3)]
+    rows = [random_rule_inputs(1, hk=2, hv=4, dk=32, dv=16, seed=i) for i in range(3)]
     q, k, v, g, beta = (torch.cat([r[j] for r in rows]) for j in range(5))
     pool = torch.randn(5, 4, 32, 16)
     slots, fresh = torch.tensor([3, 0, 4]), torch.tensor([False, True, False])

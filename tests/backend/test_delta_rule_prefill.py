@@ -6,20 +6,13 @@ import pytest
 import torch
 
 from backend.kernels import delta_rule, native
+from tests.backend.test_delta_rule import random_rule_inputs
 
 HK, HV, DK, DV = 2, 6, 16, 8
 
 
 def _inputs(t: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(t, HK, DK, generator=g),
-        torch.randn(t, HK, DK, generator=g),
-        torch.randn(t, HV, DV, generator=g),
-        -torch.rand(t, HV, generator=g) * 2,
-        torch.rand(t, HV, generator=g),
-        torch.randn(HV, DK, DV, generator=g),
-    )
+    return random_rule_inputs(t, HK, HV, DK, DV, seed)
 
 
 @pytest.mark.parametrize("tiled", [False, True])

@@ -99,11 +99,26 @@ def test_while_a_sequence_decodes_the_prompt_chunks_of_a_step_stay_within_the_pr
     running.num_computed_tokens = running.num_tokens - 1  # it decodes
     for i in range(2):
         scheduler.add(_seq(1 + i, f"new{i}", list(range(3, 43))))
-    assert _planned(scheduler) == [("long", 1), ("new0", 10)]  # the admission's chunk is cut to the threshold
-    for seq in scheduler.running[1:]:
-        seq.num_computed_tokens += 10
-    # new1 starts with half of the prompt tokens, new0 goes on with the rest
+    # both start at once, sharing the threshold's tokens (before, new0 took all ten and new1 waited a step)
     assert _planned(scheduler) == [("long", 1), ("new0", 5), ("new1", 5)]
+    for seq in scheduler.running[1:]:
+        seq.num_computed_tokens += 5
+    assert _planned(scheduler) == [("long", 1), ("new0", 5), ("new1", 5)]
+
+
+def test_a_short_prompt_beside_a_long_one_is_not_held_back_by_the_smallest_chunk():
+    """At the smallest step (32 prompt tokens: expensive tokens, or a loaded machine) the long prompt first in line
+    used to take all 32 every step once the newcomer's first chunk had run, so the newcomer's last 4 tokens waited
+    for the long prompt's end."""
+    scheduler = Scheduler(BlockManager(num_blocks=128, block_size=8), max_num_seqs=8, max_num_batched_tokens=64,
+                          step_budget=StepBudget(0.25, first_guess=32))
+    long = _running(scheduler, _seq(0, "long", list(range(3, 603))))
+    long.num_computed_tokens = 64
+    scheduler.add(_seq(1, "new0", list(range(3, 23))))
+    assert _planned(scheduler) == [("long", 16), ("new0", 16)]
+    long.num_computed_tokens += 16
+    scheduler.running[1].num_computed_tokens += 16
+    assert _planned(scheduler) == [("long", 28), ("new0", 4)]
 
 
 def test_long_prompts_under_way_share_the_prompt_tokens_in_equal_parts():
@@ -137,6 +152,18 @@ def test_the_step_budget_sizes_prompt_work_from_the_measured_cost_of_a_token():
     assert budget.prompt_tokens(busy=True, cap=2048) == 200  # (250 - 50) ms at 1 ms a token
     assert budget.prompt_tokens(busy=False, cap=2048) == 950  # alone: four times the target
     assert budget.prompt_tokens(busy=True, cap=100) == 100
+    stuck = StepBudget(target=0.25, first_guess=32)
+    stuck.observe(32, 2.0)  # a loaded machine: 32 tokens took longer than even a prompt alone may
+    assert stuck.prompt_tokens(busy=True, cap=2048) == 32  # beside streams, the smallest chunk
+    assert stuck.prompt_tokens(busy=False, cap=2048) == 64  # alone: twice the tokens, so that the fit can start
+    stuck.observe(64, 3.0)
+    assert stuck.cost() == pytest.approx((1.0, 1 / 32))
+
+
+def test_tokens_that_got_dearer_shrink_the_next_step():
+    budget = StepBudget(target=0.25, first_guess=256)
+    for n in (100, 200):
+        budget.observe(n, 0.05 + 0.001 * n)
     for n in (200, 300):  # tokens got dearer (a longer context, or the cores taken): 2 ms a token
         budget.observe(n, 0.05 + 0.002 * n)
     assert budget.prompt_tokens(busy=True, cap=2048) < 200

@@ -112,4 +112,4 @@ def test_gemma3_decodes_through_the_modules_not_the_one_call_step(tiny_dir):
     the modules for Gemma 3, whose (1 + w) norms around each branch, GELU and rotary bases the C loop does not
     compute."""
     engine = LLMEngine(EngineConfig(model=str(tiny_dir("gemma3")), block_size=8, quantization="int8"))
-    assert engine.runner.cpu_kernels and engine.runner.cpu_decoder is None
+    assert engine.runner.kernels.c and engine.runner.cpu_decoder is None

@@ -1,7 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5-MoE; the delta rule itself: test_delta_rule.py): the family
 reader, and the engine's per-sequence state pool: greedy tokens and logprobs as
 transformers computes them, with prompts in chunks across steps beside decodes, preemption and recomputation,
-n > 1, no prefix hits, the pool freed, its bytes counted, and speculation as lossless as plain decoding."""
+n > 1, a repeat's prefix hit (test_hybrid_prefix.py), the pool freed, its bytes counted, and speculation as lossless as plain decoding."""
 
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.engine.state_pool import state_bytes_per_sequence, state_pool_bytes
+from backend.engine.state_pool import SNAPSHOT_SLOTS, state_bytes_per_sequence, state_pool_bytes
 from backend.hf_config import from_hf_config
 from backend.layer_spec import DeltaNetShape
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
@@ -93,8 +93,8 @@ def test_preemption_recomputes_the_state_from_the_first_token(tiny_dir, hf_model
 
 
 def test_siblings_and_repeated_prompts_prefill_their_own_state(tiny_dir):
-    """n = 2 greedy siblings both give the lone sequence's tokens; a repeated prompt takes no prefix hit (no state
-    is kept for it) and gives the same tokens."""
+    """n = 2 greedy siblings both give the lone sequence's tokens; each resumes from the snapshot the lone
+    sequence left at its last full block (40 of 41 tokens) and prefills only the rest."""
     llm = LLM(str(tiny_dir("qwen3_next")), block_size=8, max_num_seqs=4)
     prompt = PROMPTS[2]
     alone = llm.generate(
@@ -104,7 +104,7 @@ def test_siblings_and_repeated_prompts_prefill_their_own_state(tiny_dir):
         prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, n=2), use_tqdm=False
     )[0]
     assert [o.token_ids for o in pair.outputs] == [alone.outputs[0].token_ids] * 2
-    assert llm.engine.block_manager.prefix_hits == 0 and pair.num_cached_tokens == 0
+    assert llm.engine.block_manager.snapshots.resumes == 2 and pair.num_cached_tokens == 40
     _assert_pool_free(llm)
 
 
@@ -116,7 +116,7 @@ def test_sleep_frees_the_state_pool_and_wake_up_brings_it_back(tiny_dir):
     llm.engine.sleep(1)
     assert layer.delta_state.numel() == layer.conv_state.numel() == 0
     llm.engine.wake_up()
-    assert layer.delta_state.shape[0] == 2 and llm.engine.block_manager.states.num_free == 2
+    assert layer.delta_state.shape[0] == 2 + SNAPSHOT_SLOTS and llm.engine.block_manager.states.num_free == 2
     assert llm.generate(PROMPTS[2], greedy, use_tqdm=False)[0].outputs[0].token_ids == before
 
 
@@ -133,7 +133,7 @@ def test_state_pool_is_counted_as_allocated(tiny_dir):
         2 * 2 * 16 + 4 * 8
     ) * 3 + 4 * 16 * 8  # conv_dim * (kernel - 1) + value heads * key dim * value dim
     assert state_bytes_per_sequence(cfg) == 3 * per_layer * 4
-    assert held == state_pool_bytes(cfg, 3) == 3 * state_bytes_per_sequence(cfg)
+    assert held == state_pool_bytes(cfg, 3) == (3 + SNAPSHOT_SLOTS) * state_bytes_per_sequence(cfg)
     assert (
         math.prod(llm.engine.model.model.layers[3].self_attn.k_cache.shape[1:]) > 0
     )  # the full layer's cache
@@ -216,7 +216,7 @@ def test_the_cuda_path_runs_hybrid_layers(tiny_dir, monkeypatch):
 
 def test_print_memory_need_counts_the_state_pool(tiny_dir, capsys):
     """`serve --print-memory-need`: a hybrid model's cache is its full-attention layers' blocks of one max_model_len
-    sequence plus a state slot for each of max_num_seqs."""
+    sequence plus a state slot for each of max_num_seqs and the prefix hits' snapshots."""
     from backend.__main__ import main
     from backend.loader import locate, read_config
 
@@ -230,7 +230,8 @@ def test_print_memory_need_counts_the_state_pool(tiny_dir, capsys):
         2 * 1 * 4 * 2 * 16 * 16
     )  # K and V, one full layer, 4 blocks of 16 tokens, 2 kv heads of 16
     itemsize = 4 if cfg.torch_dtype in (None, "float32") else 2
-    assert model["kv_cache_bytes"] == full_layer_blocks * itemsize + 3 * state_bytes_per_sequence(cfg)
+    states = (3 + SNAPSHOT_SLOTS) * state_bytes_per_sequence(cfg)
+    assert model["kv_cache_bytes"] == full_layer_blocks * itemsize + states
 
 
 def test_a_multimodal_qwen35_checkpoint_runs_its_text_model(tiny_dir, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter, RopeScalingType
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from tests.backend.tiny_gguf import LAYER_NAMES, SHAPES, _store
 from tests.backend.tiny_gguf_parts import add_tokenizer, add_widths, close, write_reference
@@ -157,13 +157,17 @@ def convert(
     policy = POLICY if policy is None else policy
     writer = GGUFWriter(str(out), arch)
     _metadata(writer, arch, cfg, hf_dir, split)
-    state, ref, stacks = load_file(str(hf_dir / "model.safetensors")), {}, {}
-    for n, (name, tensor) in enumerate(sorted(state.items())):
+    # read a tensor at a time and keep the decoded weights only for a reference: a V2-Lite-shaped checkpoint
+    # (bench/mla.py) is several GB
+    state = safe_open(str(hf_dir / "model.safetensors"), framework="pt")
+    ref: dict[str, torch.Tensor] = {}
+    stacks: dict = {}
+    for n, name in enumerate(sorted(state.keys())):
         parts = name.split(".")
-        w = tensor.float().numpy()
-        if ".experts." in name:
+        if ".experts." in name:  # stacked below
             stacks.setdefault((int(parts[2]), _EXPERT[parts[-2]]), {})[int(parts[-3])] = name
             continue
+        w = state.get_tensor(name).float().numpy()
         if name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
             gname = {
                 "model.embed_tokens.weight": "token_embd",
@@ -179,25 +183,29 @@ def convert(
                 writer, f"blk.{parts[2]}.attn_k_b.weight", per_head[:, :nope].transpose(0, 2, 1), n, policy
             )
             v_b = _add(writer, f"blk.{parts[2]}.attn_v_b.weight", per_head[:, nope:], n + 500, policy)
-            ref[name] = torch.from_numpy(
-                np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(w.shape)
-            )
+            if reference:
+                ref[name] = torch.from_numpy(
+                    np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(w.shape)
+                )
             continue
         elif arch == "glm4moe" and name.endswith("post_attention_layernorm.weight"):
             gname = f"blk.{parts[2]}.post_attention_norm.weight"  # gguf-py's glm4moe name for it
         else:
             gname = f"blk.{parts[2]}.{_NAMES['.'.join(parts[3:-1])]}.{parts[-1]}"
-        ref[name] = torch.from_numpy(_add(writer, gname, w, n, policy))
+        back = _add(writer, gname, w, n, policy)
+        if reference:
+            ref[name] = torch.from_numpy(back)
     for (layer, kind), experts in sorted(stacks.items()):
         names = [experts[e] for e in sorted(experts)]
         back = _add(
             writer,
             f"blk.{layer}.{kind}.weight",
-            np.stack([state[n].float().numpy() for n in names]),
+            np.stack([state.get_tensor(n).float().numpy() for n in names]),
             1000 + layer,
             policy,
         )
-        ref.update({n: torch.from_numpy(np.ascontiguousarray(back[e])) for e, n in enumerate(names)})
+        if reference:
+            ref.update({n: torch.from_numpy(np.ascontiguousarray(back[e])) for e, n in enumerate(names)})
     if arch == "glm4moe":  # the MTP layer: a layer's tensors and the nextn ones, which llama.cpp keeps unused
         mtp = cfg["num_hidden_layers"]
         writer.add_tensor(f"blk.{mtp}.attn_norm.weight", np.ones(cfg["hidden_size"], dtype=np.float32))

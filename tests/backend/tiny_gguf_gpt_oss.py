@@ -79,14 +79,18 @@ def _experts(writer: GGUFWriter, layer: int, name: str, rows: torch.Tensor, bloc
         )
 
 
-def write_gguf(root: Path, experts: str = "MXFP4", layers: int = 4, **extra) -> tuple[Path, Path]:
+def write_gguf(
+    root: Path, experts: str = "MXFP4", layers: int = 4, fused: bool = False, **extra
+) -> tuple[Path, Path]:
     """(the GGUF file, the Hugging Face directory of the model it holds). experts: MXFP4, F16 or F32 (the same
-    values: MXFP4's are exact in both). The clamp's limit is llama.cpp's fixed 7.0."""
+    values: MXFP4's are exact in both). fused: gate and up as the converter's fuse_gate_up_exps writes them, one
+    ffn_gate_up_exps stack (and bias) of gate's rows then up's. The clamp's limit is llama.cpp's fixed 7.0."""
+    label = f"{experts}{'-fused' if fused else ''}"
     hf_dir = build_model(
-        "gpt_oss", root / f"gpt-oss-{experts}-hf", num_hidden_layers=layers, swiglu_limit=7.0, **extra
+        "gpt_oss", root / f"gpt-oss-{label}-hf", num_hidden_layers=layers, swiglu_limit=7.0, **extra
     )
     cfg = json.loads((hf_dir / "config.json").read_text())
-    out = root / f"gpt-oss-{experts}.gguf"
+    out = root / f"gpt-oss-{label}.gguf"
     writer = GGUFWriter(str(out), "gpt-oss")
     _metadata(writer, cfg, hf_dir)
     state, ref = load_file(str(hf_dir / "model.safetensors")), {}
@@ -104,6 +108,9 @@ def write_gguf(root: Path, experts: str = "MXFP4", layers: int = 4, **extra) -> 
             ref[name] = values.transpose(1, 2).contiguous()
             if parts[-1] == "down_proj":
                 _experts(writer, layer, "ffn_down_exps", values, blocks, scales, experts)
+            elif fused:  # gate's rows (the even ones), then up's
+                halves = [torch.cat([t[:, 0::2], t[:, 1::2]], dim=1) for t in (values, blocks, scales)]
+                _experts(writer, layer, "ffn_gate_up_exps", *halves, experts)
             else:  # the converter's split of the interleaved rows: gate even, up odd
                 for kind, first in (("ffn_gate_exps", 0), ("ffn_up_exps", 1)):
                     _experts(
@@ -115,6 +122,11 @@ def write_gguf(root: Path, experts: str = "MXFP4", layers: int = 4, **extra) -> 
                         scales[:, first::2],
                         experts,
                     )
+        elif parts[-1] == "gate_up_proj_bias" and fused:
+            writer.add_tensor(
+                f"blk.{parts[2]}.ffn_gate_up_exps.bias",
+                torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1).numpy(),
+            )
         elif parts[-1] == "gate_up_proj_bias":
             writer.add_tensor(f"blk.{parts[2]}.ffn_gate_exps.bias", tensor[:, 0::2].contiguous().numpy())
             writer.add_tensor(f"blk.{parts[2]}.ffn_up_exps.bias", tensor[:, 1::2].contiguous().numpy())

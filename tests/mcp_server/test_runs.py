@@ -14,7 +14,7 @@ from PIL import Image
 from orchestrator.jobs import JobStore
 from tests.mcp_server.helpers import Checked
 from tests.mcp_server.run_server import agent
-from tests.orchestrator.conftest import wait_for
+from tests.serving import wait_for
 
 ROLES = ["research_agent", "writing_agent", "image_agent", "integration_agent"]
 

@@ -1,7 +1,6 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,11 +23,3 @@ def run_cli(settings: Settings, *args: str, timeout: float = 600, extra_env: dic
                           timeout=timeout, env=env, cwd=ROOT)
 
 
-def wait_for(predicate, timeout: float = 120, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("condition not met in time")

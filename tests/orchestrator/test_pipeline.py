@@ -12,7 +12,8 @@ from PIL import Image
 from common.settings import Settings
 from orchestrator import api
 from orchestrator.jobs import JobStore
-from tests.orchestrator.conftest import run_cli, wait_for
+from tests.orchestrator.conftest import run_cli
+from tests.serving import wait_for
 
 ARGS = ("--sections", "2", "--images", "2", "--words", "40", "--seed", "7")
 

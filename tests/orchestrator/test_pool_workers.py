@@ -19,7 +19,7 @@ from common.procs import boot_id, cmdline, pid_alive, start_time
 from common.settings import Settings
 from orchestrator import api
 from orchestrator.jobs import JobStore, Run
-from tests.orchestrator.conftest import wait_for
+from tests.serving import wait_for
 
 ARTICLE = {"topic": "palimpsests", "sections": 1, "images": 0, "words_per_section": 30}
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from orchestrator import api
 from orchestrator.jobs import JobStore
-from tests.orchestrator.conftest import run_cli, wait_for
+from tests.orchestrator.conftest import run_cli
+from tests.serving import wait_for
 
 ARGS = ("--sections", "2", "--images", "1", "--words", "40")
 

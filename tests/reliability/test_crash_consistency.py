@@ -21,7 +21,7 @@ from orchestrator import api
 from orchestrator.jobs import JobStore
 from orchestrator.pipeline import assembly, step_reuse
 from tests.backend.server_process import ServerProcess, free_port
-from tests.orchestrator.conftest import wait_for
+from tests.serving import wait_for
 
 SEED = int(os.environ.get("CRASH_SEED", "15"))
 SECTIONS, IMAGES = 3, 1

@@ -13,6 +13,7 @@ import pytest
 
 from tests.backend.server_process import ServerProcess
 from tests.reliability.server_state import idle, metrics
+from tests.serving import wait_for
 
 INPUT_TOKENS = 480  # an embedding input of 60 blocks of 8: about four steps' chunks each
 ABORTS = 'scriptorium_requests_total{model="tiny",outcome="abort"}'
@@ -74,14 +75,6 @@ class Streams:
         assert not self.errors, self.errors
 
 
-def wait_for(condition, timeout: float, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    return condition()
 
 
 def test_embeddings_of_long_inputs_run_between_the_steps_of_8_streams(server):
@@ -202,7 +195,7 @@ def test_health_says_503_while_one_engine_step_runs_past_the_bound(tiny_dir):
             response = httpx.get(f"{proc.url}/health", timeout=10)
             return response if response.status_code != 200 or done.is_set() else None
 
-        response = wait_for(stuck, 120, every=0.05)
+        response = wait_for(stuck, 120, interval=0.05)
         assert response.status_code == 503, "the step ended before /health saw it past the bound"
         assert "stuck in one step" in response.json()["error"] and "--engine-stuck-after 0.5" in response.json()["error"]
         assert done.wait(300)

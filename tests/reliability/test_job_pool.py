@@ -23,7 +23,7 @@ from common.settings import Settings
 from mcp_server.server import build_server
 from orchestrator.jobs import JobStore
 from tests.backend.server_process import ROOT, free_port
-from tests.orchestrator.conftest import wait_for
+from tests.serving import wait_for
 
 N = 3  # workers at once: below the 40 calls, above 1 so that jobs overlap
 CALLS = 40
