@@ -184,9 +184,11 @@ def load_model(source: ModelSource, config: ModelConfig, reader, dtype: torch.dt
 def _pack_for_cpu(model: CausalLM, products: str, reader) -> None:
     """Repack quantized weights for our CPU kernel, or map a GGUF's earlier repack (backend/quant/pack_cache.py).
     reader: the GGUF file's (its identity and tensor table mark the repack kept), None for other models."""
+    from backend.models.mla import pack_head_weights
     from backend.quant import cpu_layout, pack_cache
     from backend.quant.modules import QuantWeight
 
+    pack_head_weights(model)
     if not cpu_layout.enabled():
         return
     entry = pack_cache.entry_path(reader.path, products) if reader is not None else None

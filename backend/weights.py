@@ -71,18 +71,29 @@ def iter_safetensors(directory: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{file}: cannot read safetensors weights ({e}); the file may be corrupt") from None
 
 
-def keep_stored_formats(model: nn.Module, directory: Path, dtype: torch.dtype) -> None:
-    """On the meta model, before it is given memory: the checkpoint's experts that compute as stored (gpt-oss's
-    MXFP4 blocks) in place of float stacks."""
-    if model.config.architecture not in gpt_oss.ARCHITECTURES:
-        return
+def checkpoint_names(directory: Path) -> set[str]:
+    """The names of every tensor in a checkpoint's safetensors files (read from their headers)."""
     from safetensors import safe_open
 
     names = set()
     for file in safetensors_files(directory):
         with safe_open(str(file), framework="pt") as f:
             names.update(f.keys())
-    gpt_oss_weights.keep_mxfp4(model, names, dtype)
+    return names
+
+
+def keep_stored_formats(model: nn.Module, directory: Path, dtype: torch.dtype) -> None:
+    """On the meta model, before it is given memory: the checkpoint's experts that compute as stored (gpt-oss's
+    MXFP4 blocks) in place of float stacks."""
+    if model.config.architecture not in gpt_oss.ARCHITECTURES:
+        return
+    gpt_oss_weights.keep_mxfp4(model, checkpoint_names(directory), dtype)
+
+
+def mxfp4_expert_layers(directory: Path) -> set[int]:
+    """The layers whose experts keep_stored_formats keeps as the checkpoint's MXFP4 blocks (what weight_sizes counts
+    them as); only gpt-oss checkpoints have such tensors."""
+    return {int(mlp.split(".")[-2]) for mlp in gpt_oss_weights.mxfp4_mlps(checkpoint_names(directory))}
 
 
 def _shard_rows(param: str, shard: int, model: nn.Module) -> tuple[int, int]:

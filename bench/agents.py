@@ -8,8 +8,10 @@ same system prompt; then the same after a restart of the server (ours: from the 
 new process, which keeps nothing). For each, the time to the first token: ours through
 /v1/messages (what Claude Code calls; max_tokens 1, so the answer's time is the prompt's plus one token),
 llama.cpp through llama-cpp-python in its own venv on the same token ids (row null without
---llama-cpp-python PATH or LLAMA_CPP_PYTHON). The system prompt starts with this run's time, so that no earlier
-run's disk cache serves it. Prints one JSON line.
+--llama-cpp-python PATH or LLAMA_CPP_PYTHON). Cached tokens: ours as each answer's usage reports them; llama.cpp's
+are the prefix it keeps from the turn before in the same process (the common prefix of the two prompts, as
+llama.cpp's server and llama-cpp-python reuse it; none after a restart), worked out from the token ids. The system
+prompt starts with this run's time, so that no earlier run's disk cache serves it. Prints one JSON line.
 
 Run: python bench/agents.py [--system-tokens 16000] [--llama-cpp-python /path/to/venv/bin/python]
 """
@@ -108,8 +110,11 @@ def prompt_ids(url: str, system: str, billing: str, conversation: list[dict]) ->
     return r.json()["tokens"]
 
 
-def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx: int) -> list[float] | None:
-    """Seconds to the first token of each turn in one process, but the last, which a new process starts."""
+def llama_cpp(
+    python: str | None, model: Path, turns_ids: list[list[int]], n_ctx: int, restart_before: list[int]
+) -> list[float] | None:
+    """Seconds to the first token of each turn in one process, but those in restart_before, which a new process
+    starts."""
     if not python:
         return None
     import gguf
@@ -121,9 +126,20 @@ def llama_cpp(python: str | None, model: Path, turns_ids: list[list[int]], n_ctx
         "threads": os.cpu_count(),
         "n_ctx": n_ctx,
         "trained": trained,
-        "restart_before": [len(turns_ids) - 1],
+        "restart_before": restart_before,
     }
     return run_peer("llama_cpp_turns.py", job, python)["seconds"]
+
+
+def llama_cpp_cached(turns_ids: list[list[int]], restart_before: list[int]) -> list[int]:
+    """The tokens of each turn llama.cpp does not compute again: the common prefix with the prompt before it in the
+    same process (at most all but the last token, which it evaluates to sample from)."""
+    cached = []
+    for i, ids in enumerate(turns_ids):
+        before = turns_ids[i - 1] if i and i not in restart_before else []
+        common = next((n for n, (a, b) in enumerate(zip(before, ids)) if a != b), min(len(before), len(ids)))
+        cached.append(min(common, len(ids) - 1))
+    return cached
 
 
 def main() -> None:
@@ -151,7 +167,8 @@ def main() -> None:
         restart_s, restart_usage = ours(server.url, system, *runs[3])
     finally:
         server.stop()
-    peer = llama_cpp(args.llama_cpp_python, model, ids, args.max_model_len)
+    restart = [len(ids) - 1]  # the last run's, as ours after a restart of the server
+    peer = llama_cpp(args.llama_cpp_python, model, ids, args.max_model_len, restart)
     prompt = [len(i) for i in ids]
     row = {
         "bench": "agents",
@@ -177,7 +194,11 @@ def main() -> None:
         "llama_cpp_after_restart_ttft_s": None,
     }
     if peer is not None:
+        peer_cached = llama_cpp_cached(ids, restart)
         row.update(
+            llama_cpp_next_cached_tokens=peer_cached[1],
+            llama_cpp_another_run_cached_tokens=peer_cached[2],
+            llama_cpp_after_restart_cached_tokens=peer_cached[3],
             llama_cpp_first_ttft_s=round(peer[0], 3),
             llama_cpp_first_prompt_tok_s=round(prompt[0] / peer[0], 1),
             llama_cpp_next_ttft_s=round(peer[1], 3),

@@ -12,28 +12,15 @@ sequence at a time, so its batch-4 figure is four requests one after another).
 python bench/gemma3.py [--layers 6] [--new-tokens 16] [--prompt-tokens 256]
 """
 
-import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# Gemma-3-4B's text model (its config.json's text_config)
-GEMMA3_4B = dict(
-    hidden_size=2560,
-    intermediate_size=10240,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=256,
-    query_pre_attn_scalar=256,
-    sliding_window=1024,
-    vocab_size=262208,
-    max_position_embeddings=131072,
-    rms_norm_eps=1e-6,
-)
+from bench.cut_checkpoint import PUBLISHED, cached_gguf, random_bf16_checkpoint  # noqa: E402
+
+GEMMA3_4B = PUBLISHED["gemma-3-4b"]  # its config.json's text_config
 ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
@@ -41,11 +28,8 @@ ROPE = {
 
 
 def _checkpoint(directory: Path, layers: int) -> None:
-    """A random Gemma3ForCausalLM of this shape saved in bf16, with the tests' small tokenizer (prompts are ids)."""
-    import torch
+    """A random Gemma3ForCausalLM of this shape, five local layers to one global."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    from tests.backend.tiny_models import build_tokenizer
 
     kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)]
     config = Gemma3TextConfig(
@@ -57,33 +41,25 @@ def _checkpoint(directory: Path, layers: int) -> None:
         eos_token_id=2,
         pad_token_id=0,
     )
-    torch.manual_seed(0)
-    with torch.no_grad():
-        Gemma3ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
-    build_tokenizer(directory)
+    random_bf16_checkpoint(Gemma3ForCausalLM, config, directory)
 
 
 def bench_file(layers: int) -> Path:
     """The cached Q4_K_M file (written on first use, under the data directory's cache/bench)."""
-    from gguf import GGMLQuantizationType as T
-    from gguf import GGUFWriter
-    from safetensors import safe_open
 
-    from backend.home import cache_dir
-    from tests.backend.quant_blocks import random_raw
-    from tests.backend.tiny_gguf_gemma3 import _NAMES, POLICIES, _metadata
-    from tests.backend.tiny_gguf_parts import close
+    def write(scratch: Path, partial: Path) -> None:
+        from gguf import GGMLQuantizationType as T
+        from gguf import GGUFWriter
+        from safetensors import safe_open
 
-    out = cache_dir() / "bench" / f"gemma-3-4b-shaped-{layers}l-Q4_K_M.gguf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    policy = POLICIES["Q4_K_M"]
-    with tempfile.TemporaryDirectory() as tmp:
-        hf = Path(tmp) / "hf"
+        from tests.backend.quant_blocks import random_raw
+        from tests.backend.tiny_gguf_gemma3 import _NAMES, POLICIES, _metadata
+        from tests.backend.tiny_gguf_parts import close
+
+        policy = POLICIES["Q4_K_M"]
+        hf = scratch / "hf"
         _checkpoint(hf, layers)
         cfg = json.loads((hf / "config.json").read_text())
-        partial = Path(tmp) / out.name
         w = GGUFWriter(str(partial), "gemma3")
         _metadata(w, cfg, hf)
         with safe_open(str(hf / "model.safetensors"), framework="pt") as f:
@@ -102,45 +78,20 @@ def bench_file(layers: int) -> Path:
                 rows, cols = f.get_slice(name).get_shape()
                 w.add_tensor(gname, random_raw(fmt, rows, cols, seed=n), raw_dtype=getattr(T, fmt))
         close(w)
-        partial.replace(out)
-    return out
+
+    return cached_gguf(f"gemma-3-4b-shaped-{layers}l-Q4_K_M.gguf", write)
 
 
 def main() -> None:
-    from gpt_oss import llama_cpp, ours  # bench/, beside this script
+    from beside_llama_cpp import opening, ours, parse_args, print_with_peer, prompt_ids  # bench/, beside this
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--load", default="", help="what else ran on the machine meanwhile, said in the line")
-    args = parser.parse_args()
-    import torch
-
-    prompt = [(17 * i + 3) % 400 + 3 for i in range(args.prompt_tokens)]
+    args = parse_args(__doc__.splitlines()[0], layers=6)
+    prompt = prompt_ids(args.prompt_tokens)
     path = bench_file(args.layers)
-    line = {
-        "bench": "gemma3",
-        "device": "cpu",
-        "threads": torch.get_num_threads(),
-        "shape": dict(GEMMA3_4B),
-        "layers": args.layers,
-        "layer_kinds": "5 local : 1 global",
-        "weights": "random",
-        "new_tokens": args.new_tokens,
-        "prompt_tokens": args.prompt_tokens,
-        "file_gib": round(path.stat().st_size / 2**30, 3),
-        "ours_exact": ours(path, prompt, args.new_tokens),
-        "ours_int8": ours(path, prompt, args.new_tokens, activations="int8"),
-    }
-    peer = args.llama_cpp_python
-    line["peer"] = "llama.cpp" if peer else "missing"
-    if peer:
-        line["llama_cpp"] = llama_cpp(path, prompt, args.new_tokens, peer)
-    if args.load:
-        line["under_load"] = args.load
-    print(json.dumps(line))
+    line = opening("gemma3", GEMMA3_4B, path, args, layer_kinds="5 local : 1 global")
+    line["ours_exact"] = ours(path, prompt, args.new_tokens)
+    line["ours_int8"] = ours(path, prompt, args.new_tokens, activations="int8")
+    print_with_peer(line, path, prompt, args)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ MXFP4 file: prompt tokens/s, decode tokens/s at batch 1 and 4 (llama-cpp-python 
 python bench/gpt_oss.py [--layers 4] [--experts 8] [--new-tokens 16] [--prompt-tokens 256]
 """
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.cut_checkpoint import cached_gguf  # noqa: E402
 
 SHAPE = dict(hidden=2880, heads=64, kv_heads=8, head_dim=64, inter=2880, top_k=4, vocab=201088, window=128)
 
@@ -41,29 +40,24 @@ def _mxfp4(rng, experts: int, rows: int, cols: int):
 
 def bench_file(layers: int, experts: int, float_experts: bool) -> Path:
     """The cached file (written on first use); float_experts: the same expert values as F16."""
+    name = f"gpt-oss-20b-shaped-{layers}l-{experts}e-{'f16' if float_experts else 'mxfp4'}.gguf"
+    return cached_gguf(
+        name, lambda scratch, partial: _write(partial, scratch, layers, experts, float_experts)
+    )
+
+
+def _write(partial: Path, scratch: Path, layers: int, experts: int, float_experts: bool) -> None:
     import numpy as np
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFWriter, RopeScalingType
     from gguf.quants import dequantize
 
-    from backend.home import cache_dir
     from tests.backend.tiny_gguf_parts import add_tokenizer, close
     from tests.backend.tiny_models import build_tokenizer
 
     s = SHAPE
-    out = (
-        cache_dir()
-        / "bench"
-        / f"gpt-oss-20b-shaped-{layers}l-{experts}e-{'f16' if float_experts else 'mxfp4'}.gguf"
-    )
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tok_dir = out.parent / "gpt-oss-bench-tokenizer"
-    tok_dir.mkdir(exist_ok=True)
-    build_tokenizer(tok_dir)
+    build_tokenizer(scratch)
     rng = np.random.default_rng(0)
-    partial = out.with_suffix(".partial")
     w = GGUFWriter(str(partial), "gpt-oss")
     w.add_context_length(131072)
     w.add_embedding_length(s["hidden"])
@@ -83,7 +77,7 @@ def bench_file(layers: int, experts: int, float_experts: bool) -> Path:
     w.add_expert_feed_forward_length(s["inter"])
     w.add_sliding_window(s["window"])
     w.add_vocab_size(s["vocab"])
-    add_tokenizer(w, {"vocab_size": s["vocab"], "bos_token_id": 1, "eos_token_id": 2}, tok_dir)
+    add_tokenizer(w, {"vocab_size": s["vocab"], "bos_token_id": 1, "eos_token_id": 2}, scratch)
 
     def f32(name: str, *shape: int, scale: float = 0.02):
         w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
@@ -116,88 +110,20 @@ def bench_file(layers: int, experts: int, float_experts: bool) -> Path:
     w.add_tensor("output_norm.weight", np.ones(s["hidden"], dtype=np.float32))
     w.add_tensor("output.weight", _q8_0(rng, s["vocab"], s["hidden"]), raw_dtype=T.Q8_0)
     close(w)
-    partial.replace(out)
-    return out
-
-
-def ours(path: Path, prompt: list[int], new_tokens: int, **settings) -> dict:
-    """settings: more of LLM's arguments (activations="int8")."""
-    from engine_vs_peers import best, ours_decode_rate, ours_generate  # bench/, beside this script
-
-    from backend import LLM
-
-    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False, **settings)
-    ours_generate(llm, [prompt[:32]], 4)  # warm-up: kernels built, first allocations made
-    batch = [prompt[i * 8 : i * 8 + 32] for i in range(4)]
-    batch_s = best(ours_generate, llm, batch, new_tokens + 1) - best(ours_generate, llm, batch, 1)
-    return {
-        "prompt_tok_s": round(len(prompt) / best(ours_generate, llm, [prompt], 1), 2),
-        "decode_b1_tok_s": round(ours_decode_rate(llm, prompt[:32], new_tokens), 2),
-        "decode_b4_tok_s": round(4 * new_tokens / batch_s, 2),
-    }
-
-
-def llama_cpp(path: Path, prompt: list[int], new_tokens: int, python: str) -> dict:
-    import torch
-    from run_peer import run_peer  # bench/, beside this script
-
-    threads = torch.get_num_threads()
-    job = {
-        "action": "rates",
-        "model": str(path),
-        "prompt": prompt,
-        "new_tokens": new_tokens,
-        "threads": threads,
-    }
-    rates = run_peer("llama_cpp_iq_peer.py", job, python)
-    batch = run_peer(
-        "llama_cpp_peer.py",
-        {"model": str(path), "prompts": [prompt[:32]] * 5, "new_tokens": new_tokens, "threads": threads},
-        python,
-    )
-    return {
-        "prompt_tok_s": round(rates["prompt_tok_s"], 2),
-        "decode_b1_tok_s": round(rates["decode_tok_s"], 2),
-        "decode_b4_tok_s": round(batch["batch_tok_s"], 2),
-    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--experts", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--load", default="", help="what else ran on the machine meanwhile, said in the line")
-    args = parser.parse_args()
-    import torch
+    from beside_llama_cpp import opening, ours, parse_args, print_with_peer, prompt_ids  # bench/, beside this
 
-    prompt = [(17 * i + 3) % 400 + 3 for i in range(args.prompt_tokens)]
+    args = parse_args(__doc__.splitlines()[0], layers=4, experts=8)
+    prompt = prompt_ids(args.prompt_tokens)
     mxfp4 = bench_file(args.layers, args.experts, float_experts=False)
-    line = {
-        "bench": "gpt-oss",
-        "device": "cpu",
-        "threads": torch.get_num_threads(),
-        "shape": dict(SHAPE),
-        "layers": args.layers,
-        "experts": args.experts,
-        "weights": "random",
-        "new_tokens": args.new_tokens,
-        "prompt_tokens": args.prompt_tokens,
-        "file_gib": round(mxfp4.stat().st_size / 2**30, 3),
-        "ours_mxfp4_experts": ours(mxfp4, prompt, args.new_tokens),
-    }
+    line = opening("gpt-oss", SHAPE, mxfp4, args, experts=args.experts)
+    line["ours_mxfp4_experts"] = ours(mxfp4, prompt, args.new_tokens)
     line["ours_float_experts"] = ours(
         bench_file(args.layers, args.experts, float_experts=True), prompt, args.new_tokens
     )
-    peer = args.llama_cpp_python
-    line["peer"] = "llama.cpp" if peer else "missing"
-    if peer:
-        line["llama_cpp"] = llama_cpp(mxfp4, prompt, args.new_tokens, peer)
-    if args.load:
-        line["under_load"] = args.load
-    print(json.dumps(line))
+    print_with_peer(line, mxfp4, prompt, args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ of random weights (transformers' Qwen3_5MoeForCausalLM: three Gated DeltaNet lay
 layer, the 35B's widths), cut to fewer layers, experts and a smaller vocabulary so that it builds on a small machine
 (the row says which), written in llama.cpp's qwen35moe layout by the tests' copy of its converter
 (tests/backend/tiny_gguf_qwen3_next.py; tiny files of it decode to llama.cpp's own greedy tokens). Q4_K_M as
-llama.cpp's quantizer picks it (bench/moe_gguf.py): Q4_K, Q6_K for ffn_down(_exps/_shexp), attn_v and the output.
+llama.cpp's quantizer picks it (bench/cut_checkpoint.py): Q4_K, Q6_K for ffn_down(_exps/_shexp), attn_v and the output.
 
 One JSON line: prompt tokens/s and decode at batch 1 and 4, ours and llama.cpp's (llama-cpp-python, a benchmark peer
 in a venv of its own: --llama-cpp-python PATH or LLAMA_CPP_PYTHON; it serves one sequence at a time, so its batch-4
@@ -14,11 +14,9 @@ Run: python bench/hybrid.py [--layers 8 --experts 16 --prompt 256 --tokens 16]
 """
 
 import argparse
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,55 +28,19 @@ from backend import LLM, SamplingParams  # noqa: E402
 from backend.engine.state_pool import state_bytes_per_sequence  # noqa: E402
 from backend.hf_config import from_hf_config  # noqa: E402
 from backend.kernels import delta_rule, native  # noqa: E402
-from tests.backend.tiny_models import build_tokenizer  # noqa: E402
+from bench import cut_checkpoint as cut  # noqa: E402
 
-# Qwen3.5-35B-A3B's text model (its config.json's text_config)
-QWEN35_35B = dict(
-    hidden_size=2048,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    head_dim=256,
-    linear_num_key_heads=16,
-    linear_num_value_heads=32,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    moe_intermediate_size=512,
-    shared_expert_intermediate_size=512,
-    num_experts_per_tok=8,
-    num_experts=256,
-    num_hidden_layers=40,
-    vocab_size=248320,
-    max_position_embeddings=4096,
-)
-
-
-Q4_K_M = {
-    "token_embd": "Q4_K",
-    "output": "Q6_K",
-    "attn_q": "Q4_K",
-    "attn_k": "Q4_K",
-    "attn_v": "Q6_K",
-    "attn_output": "Q4_K",
-    "attn_qkv": "Q4_K",
-    "attn_gate": "Q4_K",
-    "ssm_beta": "Q4_K",
-    "ssm_alpha": "Q4_K",
-    "ssm_out": "Q4_K",
-    "ffn_gate_exps": "Q4_K",
-    "ffn_up_exps": "Q4_K",
-    "ffn_down_exps": "Q6_K",
-    "ffn_gate_shexp": "Q4_K",
-    "ffn_up_shexp": "Q4_K",
-    "ffn_down_shexp": "Q6_K",
-}
+# Qwen3.5-35B-A3B's text model, with a context this bench's runs fit in
+QWEN35_35B = dict(cut.PUBLISHED["qwen3.5-35b-a3b"], max_position_embeddings=4096)
+# the Gated DeltaNet layers' own kinds
+LINEAR_ATTENTION = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out")
+Q4_K_M = cut.q4_k_m(*cut.ENDS, *cut.ATTENTION, *LINEAR_ATTENTION, *cut.EXPERTS, *cut.SHARED_EXPERT)
 
 
 def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
     """The cached Q4_K_M file of this shape (written on first use, under the data directory's cache/bench)."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    from backend.home import cache_dir
     from tests.backend.tiny_gguf_qwen3_next import convert
 
     # the interleaved MRoPE sections of the 35B's config (one position for text: plain rotary either way)
@@ -90,13 +52,8 @@ def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
         "mrope_interleaved": True,
     }
     shape = {**QWEN35_35B, "num_hidden_layers": layers, "num_experts": experts, "vocab_size": vocab}
-    key = hashlib.sha256(json.dumps([shape, Q4_K_M], sort_keys=True).encode()).hexdigest()[:12]
-    out = cache_dir() / "bench" / f"qwen35moe-{key}-Q4_K_M.gguf"
-    if out.exists():
-        return out, shape
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp) / "hf"
+
+    def write(scratch: Path, partial: Path) -> None:
         config = Qwen3_5MoeTextConfig(
             **shape,
             rope_parameters=rope,
@@ -105,13 +62,10 @@ def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
             eos_token_id=2,
             pad_token_id=0,
         )
-        torch.manual_seed(0)
-        Qwen3_5MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
-        build_tokenizer(directory)  # the tests' small one: prompts are given as token ids
-        partial = Path(tmp) / out.name
-        convert(directory, partial, Q4_K_M, reference=False)
-        partial.replace(out)
-    return out, shape
+        cut.random_bf16_checkpoint(Qwen3_5MoeForCausalLM, config, scratch / "hf")
+        convert(scratch / "hf", partial, Q4_K_M, reference=False)
+
+    return cut.cached_gguf(f"qwen35moe-{cut.shape_key(shape, Q4_K_M)}-Q4_K_M.gguf", write), shape
 
 
 def rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:

@@ -28,19 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from first_turn import cold_then_restart, start_server  # noqa: E402  (bench/, beside this script)
 from load_burdens import QUICK, Sizes, burdens, first_token, small_schema  # noqa: E402
 
+from bench.gap_percentiles import percentiles  # noqa: E402
 from tests.backend.server_process import stream_gaps  # noqa: E402
 
 TARGETS = {"gap_max_s": 1.0, "new_request_ttft_s": 2.0, "after_restart_ttft_s": 10.0}
-
-
-def percentiles(gaps: list[float]) -> dict:
-    ordered = sorted(gaps) or [0.0]
-    return {
-        "gap_p50_s": round(ordered[len(ordered) // 2], 3),
-        "gap_p99_s": round(ordered[int(len(ordered) * 0.99)], 3),
-        "gap_max_s": round(ordered[-1], 3),
-        "gaps": len(gaps),
-    }
 
 
 def beside(url: str, burden, schemas: bool) -> dict:
@@ -66,11 +57,11 @@ def beside(url: str, burden, schemas: bool) -> dict:
     stop.set()
     reader.join()
     return {
-        **percentiles(gaps[alone:]),
+        **percentiles(gaps[alone:], "gap_{}_s"),
         **row,
         "burden_s": round(burden_s, 2),
         **done,
-        "stream_alone_gap_p50_s": percentiles(gaps[:alone])["gap_p50_s"],
+        "stream_alone_gap_p50_s": percentiles(gaps[:alone])["p50"],
     }
 
 

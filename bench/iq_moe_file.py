@@ -6,58 +6,29 @@ on a small machine; random weights written in llama.cpp's qwen3moe layout by the
 Cached under the data directory's cache/bench, keyed by the shape. python bench/iq_moe_file.py [LAYERS] prints the path.
 """
 
-import hashlib
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# Qwen3-30B-A3B's config.json, but for num_hidden_layers (48 there) and num_experts (128)
-QWEN3_30B_A3B_LAYER = dict(
-    hidden_size=2048,
-    moe_intermediate_size=768,
-    num_experts_per_tok=8,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    intermediate_size=6144,
-)
-EXPERTS = 32
-SOURCE_POLICY = {
-    kind: "Q8_0"
-    for kind in (
-        "token_embd",
-        "output",
-        "attn_q",
-        "attn_k",
-        "attn_v",
-        "attn_output",
-        "ffn_gate_exps",
-        "ffn_up_exps",
-        "ffn_down_exps",
-    )
-}
+from bench.cut_checkpoint import ATTENTION, ENDS, EXPERTS, PUBLISHED, cached_gguf, shape_key  # noqa: E402
+
+EXPERTS_KEPT = 32  # of Qwen3-30B-A3B's 128
+SOURCE_POLICY = {kind: "Q8_0" for kind in (*ENDS, *ATTENTION, *EXPERTS)}
 
 
 def qwen3_30b_a3b_cut(layers: int) -> Path:
     """The cached Q8_0 file of the shape with this many layers (written on first use)."""
-    from backend.home import cache_dir
     from tests.backend.tiny_gguf import build_family, write_gguf
 
-    shape = dict(QWEN3_30B_A3B_LAYER, num_experts=EXPERTS, num_hidden_layers=layers)
-    key = hashlib.sha256(json.dumps([shape, SOURCE_POLICY], sort_keys=True).encode()).hexdigest()[:12]
-    out = cache_dir() / "bench" / f"qwen3-30b-a3b-shaped-{layers}l-{EXPERTS}e-{key}-Q8_0.gguf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as root:
-        hf = build_family("qwen3_moe", Path(root) / "hf", **shape)
-        partial = Path(root) / out.name
+    shape = dict(PUBLISHED["qwen3-30b-a3b"], num_experts=EXPERTS_KEPT, num_hidden_layers=layers)
+    key = shape_key(shape, SOURCE_POLICY)
+
+    def write(scratch: Path, partial: Path) -> None:
+        hf = build_family("qwen3_moe", scratch / "hf", **shape)
         write_gguf("qwen3_moe", hf, partial, policy=SOURCE_POLICY)
-        partial.replace(out)
-    return out
+
+    return cached_gguf(f"qwen3-30b-a3b-shaped-{layers}l-{EXPERTS_KEPT}e-{key}-Q8_0.gguf", write)
 
 
 if __name__ == "__main__":

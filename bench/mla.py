@@ -13,11 +13,9 @@ Run: python bench/mla.py [--layers 27 --experts 8] [--activations int8] [--llama
 """
 
 import argparse
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,74 +26,45 @@ import torch  # noqa: E402
 
 from backend import LLM, SamplingParams  # noqa: E402
 from backend.engine.kv_budget import kv_bytes_per_block  # noqa: E402
+from bench import cut_checkpoint as cut  # noqa: E402
 
 # DeepSeek-V2-Lite's widths (hidden 2048, 16 heads, latent 512 + 64 rotary, 128-wide nope and v, experts of 1408,
-# 2 shared, top-6, a dense first layer)
-LITE = dict(
-    hidden_size=2048,
-    intermediate_size=10944,
-    moe_intermediate_size=1408,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_shared_experts=2,
-    num_experts_per_tok=6,
-    first_k_dense_replace=1,
-    q_lora_rank=None,
-    max_position_embeddings=4096,
-    vocab_size=8192,
+# 2 shared, top-6, a dense first layer), with a smaller vocabulary and context
+LITE = dict(cut.PUBLISHED["deepseek-v2-lite"], max_position_embeddings=4096, vocab_size=8192)
+# the latent attention's kinds (q in one projection: V2-Lite has no q_lora_rank)
+MLA_ATTENTION = ("attn_q", "attn_output", "attn_kv_a_mqa")
+# llama.cpp's Q4_K_M (the kv_b halves' rows hold no whole 256-blocks: Q8_0, as its quantizer falls back)
+Q4_K_M = cut.q4_k_m(
+    *cut.ENDS,
+    *MLA_ATTENTION,
+    *cut.DENSE_MLP,
+    *cut.EXPERTS,
+    *cut.SHARED_EXPERT,
+    attn_k_b="Q8_0",
+    attn_v_b="Q8_0",
 )
-# llama.cpp's Q4_K_M: Q4_K, with Q6_K for the output layer and the down projections (rows that do not hold whole
-# 256-blocks fall back to Q8_0, as its quantizer does)
-Q4_K_M = {
-    "token_embd": "Q4_K",
-    "output": "Q6_K",
-    "attn_q": "Q4_K",
-    "attn_output": "Q4_K",
-    "attn_kv_a_mqa": "Q4_K",
-    "attn_k_b": "Q8_0",
-    "attn_v_b": "Q8_0",
-    "ffn_gate": "Q4_K",
-    "ffn_up": "Q4_K",
-    "ffn_down": "Q6_K",
-    "ffn_gate_exps": "Q4_K",
-    "ffn_up_exps": "Q4_K",
-    "ffn_down_exps": "Q6_K",
-    "ffn_gate_shexp": "Q4_K",
-    "ffn_up_shexp": "Q4_K",
-    "ffn_down_shexp": "Q6_K",
-}
 
 
 def lite_file(layers: int, experts: int) -> Path:
     """The cached file (written on first use) under the data directory's cache/bench."""
-    from backend.home import cache_dir
     from tests.backend.tiny_gguf_deepseek import convert
     from tests.backend.tiny_models import build_model
 
     shape = dict(
         LITE, num_hidden_layers=layers, n_routed_experts=experts, num_experts_per_tok=min(6, experts)
     )
-    key = hashlib.sha256(json.dumps([shape, Q4_K_M], sort_keys=True).encode()).hexdigest()[:12]
-    out = cache_dir() / "bench" / f"deepseek-v2-lite-shaped-{key}-Q4_K_M.gguf"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as root:
+
+    def write(scratch: Path, partial: Path) -> None:
         # built and saved in bf16: at 27 layers the checkpoint is 2.7B parameters (11 GB in fp32)
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)
         try:
-            hf = build_model("deepseek_v2", Path(root) / "hf", initializer_range=0.02, **shape)
+            hf = build_model("deepseek_v2", scratch / "hf", initializer_range=0.02, **shape)
         finally:
             torch.set_default_dtype(default)
-        partial = Path(root) / out.name
         convert(hf, partial, split=True, policy=Q4_K_M, reference=False)
-        partial.replace(out)
-    return out
+
+    return cut.cached_gguf(f"deepseek-v2-lite-shaped-{cut.shape_key(shape, Q4_K_M)}-Q4_K_M.gguf", write)
 
 
 def rate(llm: LLM, prompts: list[list[int]], new_tokens: int, rounds: int) -> float:

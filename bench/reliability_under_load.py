@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
+from bench.gap_percentiles import percentiles  # noqa: E402
 from tests.backend.server_process import ServerProcess  # noqa: E402
 from tests.reliability.server_state import rss_bytes  # noqa: E402
 from tests.reliability.soak import settle, soak_round  # noqa: E402
@@ -53,16 +54,6 @@ async def first_chunks(url: str, concurrency: int, n: int, max_tokens: int) -> l
 
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency)) as client:
         return list(await asyncio.gather(*(one(i, client) for i in range(concurrency))))
-
-
-def _percentiles(gaps: list[float]) -> dict:
-    ordered = sorted(gaps) or [0.0]
-    return {
-        "p50": round(ordered[len(ordered) // 2], 3),
-        "p99": round(ordered[int(len(ordered) * 0.99)], 3),
-        "max": round(ordered[-1], 3),
-        "gaps": len(gaps),
-    }
 
 
 async def token_gaps(url: str, streams: int, max_tokens: int, burden=None) -> dict:
@@ -96,7 +87,7 @@ async def token_gaps(url: str, streams: int, max_tokens: int, burden=None) -> di
             window, seconds = (start, time.monotonic()), time.monotonic() - start
         await asyncio.gather(*tasks)
     gaps = [b - a for t in times for a, b in zip(t, t[1:]) if b > window[0] and a < window[1]]
-    return {**_percentiles(gaps), **({"burden_s": round(seconds, 2)} if seconds is not None else {})}
+    return {**percentiles(gaps), **({"burden_s": round(seconds, 2)} if seconds is not None else {})}
 
 
 def _embeddings(url: str, inputs: list[list[int]]):
@@ -210,64 +201,50 @@ def main() -> None:
 
         model = str(build_model("llama", Path(tempfile.mkdtemp()) / "tiny"))
     server = ServerProcess(model, "--max-num-seqs", "64", *args.server_args.split())
+    row: dict = {"bench": "reliability", "model": "tiny" if args.tiny else "smollm2-135m", "device": "cpu"}
     if args.gaps_only:
-        try:
-            gaps = gaps_beside_embeddings(server.url, args)
-        finally:
-            server.stop()
-        print(
-            json.dumps(
-                {
-                    "bench": "reliability",
-                    "model": "tiny" if args.tiny else "smollm2-135m",
-                    "device": "cpu",
-                    "server_args": args.server_args,
-                    "token_gaps_s": gaps,
-                }
-            )
-        )
-        return
+        row["server_args"] = args.server_args
     try:
-        rounds, rss = [], []
-        for seed in (1, 1):
-            result = asyncio.run(soak_round(server.url, args.requests, args.max_tokens, seed))
-            held = settle(server.url)
-            rss.append(rss_bytes(server.proc.pid))
-            rounds.append(
-                {
-                    "requests": result.requests,
-                    "completed": result.completed,
-                    "hung_up": result.disconnected,
-                    "5xx": sum(v for k, v in result.statuses.items() if k >= 500),
-                    "errors": len(result.errors),
-                    "running_after": held["running"],
-                    "waiting_after": held["waiting"],
-                    "kv_usage_after": held["kv_cache_usage"],
-                    "seconds": round(result.seconds, 2),
-                }
-            )
-        waits = {n: asyncio.run(first_chunks(server.url, args.concurrency, n, 32)) for n in (1, 2)}
-        gaps = gaps_beside_embeddings(server.url, args)
+        if not args.gaps_only:
+            row.update(soak_and_first_chunks(server, args))
+        row["token_gaps_s"] = gaps_beside_embeddings(server.url, args)
     finally:
         server.stop()
-    print(
-        json.dumps(
+    print(json.dumps(row))
+
+
+def soak_and_first_chunks(server: ServerProcess, args) -> dict:
+    """Two identical soak rounds (what each left held, the server's RSS after each), then the first-chunk waits
+    of n=1 and n=2 streams."""
+    rounds, rss = [], []
+    for seed in (1, 1):
+        result = asyncio.run(soak_round(server.url, args.requests, args.max_tokens, seed))
+        held = settle(server.url)
+        rss.append(rss_bytes(server.proc.pid))
+        rounds.append(
             {
-                "bench": "reliability",
-                "model": "tiny" if args.tiny else "smollm2-135m",
-                "device": "cpu",
-                "rounds": rounds,
-                "rss_mb_after_rounds": [round(r / 2**20, 1) for r in rss],
-                "rss_growth": round(rss[1] / rss[0] - 1, 4),
-                "first_chunk_s": {
-                    f"n{n}": {"max": round(max(w), 2), "median": round(statistics.median(w), 2)}
-                    for n, w in waits.items()
-                },
-                "n2_vs_n1_slowest_first_chunk": round(max(waits[2]) / max(waits[1]), 2),
-                "token_gaps_s": gaps,
+                "requests": result.requests,
+                "completed": result.completed,
+                "hung_up": result.disconnected,
+                "5xx": sum(v for k, v in result.statuses.items() if k >= 500),
+                "errors": len(result.errors),
+                "running_after": held["running"],
+                "waiting_after": held["waiting"],
+                "kv_usage_after": held["kv_cache_usage"],
+                "seconds": round(result.seconds, 2),
             }
         )
-    )
+    waits = {n: asyncio.run(first_chunks(server.url, args.concurrency, n, 32)) for n in (1, 2)}
+    return {
+        "rounds": rounds,
+        "rss_mb_after_rounds": [round(r / 2**20, 1) for r in rss],
+        "rss_growth": round(rss[1] / rss[0] - 1, 4),
+        "first_chunk_s": {
+            f"n{n}": {"max": round(max(w), 2), "median": round(statistics.median(w), 2)}
+            for n, w in waits.items()
+        },
+        "n2_vs_n1_slowest_first_chunk": round(max(waits[2]) / max(waits[1]), 2),
+    }
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from backend import LLM, SamplingParams  # noqa: E402
 from backend.kernels import native  # noqa: E402
 from backend.model_store import pull  # noqa: E402
 from bench.shuffled_gguf import shuffle_vocab  # noqa: E402
+from tests.backend.price_function import PRICE_FUNCTION  # noqa: E402
 
 PASSAGE = (
     "In the scriptorium the monks worked in silence from the first light until the bell for vespers. "
@@ -32,17 +33,10 @@ PASSAGE = (
     "stone for smoothing the parchment. The master read every page against the exemplar, and a page "
     "with a single error was scraped clean and written again."
 )
-CODE = '''def total_price(items, tax_rate):
-    subtotal = 0
-    for item in items:
-        subtotal = subtotal + item.price * item.quantity
-    tax = subtotal * tax_rate
-    return subtotal + tax
-'''
 EXTRACTIVE = [
     [{"role": "user", "content": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}"}],
     [{"role": "user", "content": f"Rename the variable subtotal to net in this code and return the whole "
-                                 f"code:\n\n{CODE}"}],
+                                 f"code:\n\n{PRICE_FUNCTION}"}],
 ]
 FREE = [[{"role": "user", "content": f"Write a short story about a scribe named {name}."}]
         for name in ("Aelfric", "Brigid", "Cuthbert", "Dunstan", "Eadgyth", "Finnian", "Gisela", "Hild")]

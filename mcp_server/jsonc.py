@@ -62,32 +62,32 @@ class _Parser:
         self.i += 1
         return tok
 
+    def member(self) -> Member:
+        key, kpos = self.take()
+        if not key.startswith('"'):
+            raise JSONCError(f"expected a quoted key at offset {kpos}, found {key!r}")
+        self.take(":")
+        return Member(json.loads(key), kpos, self.value())
+
+    def elements(self, node: Node, close: str, read, into: list) -> Node:
+        """The comma-separated elements (read by `read`) of the object or array `node` up to `close`."""
+        while self.peek() != close:
+            into.append(read())
+            if self.peek() == ",":
+                self.take()
+            elif self.peek() != close:
+                raise JSONCError(f"expected ',' or {close!r} at offset {self.tokens[self.i][1]}")
+        node.end = self.take(close)[1] + 1
+        return node
+
     def value(self) -> Node:
         tok, pos = self.take()
         if tok == "{":
             node = Node(pos, 0, "object")
-            while self.peek() != "}":
-                key, kpos = self.take()
-                if not key.startswith('"'):
-                    raise JSONCError(f"expected a quoted key at offset {kpos}, found {key!r}")
-                self.take(":")
-                node.members.append(Member(json.loads(key), kpos, self.value()))
-                if self.peek() == ",":
-                    self.take()
-                elif self.peek() != "}":
-                    raise JSONCError(f"expected ',' or '}}' at offset {self.tokens[self.i][1]}")
-            node.end = self.take("}")[1] + 1
-            return node
+            return self.elements(node, "}", self.member, node.members)
         if tok == "[":
             node = Node(pos, 0, "array")
-            while self.peek() != "]":
-                node.items.append(self.value())
-                if self.peek() == ",":
-                    self.take()
-                elif self.peek() != "]":
-                    raise JSONCError(f"expected ',' or ']' at offset {self.tokens[self.i][1]}")
-            node.end = self.take("]")[1] + 1
-            return node
+            return self.elements(node, "]", self.value, node.items)
         try:
             return Node(pos, pos + len(tok), "scalar", value=json.loads(tok))
         except json.JSONDecodeError:
@@ -98,7 +98,9 @@ def parse(text: str) -> Node:
     parser = _Parser(text)
     root = parser.value()
     if parser.i != len(parser.tokens):
-        raise JSONCError(f"unexpected {parser.tokens[parser.i][0]!r} after the end at offset {parser.tokens[parser.i][1]}")
+        raise JSONCError(
+            f"unexpected {parser.tokens[parser.i][0]!r} after the end at offset {parser.tokens[parser.i][1]}"
+        )
     return root
 
 
@@ -115,6 +117,7 @@ def loads(text: str):
 
 
 # Editing ------------------------------------------------------------------------------------------------
+
 
 def _indent_at(text: str, pos: int) -> str:
     line_start = text.rfind("\n", 0, pos) + 1
@@ -147,8 +150,8 @@ def _insert(text: str, container: Node, piece: str, existing: list[int], unit: s
     base = _indent_at(text, container.start)
     inner = base + unit
     if not existing:
-        between = text[container.start + 1:close].rstrip()
-        return text[:container.start + 1] + between + f"\n{inner}{piece}\n{base}" + text[close:]
+        between = text[container.start + 1 : close].rstrip()
+        return text[: container.start + 1] + between + f"\n{inner}{piece}\n{base}" + text[close:]
     last = _child_end(text, container, existing[-1])
     after = [t for t in _tokens(text[:close]) if t[1] >= last]
     comma = after[0][1] if after and after[0][0] == "," else None
@@ -180,7 +183,7 @@ def set_member(text: str, path: list[str], value) -> str:
     node = _find(root, path)
     if node is not None:
         member_indent = _indent_at(text, node.start)
-        return text[:node.start] + _render(value, member_indent, unit) + text[node.end:]
+        return text[: node.start] + _render(value, member_indent, unit) + text[node.end :]
     for depth in range(len(path) - 1, -1, -1):  # the deepest object that exists
         parent = _find(root, path[:depth])
         if parent is not None:
@@ -188,7 +191,7 @@ def set_member(text: str, path: list[str], value) -> str:
     if parent.kind != "object":
         raise JSONCError(f"{'.'.join(path[:depth]) or 'the top level'} is not an object")
     nested = value
-    for key in reversed(path[depth + 1:]):
+    for key in reversed(path[depth + 1 :]):
         nested = {key: nested}
     inner = _indent_at(text, parent.start) + unit
     piece = json.dumps(path[depth]) + ": " + _render(nested, inner, unit)
@@ -229,7 +232,7 @@ def remove_item(text: str, path: list[str], index: int) -> str:
 def _cut(text: str, container: Node, spans: list[tuple[int, int]], index: int) -> str:
     """Remove child `index` with its separating comma, and the line it stood on when it stood alone."""
     start, end = spans[index]
-    after = [t for t in _tokens(text[:container.end - 1]) if t[1] >= end]
+    after = [t for t in _tokens(text[: container.end - 1]) if t[1] >= end]
     comma_before = None
     if after and after[0][0] == ",":
         end = after[0][1] + 1
@@ -238,10 +241,10 @@ def _cut(text: str, container: Node, spans: list[tuple[int, int]], index: int) -
         comma_before = next(t[1] for t in before if t[0] == ",")
     line_start = text.rfind("\n", 0, start) + 1
     newline = text.find("\n", end)
-    rest = text[end:newline if newline != -1 else len(text)]
+    rest = text[end : newline if newline != -1 else len(text)]
     if not text[line_start:start].strip() and (not rest.strip() or rest.strip().startswith("//")):
         start, end = line_start, (newline + 1 if newline != -1 else len(text))
     text = text[:start] + text[end:]
     if comma_before is not None:
-        text = text[:comma_before] + text[comma_before + 1:]
+        text = text[:comma_before] + text[comma_before + 1 :]
     return text

@@ -15,8 +15,11 @@ from mcp_server.tool_context import CREATES, Roots, checked_file, state_of
 Version = Annotated[
     int, Field(ge=0, description="the part's version in get_run when you read it (0: not made)")
 ]
+SectionText = Annotated[str, Field(min_length=1, description="the section's Markdown paragraphs, no heading")]
+Reason = Annotated[str, Field(min_length=1, description="what is wrong: the writer rewrites it from this")]
 EDITS = CREATES  # an edit keeps the version it replaces: nothing is destroyed
 JOB_PREFIX = "scriptorium://jobs/"
+AGAIN = "; assemble again to use it"
 
 
 def image_source(ctx: Context, roots, value: str) -> Path:
@@ -32,6 +35,17 @@ def image_source(ctx: Context, roots, value: str) -> Path:
                 return Path(path)
         raise ToolError(f"{value} is not an image of job {job_id}")
     return Path(checked_file(ctx, roots, value, "image"))
+
+
+async def edit(ctx: Context, function, part: str, what: str, then: str, args: dict) -> PartSet:
+    """One edit through the run API's function of the tool's name, recorded as the calling client's, and what it
+    made: `what` version N, then `then`."""
+    version = await call_api(
+        function, actor=actor(ctx, function.__name__), settings=state_of(ctx).settings, **args
+    )
+    return PartSet(
+        run_id=args["run_id"], part=part, version=version, message=f"{what} version {version}{then}"
+    )
 
 
 def register(server: MCPServer) -> None:
@@ -50,74 +64,41 @@ def register(server: MCPServer) -> None:
         ctx: Context,
     ) -> PartSet:
         """Edit or replace the outline; refused if it changed since you read expected_version (read it again)."""
-        version = await call_api(
+        args = dict(run_id=run_id, outline=outline, expected_version=expected_version)
+        return await edit(
+            ctx,
             api.set_outline,
-            run_id,
-            outline,
-            expected_version,
-            actor(ctx, "set_outline"),
-            state_of(ctx).settings,
-        )
-        return PartSet(
-            run_id=run_id,
-            part="research",
-            version=version,
-            message=f"outline version {version}; sections made from older versions are now stale",
+            "research",
+            "outline",
+            "; sections made from older versions are now stale",
+            args,
         )
 
     @server.tool(title="Set a section's text", annotations=EDITS)
     async def set_section(
         run_id: RunId,
         index: Index,
-        text: Annotated[
-            str, Field(min_length=1, description="the section's Markdown paragraphs, no heading")
-        ],
+        text: SectionText,
         expected_version: Version,
         ctx: Context,
     ) -> PartSet:
         """Replace a section's text with your own; refused if it changed since you read expected_version."""
-        version = await call_api(
-            api.set_section,
-            run_id,
-            index,
-            text,
-            expected_version,
-            actor(ctx, "set_section"),
-            state_of(ctx).settings,
-        )
-        return PartSet(
-            run_id=run_id,
-            part=f"write:{index:02d}",
-            version=version,
-            message=f"section {index} version {version}; assemble again to use it",
-        )
+        args = dict(run_id=run_id, index=index, text=text, expected_version=expected_version)
+        return await edit(ctx, api.set_section, f"write:{index:02d}", f"section {index}", AGAIN, args)
 
     @server.tool(title="Reject a section", annotations=EDITS)
     async def reject_section(
         run_id: RunId,
         index: Index,
-        reason: Annotated[
-            str, Field(min_length=1, description="what is wrong: the writer rewrites it from this")
-        ],
+        reason: Reason,
         ctx: Context,
         expected_version: Annotated[int | None, Field(ge=0, description="the version you reviewed")] = None,
     ) -> PartSet:
         """Send a section back to the writer: get_run shows it as rejected with your reason until it is
         rewritten (write_section or write_sections rewrite it from the reason)."""
-        version = await call_api(
-            api.reject_section,
-            run_id,
-            index,
-            reason,
-            actor(ctx, "reject_section"),
-            expected_version,
-            state_of(ctx).settings,
-        )
-        return PartSet(
-            run_id=run_id,
-            part=f"write:{index:02d}",
-            version=version,
-            message=f"section {index} version {version} rejected",
+        args = dict(run_id=run_id, index=index, reason=reason, expected_version=expected_version)
+        return await edit(
+            ctx, api.reject_section, f"write:{index:02d}", f"section {index}", " rejected", args
         )
 
     @server.tool(title="Set a section's image", annotations=EDITS)
@@ -140,19 +121,5 @@ def register(server: MCPServer) -> None:
     ) -> PartSet:
         """Use an image made elsewhere as a section's illustration (stored as PNG; the one it replaces is kept)."""
         source = image_source(ctx, roots, image)
-        version = await call_api(
-            api.set_image,
-            run_id,
-            index,
-            source,
-            actor(ctx, "set_image"),
-            prompt,
-            expected_version,
-            state_of(ctx).settings,
-        )
-        return PartSet(
-            run_id=run_id,
-            part=f"illustrate:{index:02d}",
-            version=version,
-            message=f"image {index} version {version}; assemble again to use it",
-        )
+        args = dict(run_id=run_id, index=index, path=source, prompt=prompt, expected_version=expected_version)
+        return await edit(ctx, api.set_image, f"illustrate:{index:02d}", f"image {index}", AGAIN, args)

@@ -55,6 +55,16 @@ def tiny_dir(tmp_path_factory):
 
 # Services shared by the orchestrator and MCP tests -----------------------------------------------------
 
+@pytest.fixture(scope="module")
+def tiny_server(tiny_dir):
+    """The real backend serving tiny_dir("llama") as `tiny`, started once for each test module that asks."""
+    from tests.backend.server_process import ServerProcess
+
+    server = ServerProcess(str(tiny_dir("llama")), "--served-model-name", "tiny")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def llm_server(tmp_path_factory):
     """The real backend serving two tiny random models: `tiny` (the default, with a context long enough for the

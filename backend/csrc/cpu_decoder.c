@@ -12,7 +12,9 @@
  * layer (Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, Granite-MoE) has, in place of gate|up and down, its router and
  * routed experts and, in Qwen2-MoE, a gated shared expert (in Granite-MoE an ungated one): the module path's calls
  * (moe_route_rows, moe_tokens, moe_add_shared_rows in cpu_moe.c), here without Python between them. Granite's residual multiplier scales
- * each branch's output before it is added; its attention multiplier is Shape's scale.
+ * each branch's output before it is added; its attention multiplier is Shape's scale. A latent attention layer
+ * (DeepSeek's MLA: Layer's mla) runs its projections, norms and rotary as models/mla.py does and attends through
+ * mla_decode_rows (cpu_mla.c), as the module does for up to mla_attention.C_ROWS rows.
  */
 #include <omp.h>
 
@@ -27,7 +29,8 @@ void struct_layouts(int64_t *out) {
                          offsetof(Experts, shared_gate), offsetof(Experts, shared_inter), sizeof(Layer),
                          offsetof(Layer, moe), offsetof(Layer, k_cache), offsetof(Layer, window), sizeof(Shape),
                          offsetof(Shape, eps),
-                         offsetof(Shape, final_norm), offsetof(Shape, kv_kind)};
+                         offsetof(Shape, final_norm), offsetof(Shape, kv_kind), offsetof(Layer, mla),
+                         sizeof(Latent), offsetof(Latent, kv_a), offsetof(Latent, lora), offsetof(Latent, eps)};
     memcpy(out, v, sizeof v);
 }
 
@@ -50,6 +53,52 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
 static void scale_branch(float *out, i64 n, float scale) {
     if (scale != 1.0f)
         for (i64 i = 0; i < n; i++) out[i] = out[i] * scale;
+}
+
+/* A latent attention layer's rows (models/mla.py's forward, in its order and with its kernels): q, the latent
+ * (normed) and the shared rotary key, q's rotary parts and that key rotated together as heads of one tensor, the
+ * latent row stored, mla_decode_rows over the cache; attn [M, heads * v] out. Returns 0 where memory ran out. */
+static int latent_attention(const Latent *A, const float *h, i64 M, i64 heads, void *cache, int kind, i64 block_size,
+                            const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens,
+                            i64 max_len, float scale, const float *cos, const float *sin, i64 ldc, float *attn,
+                            int threads) {
+    const i64 lora = A->lora, rope = A->rope, dim = A->nope + rope, row = lora + rope, half = rope / 2;
+    const i64 q_lora = A->q_a.count ? A->q_a.rows : 0;
+    float *q = malloc((size_t)(M * (heads * dim + 2 * q_lora + row + lora + 2 * (heads + 1) * rope)) *
+                      sizeof(float));
+    if (!q) return 0;
+    float *q_a = q + M * heads * dim, *q_a_normed = q_a + M * q_lora, *kv = q_a_normed + M * q_lora;
+    float *latent = kv + M * row, *pe = latent + M * lora, *pe_rotated = pe + M * (heads + 1) * rope;
+    if (q_lora) {
+        matmul(&A->q_a, h, M, q_a, threads);
+        rms_norm_rows(q_a, NULL, A->q_a_norm, NULL, q_a_normed, M, q_lora, A->eps);
+        matmul(&A->q, q_a_normed, M, q, threads);
+    } else {
+        matmul(&A->q, h, M, q, threads);
+    }
+    matmul(&A->kv_a, h, M, kv, threads);
+    for (i64 r = 0; r < M; r++) {
+        rms_norm_rows(kv + r * row, NULL, A->kv_a_norm, NULL, latent + r * lora, 1, lora, A->eps);
+        for (i64 j = 0; j <= heads; j++) { /* q's heads, then the shared key */
+            const float *from = j < heads ? q + (r * heads + j) * dim + A->nope : kv + r * row + lora;
+            float *to = pe + (r * (heads + 1) + j) * rope;
+            for (i64 i = 0; i < half; i++) {
+                to[i] = A->interleaved ? from[2 * i] : from[i];
+                to[half + i] = A->interleaved ? from[2 * i + 1] : from[half + i];
+            }
+        }
+    }
+    rotary_rows(pe, pe_rotated, M, heads + 1, rope, (heads + 1) * rope, cos, sin, ldc);
+    for (i64 r = 0; r < M; r++) {
+        if (slots[r] < 0) continue;
+        store_kv_elements(cache, slots[r] * row, latent + r * lora, lora, kind);
+        store_kv_elements(cache, slots[r] * row + lora, pe_rotated + (r * (heads + 1) + heads) * rope, rope, kind);
+    }
+    int done = mla_decode_rows(q, heads * dim, dim, pe_rotated, (heads + 1) * rope, rope, M, heads, A->nope, rope,
+                               lora, A->v, A->w_uk, A->uk_scales, A->uk_hs, A->w_uv, A->uv_scales, A->uv_hs, cache,
+                               kind, block_size, tables, table_stride, lens, scale, max_len, attn, threads);
+    free(q);
+    return done;
 }
 
 /* x [M, hidden]: the rows' embeddings in, the final norm's output out. cos, sin: [M, head_dim] with row stride
@@ -84,27 +133,33 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         } else {
             rms_norm_rows(out, residual, L->input_norm, residual, h, M, H, s->eps);
         }
-        matmul(&L->qkv, h, M, qkv, threads);
-        for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head (or all of q, of k) at a time */
-            float *row = qkv + r * qkv_cols;
-            const i64 q_rows = L->qk_norm_full ? 1 : hq, k_rows = L->qk_norm_full ? 1 : hkv;
-            rms_norm_rows(row, NULL, L->q_norm, NULL, row, q_rows, hq * D / q_rows, s->eps);
-            rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, k_rows, hkv * D / k_rows, s->eps);
+        if (L->mla) {
+            if (!latent_attention(L->mla, h, M, hq, L->k_cache, kind, s->block_size, slots, tables, table_stride, lens,
+                                  max_len, s->scale, cos, sin, ldc, attn, threads))
+                return 0;
+        } else {
+            matmul(&L->qkv, h, M, qkv, threads);
+            for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head (or all of q, of k) at a time */
+                float *row = qkv + r * qkv_cols;
+                const i64 q_rows = L->qk_norm_full ? 1 : hq, k_rows = L->qk_norm_full ? 1 : hkv;
+                rms_norm_rows(row, NULL, L->q_norm, NULL, row, q_rows, hq * D / q_rows, s->eps);
+                rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, k_rows, hkv * D / k_rows, s->eps);
+            }
+            if (L->rope)
+                rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
+            else  /* q and k as projected, packed as rotary_rows would leave them */
+                for (i64 r = 0; r < M; r++)
+                    memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
+            const int64_t *at = L->window ? window_slots : slots, *table = L->window ? window_tables : tables;
+            for (i64 r = 0; r < M; r++) {
+                if (at[r] < 0) continue;
+                store_kv_elements(L->k_cache, at[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
+                store_kv_elements(L->v_cache, at[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
+            }
+            decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
+                                  table, L->window ? window_stride : table_stride, lens, L->window, s->scale, NULL,
+                                  max_len, threads);
         }
-        if (L->rope)
-            rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
-        else  /* q and k as projected, packed as rotary_rows would leave them */
-            for (i64 r = 0; r < M; r++)
-                memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
-        const int64_t *at = L->window ? window_slots : slots, *table = L->window ? window_tables : tables;
-        for (i64 r = 0; r < M; r++) {
-            if (at[r] < 0) continue;
-            store_kv_elements(L->k_cache, at[r] * hkv * D, qk + r * qk_cols + hq * D, hkv * D, kind);
-            store_kv_elements(L->v_cache, at[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
-        }
-        decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
-                              table, L->window ? window_stride : table_stride, lens, L->window, s->scale, NULL,
-                              max_len, threads);
         matmul(&L->o, attn, M, out, threads);
         scale_branch(out, M * H, s->residual_scale);
         rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);

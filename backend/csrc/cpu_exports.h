@@ -56,6 +56,20 @@ typedef struct {
     i64 shared_inter;
 } Experts;
 
+/* Multi-head latent attention's weights (models/mla.py, kernels/mla_attention.py): q through q_a, its norm and q
+ * (q_a.count 0: q in one projection), kv_a's latent (normed) and shared rotary key, kv_b's halves per head as
+ * mla_decode_rows reads them (int8 with scales, or fp32 where the scales are NULL), their heads uk_hs and uv_hs
+ * elements apart */
+typedef struct {
+    Linear q_a, q, kv_a;
+    const float *q_a_norm, *kv_a_norm;
+    const void *w_uk, *w_uv;
+    const float *uk_scales, *uv_scales;
+    i64 uk_hs, uv_hs, lora, nope, rope, v;
+    i64 interleaved; /* 1: the rotary parts' dimensions in adjacent pairs, gathered into halves before rotating */
+    float eps;       /* the latent norms' */
+} Latent;
+
 typedef struct {
     const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
     Linear qkv, o, gate_up, down;
@@ -64,6 +78,7 @@ typedef struct {
     i64 window;              /* sliding attention's window in tokens; 0: full attention */
     i64 rope;                /* 0: a NoPE layer, whose q and k are stored and attend as projected */
     i64 qk_norm_full;        /* 1: q_norm and k_norm span all of q and all of k (OLMoE); 0: each head (Qwen3) */
+    const Latent *mla;       /* a latent attention layer's (its cache k_cache's rows); NULL: q|k|v attention */
 } Layer;
 
 typedef struct {
@@ -106,7 +121,9 @@ void nibble_many_rows(const struct Weight *w, i64 p, i64 panels, const float *xt
 /* the 8-bit kernel's pieces (cpu_int8.c, its rows cpu_int8_rows.c), for the same callers */
 void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r);
 Rows int8_rows_from(const Rows *r, i64 first);
-Rows int8_rows_alloc(i64 M, i64 K, i64 group, int digits);
+void int8_row_copy(const Rows *from, i64 m, const Rows *to, i64 n);
+size_t int8_rows_bytes(i64 M, i64 K, i64 group, int digits);
+Rows int8_rows_in(void *mem, i64 M, i64 K, i64 group, int digits);
 int int8_panels(i64 M, int digits);
 int int8_vnni(void);
 void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N,
@@ -116,7 +133,7 @@ void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,
                    int bits, int scale_kind, int order, const int64_t *ids, i64 count, float *out);
 
-/* --- MoE (cpu_moe.c) */
+/* --- MoE (cpu_moe.c; the router and the shared expert's rows cpu_moe_route.c) */
 int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
                    int64_t *ids, float *weights, int threads);
 void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const float *shared, float *out);

@@ -123,11 +123,25 @@ Rows int8_rows_from(const Rows *r, i64 first) {
                   r->bias + first * r->digits * r->groups, r->K, r->groups, r->digits};
 }
 
-/* M rows of K in `digits` code rows each, quantized per group of `group` k's, in one allocation (q NULL where
- * memory ran out; free d) */
-Rows int8_rows_alloc(i64 M, i64 K, i64 group, int digits) {
+/* row m of `from` as row n of `to` (rows of the same K, group and digits): a token's x quantized once for all the
+ * experts it meets (cpu_moe.c) */
+void int8_row_copy(const Rows *from, i64 m, const Rows *to, i64 n) {
+    const i64 D = from->digits, G = from->groups;
+    memcpy(to->q + n * D * to->K, from->q + m * D * from->K, (size_t)(D * from->K));
+    memcpy(to->d + n * G, from->d + m * G, (size_t)G * sizeof(float));
+    memcpy(to->dsum + n * G, from->dsum + m * G, (size_t)G * sizeof(float));
+    memcpy(to->bias + n * D * G, from->bias + m * D * G, (size_t)(D * G) * sizeof(int32_t));
+}
+
+/* bytes of M rows of K in `digits` code rows each, quantized per group of `group` k's, as int8_rows_in lays them out */
+size_t int8_rows_bytes(i64 M, i64 K, i64 group, int digits) {
+    return (size_t)(M * (K / group)) * (2 + digits) * sizeof(float) + (size_t)(M * digits * K);
+}
+
+/* those rows laid out in mem (int8_rows_bytes of it, aligned to 4 bytes at least) */
+Rows int8_rows_in(void *mem, i64 M, i64 K, i64 group, int digits) {
     const i64 groups = K / group;
-    float *f = malloc((size_t)(M * groups) * (2 + digits) * sizeof(float) + (size_t)(M * digits * K));
-    return (Rows){f ? (int8_t *)(f + (2 + digits) * M * groups) : NULL, f, f + M * groups,
-                  (int32_t *)(f + 2 * M * groups), K, groups, digits};
+    float *f = mem;
+    return (Rows){(int8_t *)(f + (2 + digits) * M * groups), f, f + M * groups, (int32_t *)(f + 2 * M * groups), K,
+                  groups, digits};
 }

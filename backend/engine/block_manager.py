@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from backend.engine.cache_groups import blocks_for
 from backend.engine.rope_switch import root_hash
 from backend.engine.sequence import Sequence
 from backend.engine.state_pool import SNAPSHOT_SLOTS, StatePool
@@ -72,9 +73,6 @@ class BlockManager:
 
     def usage(self) -> float:
         return 1.0 - len(self.free) / len(self.blocks)
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return (num_tokens + self.block_size - 1) // self.block_size
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free.popitem(last=False)
@@ -137,7 +135,7 @@ class BlockManager:
     def allocate(self, seq: Sequence, hit_ids: list[int], hit_hashes: list[int], num_new_tokens: int) -> bool:
         """Give a sequence entering the running set its cached prefix plus room for num_new_tokens more."""
         num_hit_tokens = len(hit_ids) * self.block_size
-        needed = self.blocks_for(num_hit_tokens + num_new_tokens) - len(hit_ids)
+        needed = blocks_for(num_hit_tokens + num_new_tokens, self.block_size) - len(hit_ids)
         revived = sum(1 for b in hit_ids if self.blocks[b].ref_count == 0)  # these leave the free list
         if needed + revived > len(self.free) or (self.states is not None and not self.states.num_free):
             return False
@@ -174,7 +172,7 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make sure the sequence's blocks cover num_new_tokens more tokens; False if the cache is full."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        needed = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
         if needed > len(self.free):
             return False
         if self.window is not None and not self.window.append(seq, seq.num_computed_tokens + num_new_tokens):
@@ -225,7 +223,7 @@ class BlockManager:
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Release the blocks past the first num_tokens tokens (slots of rejected draft tokens)."""
-        keep = self.blocks_for(num_tokens)
+        keep = blocks_for(num_tokens, self.block_size)
         for block_id in reversed(seq.block_table[keep:]):
             block = self.blocks[block_id]
             block.ref_count -= 1

@@ -34,6 +34,11 @@ def group_window(cfg) -> int | None:
     return max((s.attention.window for s in cfg.layers if s.attention.kind == "sliding"), default=None)
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """The blocks that num_tokens positions fill (the last one perhaps in part)."""
+    return (num_tokens + block_size - 1) // block_size
+
+
 def blocks_a_sequence(window: int, step_tokens: int, block_size: int) -> int:
     """The most blocks of the sliding group one running sequence holds: a step's queries read window - 1
     positions before their first and their own step_tokens, which span at most one block more than they fill."""
@@ -47,7 +52,7 @@ def reserved_blocks(cfg, block_size: int, max_num_seqs: int, step_tokens: int, m
     if window is None:
         return 0
     per_seq = blocks_a_sequence(window, step_tokens, block_size)
-    return 0 if per_seq >= (max_model_len + block_size - 1) // block_size else max_num_seqs * per_seq
+    return 0 if per_seq >= blocks_for(max_model_len, block_size) else max_num_seqs * per_seq
 
 
 def block_bytes(cfg, block_size: int, dtype: torch.dtype, grouped: bool) -> tuple[int, int]:

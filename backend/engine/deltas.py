@@ -17,24 +17,11 @@ from backend.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 @dataclass
-class SequenceDelta:
-    index: int
-    token_ids: list[int]  # the tokens generated since the last delta
-    text: str  # the text that became final since the last delta
-    logprobs: list[dict[int, Logprob]] | None = None  # one entry per new token, when asked for
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    cumulative_logprob: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
 class RequestDelta:
     request_id: str
-    outputs: list[SequenceDelta]  # the sequences this step changed
+    # the sequences this step changed, each as vLLM's delta outputs are: the tokens generated since the last
+    # delta, the text that became final since then, the new tokens' logprobs (cumulative_logprob is the total)
+    outputs: list[CompletionOutput]
     finished: bool = False  # every sequence of the request has finished
     error: str | None = None  # processing the request failed; its sequences end with finish_reason "error"
     num_cached_tokens: int = 0
@@ -52,8 +39,9 @@ def add_logprob(seq: Sequence, token: int, entry: dict[int, Logprob]) -> None:
     seq.cumulative_logprob += entry[token].logprob
 
 
-def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int,
-                 tokenizer=None) -> tuple[str, int | str | None] | None:
+def append_token(
+    seq: Sequence, token: int, eos_token_ids: set[int], max_model_len: int, tokenizer=None
+) -> tuple[str, int | str | None] | None:
     """Add one generated token; returns (finish_reason, stop_reason) when it ends the sequence."""
     seq.token_ids.append(token)
     if seq.matcher is not None and not seq.matcher.accept_token(token):
@@ -73,12 +61,16 @@ def append_token(seq: Sequence, token: int, eos_token_ids: set[int], max_model_l
         stop = _find_stop_string(seq, len(delta))
         if stop is not None:
             return "stop", stop
-    if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or seq.num_tokens >= max_model_len:
+    if (
+        p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens
+    ) or seq.num_tokens >= max_model_len:
         return "length", None
     return None
 
 
-def record_prompt_logprobs(seq: Sequence, first: int, entries: list[dict[int, Logprob]], tokenizer=None) -> None:
+def record_prompt_logprobs(
+    seq: Sequence, first: int, entries: list[dict[int, Logprob]], tokenizer=None
+) -> None:
     """Store a chunk's prompt logprobs (engine/prompt_logprobs.py) from prompt token `first` on, each entry's
     tokens decoded; a chunk computed again (after preemption) overwrites its own."""
     for i, entry in enumerate(entries, start=first):
@@ -105,12 +97,13 @@ def _find_stop_string(seq: Sequence, delta_len: int) -> str | None:
 class Handed:
     """How far one sequence's deltas have gone: output tokens and characters of text handed out, and whether its
     prompt logprobs were. The deltas' own record, so that a Sequence is written by postprocess alone."""
+
     tokens: int = 0
     chars: int = 0
     prompt_logprobs: bool = False
 
 
-def take_delta(seq: Sequence, handed: Handed) -> SequenceDelta | None:
+def take_delta(seq: Sequence, handed: Handed) -> CompletionOutput | None:
     """What the sequence gained since the last delta (None if nothing that can be handed out yet)."""
     text = seq.text
     if seq.finished:
@@ -118,13 +111,18 @@ def take_delta(seq: Sequence, handed: Handed) -> SequenceDelta | None:
     else:
         hold = max((len(s) for s in seq.params.stop), default=1) - 1
         end = max(handed.chars, len(text) - hold)
-    new_tokens = seq.output_token_ids[handed.tokens:]
+    new_tokens = seq.output_token_ids[handed.tokens :]
     if not new_tokens and end == handed.chars and not seq.finished:
         return None
-    delta = SequenceDelta(index=seq.index, token_ids=new_tokens, text=text[handed.chars:end],
-                          logprobs=seq.logprobs[handed.tokens:] if seq.logprobs is not None else None,
-                          finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-                          cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None)
+    delta = CompletionOutput(
+        index=seq.index,
+        token_ids=new_tokens,
+        text=text[handed.chars : end],
+        logprobs=seq.logprobs[handed.tokens :] if seq.logprobs is not None else None,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+        cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+    )
     handed.tokens += len(new_tokens)
     handed.chars = end
     return delta
@@ -134,9 +132,15 @@ def request_delta(request_id: str, seqs: list[Sequence], handed: list[Handed]) -
     """What a generation request's sequences gained since its last delta, and whether it has ended."""
     changed = [d for d in map(take_delta, seqs, handed) if d is not None]
     failed = next((s for s in seqs if s.error), None)
-    return RequestDelta(request_id, changed, all(s.finished for s in seqs), failed and failed.error,
-                        seqs[0].num_cached_tokens or 0, prompt_logprobs=take_prompt_logprobs(seqs[0], handed[0]),
-                        error_param=failed and failed.error_param)
+    return RequestDelta(
+        request_id,
+        changed,
+        all(s.finished for s in seqs),
+        failed and failed.error,
+        seqs[0].num_cached_tokens or 0,
+        prompt_logprobs=take_prompt_logprobs(seqs[0], handed[0]),
+        error_param=failed and failed.error_param,
+    )
 
 
 def take_prompt_logprobs(seq: Sequence, handed: Handed) -> list[dict[int, Logprob] | None] | None:
@@ -178,7 +182,13 @@ class OutputAssembler:
     def output(self) -> RequestOutput:
         """A snapshot: later deltas do not change it (add() rebinds text and logprobs, and token_ids is copied)."""
         return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
             outputs=[replace(c, token_ids=list(c.token_ids)) for c in self.choices],
-            finished=self.finished, num_cached_tokens=self.num_cached_tokens, error=self.error,
-            prompt_logprobs=self.prompt_logprobs, error_param=self.error_param)
+            finished=self.finished,
+            num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
+            prompt_logprobs=self.prompt_logprobs,
+            error_param=self.error_param,
+        )

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import torch
 
-from backend.engine.deltas import RequestDelta, SequenceDelta
+from backend.engine.deltas import RequestDelta
 from backend.engine.sequence import Sequence
+from backend.outputs import CompletionOutput
 from backend.sampling_params import SamplingParams
 
 POOLING = {"pooling": "mean", "normalized": True, "source": "last hidden state"}
@@ -24,9 +25,19 @@ def embedding_sequences(request_id: str, inputs: list[list[int]], seq_ids: Itera
     """One pooling sequence per input of token ids (already checked: admission.Limits.check_embedding)."""
     params = SamplingParams(max_tokens=1)
     # num_cached_tokens 0: it never looks up the prefix cache, so it does not count in its statistics
-    return [Sequence(seq_id=next(seq_ids), request_id=request_id, index=i, token_ids=list(ids),
-                     num_prompt_tokens=len(ids), params=params, pooling=True, num_cached_tokens=0)
-            for i, ids in enumerate(inputs)]
+    return [
+        Sequence(
+            seq_id=next(seq_ids),
+            request_id=request_id,
+            index=i,
+            token_ids=list(ids),
+            num_prompt_tokens=len(ids),
+            params=params,
+            pooling=True,
+            num_cached_tokens=0,
+        )
+        for i, ids in enumerate(inputs)
+    ]
 
 
 def add_rows(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
@@ -43,6 +54,6 @@ def embedding_delta(request_id: str, seqs: list[Sequence]) -> RequestDelta | Non
     if not all(s.finished for s in seqs):
         return None
     error = next((s.error for s in seqs if s.error), None)
-    outputs = [SequenceDelta(s.index, [], "", finish_reason=s.finish_reason) for s in seqs]
+    outputs = [CompletionOutput(s.index, "", [], finish_reason=s.finish_reason) for s in seqs]
     embeddings = None if error or any(s.embedding is None for s in seqs) else [s.embedding for s in seqs]
     return RequestDelta(request_id, outputs, True, error, embeddings=embeddings)

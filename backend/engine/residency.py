@@ -46,7 +46,7 @@ def load_models(config: EngineConfig, source: ModelSource, model_config: ModelCo
         draft, bridge = load_draft(spec.model, model_config, device, dtype, shape.max_model_len, products,
                                    tokenizer, spec.vocab)
     if moe_gpu_experts == "auto":
-        recipe = loaded_recipe(reader, config.quantization, source.random_format, dtype)
+        recipe = loaded_recipe(reader, config.quantization, source, dtype)
         moe_gpu_experts = pick_gpu_experts(config, shape, model_config, weight_bytes(model_config, recipe), draft)
     model = load_model(source, model_config, reader, dtype, device, shape.max_model_len, moe_gpu_experts,
                        config.quantization, products, config.moe_cpu_compute)

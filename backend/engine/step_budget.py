@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 WINDOW = 12  # the steps with prompt work that the fit reads
 MIN_CHUNK = 32  # prompt tokens: below this a step's fixed cost is most of it
+# Beside streams a smaller floor: deep in a 30k prompt every token's attention reads all the keys before it, and 32
+# tokens took 0.78 s a step on two quiet cores (bench/interactive_load.py), three times the target.
+BUSY_MIN_CHUNK = 8
 
 
 @dataclass
@@ -49,13 +52,17 @@ class StepBudget:
             return min(self.first_guess, cap)
         fitted = self.cost()
         target = self.target if busy else self.target * self.idle_factor
+        floor = BUSY_MIN_CHUNK if busy else MIN_CHUNK
         if fitted is None:  # one size so far: as if it all were the tokens'
             tokens, seconds = self.steps[-1]
-            size = max(MIN_CHUNK, min(cap, round(target / (seconds / tokens))))
+            size = max(floor, min(cap, round(target / (seconds / tokens))))
             # alone, a prompt takes twice the tokens where that size would repeat, so that the fit can start
             return size if busy or size >= 1.5 * tokens else min(cap, max(size, 2 * tokens))
         fixed, per_token = fitted
-        return max(MIN_CHUNK, min(cap, round((target - fixed) / per_token)))
+        # No further than twice the largest size measured: a fit over small prompt parts beside many decode rows
+        # can find a slope near 0 and promise thousands of tokens in a step (a 6.3 s gap beside 48 streams).
+        grown = 2 * max(n for n, _ in self.steps)
+        return max(floor, min(cap, grown, round((target - fixed) / per_token)))
 
 
 def fair_share(needs: list[int], tokens: int) -> int:

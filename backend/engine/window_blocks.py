@@ -13,6 +13,7 @@ its end (usable_hit), so hits on recently run prompts still serve the whole pref
 
 from collections import OrderedDict
 
+from backend.engine.cache_groups import blocks_for
 from backend.engine.sequence import Sequence
 
 
@@ -28,13 +29,6 @@ class WindowBlocks:
     @property
     def num_blocks(self) -> int:
         return len(self.refs)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free)
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return (num_tokens + self.block_size - 1) // self.block_size
 
     def first_read(self, position: int) -> int:
         """The first block that a query at this position, or at any later one, reads."""
@@ -87,7 +81,7 @@ class WindowBlocks:
         if any(h not in self.cached for h in hit_hashes[first:]):
             return False  # reused since the lookup: the scheduler looks the prompt up again next step
         hit = [self.cached[h] for h in hit_hashes[first:]]
-        fresh = self.blocks_for(num_tokens) - k
+        fresh = blocks_for(num_tokens, self.block_size) - k
         if fresh + sum(1 for b in hit if self.refs[b] == 0) > len(self.free):
             return False
         for block_id in hit:
@@ -110,7 +104,7 @@ class WindowBlocks:
     def append(self, seq: Sequence, num_tokens: int) -> bool:
         """Release what the window has passed, then cover num_tokens; False when the pool lacks room."""
         self.release_passed(seq)
-        needed = self.blocks_for(num_tokens) - len(seq.window_table)
+        needed = blocks_for(num_tokens, self.block_size) - len(seq.window_table)
         if needed > len(self.free):
             return False
         seq.window_table.extend(self._take() for _ in range(needed))

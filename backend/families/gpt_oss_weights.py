@@ -54,6 +54,12 @@ def ggml_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat([scales[..., None], packed], dim=-1).flatten(-2)
 
 
+def mxfp4_mlps(names: Collection[str]) -> set[str]:
+    """The MoE blocks (model.layers.N.mlp) whose checkpoint holds both of their expert stacks as MXFP4 blocks."""
+    blocks = {m.group(1) for name in names if (m := _EXPERTS.match(name)) and m.group(3) == "_blocks"}
+    return {mlp for mlp in blocks if all(f"{mlp}.experts.{proj}_blocks" in names for proj in _OURS)}
+
+
 def keep_mxfp4(model: torch.nn.Module, names: Collection[str], dtype: torch.dtype) -> None:
     """On the meta model: each MoE layer whose checkpoint holds its experts as MXFP4 blocks computes on them as
     stored (QuantExperts in MXFP4, filled by as_ours), not on floats four times their size."""
@@ -61,9 +67,9 @@ def keep_mxfp4(model: torch.nn.Module, names: Collection[str], dtype: torch.dtyp
     from backend.quant.formats import BY_NAME
     from backend.quant.modules import QuantWeight
 
-    mxfp4 = BY_NAME["MXFP4"]
+    mxfp4, kept = BY_NAME["MXFP4"], mxfp4_mlps(names)
     for name, module in model.named_modules():
-        if not all(f"{name}.experts.{proj}_blocks" in names for proj in _OURS):
+        if name not in kept:
             continue
         experts, rows, hidden = module.w_gate_up.shape
         gate, up = (QuantWeight(mxfp4, rows // 2, hidden, (experts,), dtype=dtype) for _ in range(2))

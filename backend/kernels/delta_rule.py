@@ -81,78 +81,50 @@ def recurrent_in_pool(
     slots: torch.Tensor,
     fresh: torch.Tensor,
     tiled: bool = False,
+    run: bool = False,
 ) -> torch.Tensor:
-    """recurrent_step for rows whose states are slots of a pool [num_slots, Hv, Dk, Dv] fp32, read and written in
-    place: row i's is states[slots[i]], started from zeros where fresh[i]. Returns the output [B, Hv, Dv] fp32. Our
-    C kernel on the CPU (cpu_delta_rule.c), else the torch step between a gather and a scatter."""
-    if native.usable(states) and states.is_contiguous():
-        # the kernel finds each value head's key head itself in the checkpoints' order; tiled, each value head
-        # gets its own copy of its key head here (q and k are a few rows beside the states)
-        q, k = _normalise(q, k, v.shape[-2] if tiled else k.shape[-2], tiled)
-        hk = k.shape[-2]
-        rows, hv, dv = v.shape
-        out = torch.empty(rows, hv, dv)
-        args = [t.float().contiguous() for t in (q, k, v, g, beta)]
-        slots, fresh = slots.contiguous(), fresh.to(torch.uint8).contiguous()
-        native.library().delta_rule_rows(
-            *(t.data_ptr() for t in args),
-            states.data_ptr(),
-            slots.data_ptr(),
-            fresh.data_ptr(),
-            out.data_ptr(),
-            rows,
-            hk,
-            hv,
-            states.shape[-2],
-            dv,
-            torch.get_num_threads(),
-        )
+    """The rule's rows on states that are slots of a pool [num_slots, Hv, Dk, Dv] fp32, read and written in place:
+    decode rows (row i's state is states[slots[i]], started from zeros where fresh[i]), or with run one sequence's
+    run of tokens from states[slots[0]] (zeros where fresh[0]). Returns the output [rows, Hv, Dv] fp32.
+    Our C kernel on the CPU (cpu_delta_rule.c: the recurrent form, a run token by token with each block of the state
+    kept in cache); else the torch step between a gather and a scatter, or for a run the chunked form. A run of one
+    chunk or less takes the chunked form too: its rounding follows transformers' own (the recurrent form's differs
+    from it by as much as transformers' fp32 differs from float64, 1.5e-4 in a tiny model's logits)."""
+    short_run = run and q.shape[0] <= CHUNK
+    if short_run or not (native.usable(states) and states.is_contiguous()):
+        if run:
+            slot = int(slots[0])
+            out, states[slot] = chunked(q, k, v, g, beta, None if fresh[0] else states[slot], tiled=tiled)
+            return out
+        state = torch.where(fresh[:, None, None, None], 0.0, states.index_select(0, slots))
+        out, state = recurrent_step(q, k, v, g, beta, state, tiled)
+        states.index_copy_(0, slots, state)
         return out
-    state = torch.where(fresh[:, None, None, None], 0.0, states.index_select(0, slots))
-    out, state = recurrent_step(q, k, v, g, beta, state, tiled)
-    states.index_copy_(0, slots, state)
-    return out
-
-
-def prefill_in_pool(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    states: torch.Tensor,
-    slot: int,
-    fresh: bool,
-    tiled: bool = False,
-) -> torch.Tensor:
-    """A run of one sequence's tokens (as chunked takes them) from its slot's state in a pool [num_slots, Hv, Dk, Dv]
-    fp32, zeros where fresh, written back in place. Returns the output [T, Hv, Dv] fp32. Our C kernel on the CPU
-    (the recurrent form token by token, each head's state kept in cache) for runs past one chunk, where it is 3-4x
-    faster; else the chunked form between a read and a write, whose rounding follows transformers' own (the
-    recurrent form's differs from it by as much as transformers' fp32 differs from float64, ~1e-4 in a tiny
-    model's logits)."""
-    if q.shape[0] > CHUNK and native.usable(states) and states.is_contiguous():
-        state = states[slot]
-        if fresh:
+    # the kernel finds each value head's key head itself in the checkpoints' order; tiled, each value head gets
+    # its own copy of its key head here
+    q, k = _normalise(q, k, v.shape[-2] if tiled else k.shape[-2], tiled)
+    rows, hv, dv = v.shape
+    out = torch.empty(rows, hv, dv)
+    args = [x.float().contiguous() for x in (q, k, v, g, beta)]
+    widths = (k.shape[-2], hv, states.shape[-2], dv, torch.get_num_threads())
+    if run:
+        state = states[int(slots[0])]
+        if fresh[0]:
             state.zero_()
-        q, k = _normalise(q, k, v.shape[-2] if tiled else k.shape[-2], tiled)  # as recurrent_in_pool
-        t, hv, dv = v.shape
-        out = torch.empty(t, hv, dv)
-        args = [x.float().contiguous() for x in (q, k, v, g, beta)]
         native.library().delta_rule_run(
-            *(x.data_ptr() for x in args),
-            state.data_ptr(),
-            out.data_ptr(),
-            t,
-            k.shape[-2],
-            hv,
-            states.shape[-2],
-            dv,
-            torch.get_num_threads(),
+            *(x.data_ptr() for x in args), state.data_ptr(), out.data_ptr(), rows, *widths
         )
         return out
-    out, state = chunked(q, k, v, g, beta, None if fresh else states[slot], tiled=tiled)
-    states[slot] = state
+    slots, fresh = slots.contiguous(), fresh.to(torch.uint8).contiguous()
+    native.library().delta_rule_rows(
+        *(x.data_ptr() for x in args),
+        states.data_ptr(),
+        slots.data_ptr(),
+        fresh.data_ptr(),
+        out.data_ptr(),
+        rows,
+        *widths,
+    )
     return out
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from backend.kernels import native, use_triton
 from backend.kernels.attention import AttentionMetadata, decode_attention
+from backend.kernels.step_paths import C, rows_kernel
 
 # Decode rows of at most this many go through our one C call (cpu_mla.c, which reads each head's weights once for
 # all its rows with vector dot products); more rows, a prompt chunk's, are faster in torch's batched matmuls
@@ -51,6 +52,15 @@ class HeadWeights:
             self.uv, self.uv_scales = exact_int8(w[:, nope:])
             self.source = w_kv_b.data_ptr()
         return self
+
+    def hold_at_load(self, w_kv_b: torch.Tensor, heads: int, nope: int, rope: int) -> None:
+        """Made with the model where the C rows will read kv_b (fp32 on the CPU with our kernels, over a CPU cache of
+        any kind), not at the first decode step: what a loaded model holds (weight_sizes.module_bytes, which the
+        registry and the ready log count) then includes them, and the CPU's KV budget, sized after the load, sees
+        the memory they take."""
+        q_nope, q_pe = w_kv_b.new_empty(1, heads, nope), w_kv_b.new_empty(1, heads, rope)
+        if _c_reads(q_nope, q_pe, w_kv_b.new_empty(0, 1, 1, w_kv_b.shape[1] + rope), w_kv_b):
+            self.refresh(w_kv_b, heads, nope)
 
 
 def exact_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -115,16 +125,17 @@ def _c_reads(q_nope: torch.Tensor, q_pe: torch.Tensor, k_cache: torch.Tensor, w_
     nope, rope = q_nope.shape[-1], q_pe.shape[-1]
     lora, v = k_cache.shape[-1] - rope, w_kv_b.shape[0] // q_nope.shape[1] - nope
     return (
-        native.usable(q_nope, q_pe, w_kv_b)
-        and k_cache.is_cpu
-        and k_cache.dtype in native.KV_KINDS
+        _latent_rows_kernel(q_nope, k_cache) == C
+        and native.usable(q_pe, w_kv_b)
         and q_nope.stride(-1) == 1
         and q_pe.stride(-1) == 1
-        and nope % BLOCK == 0
-        and lora % BLOCK == 0
-        and v % BLOCK == 0
-        and rope % 8 == 0
+        and c_rows_fit(nope, rope, lora, v)
     )
+
+
+def c_rows_fit(nope: int, rope: int, lora: int, v: int) -> bool:
+    """Whether cpu_mla.c's vectors take these widths (the one-call step asks too: models/cpu_decoder.py)."""
+    return nope % BLOCK == 0 and lora % BLOCK == 0 and v % BLOCK == 0 and rope % 8 == 0
 
 
 def _c_rows(
@@ -203,10 +214,11 @@ def decompressed_attention(
 ABSORBED_ROWS = 128
 
 
-def _c_kernel_reads(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether attention.decode_attention runs these rows in our C kernel (rather than gathering the context once
-    a row)."""
-    return native.usable(q) and k_cache.is_cpu and k_cache.dtype in native.KV_KINDS
+def _latent_rows_kernel(q_nope: torch.Tensor, k_cache: torch.Tensor) -> str:
+    """The table's kernel (step_paths.rows_kernel: C or TORCH) for the rows absorbed_attention hands
+    attention.decode_attention: queries in the latent space [rows, heads, kv_lora + rope], contiguous, over the
+    cache as their keys and values alike."""
+    return rows_kernel(q_nope.new_empty(0, q_nope.shape[1], k_cache.shape[-1]), k_cache, k_cache)
 
 
 def mla_attention(
@@ -239,9 +251,8 @@ def mla_attention(
         table = chunk.block_table if chunk.block_table is not None else meta.prefill_block_tables[i]
         table = table.to(q_nope.device)
         s = chunk.end - chunk.start
-        if chunk.verifies or (
-            s <= ABSORBED_ROWS and _c_kernel_reads(q_nope, k_cache)
-        ):  # rows at their positions
+        # rows at their positions where our C kernel reads them (not gathering the context once a row)
+        if chunk.verifies or (s <= ABSORBED_ROWS and _latent_rows_kernel(q_nope, k_cache) == C):
             lens = torch.arange(chunk.context_len - s + 1, chunk.context_len + 1, device=q_nope.device)
             out[rows] = absorbed_attention(
                 q_nope[rows], q_pe[rows], k_cache, w_kv_b, table.expand(s, -1), lens, scale, held

@@ -33,12 +33,37 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 @triton.jit
-def block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M: tl.constexpr):
-    """Block mb's expert and its BLOCK_M rows: their pair ids and which hold a pair (the rest is padding)."""
+def block_tile(pairs_ptr, experts_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A program's tile: block program_id(0)'s expert and its BLOCK_M rows (their pair ids and which hold a pair;
+    the rest is padding), and the BLOCK_N output columns n of program_id(1) (nmask: those below N)."""
+    mb = tl.program_id(0)
     expert = tl.load(experts_ptr + mb).to(tl.int64)
     rows = (mb * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)  # rows * INTER passes 2**31 in large batches
     pairs = tl.load(pairs_ptr + rows)
-    return expert, rows, pairs, pairs >= 0
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return expert, rows, pairs, pairs >= 0, n, n < N
+
+
+@triton.jit
+def load_rows(ptr, at, valid, k0, K, BLOCK_K: tl.constexpr):
+    """Columns k0 * BLOCK_K.. of the valid rows at `at` of a [*, K] matrix (zeros elsewhere), and the columns."""
+    k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
+    kmask = k < K
+    return tl.load(ptr + at[:, None] * K + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0), k, kmask
+
+
+@triton.jit
+def store_rows(ptr, tile, at, valid, n, nmask, N):
+    """The tile into columns n of the valid rows at `at` of a [*, N] matrix, in its dtype."""
+    tl.store(ptr + at[:, None] * N + n[None, :], tile.to(ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def store_weighted(out_ptr, acc, weights_ptr, pairs, valid, n, nmask, H):
+    """Each valid row of acc times its pair's routing weight, into the pair's row of out [pairs, H]."""
+    at = tl.where(valid, pairs, 0)
+    weight = tl.load(weights_ptr + at, mask=valid, other=0.0).to(tl.float32)
+    store_rows(out_ptr, acc * weight[:, None], at, valid, n, nmask, H)
 
 
 def moe_buffers(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter_size: int, block_m: int):
@@ -52,52 +77,36 @@ def moe_buffers(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter
 @triton.jit
 def _moe_up_kernel(x_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, inter_ptr, H, INTER, TOP_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    mb = tl.program_id(0)
-    if mb >= tl.load(used_ptr):
+    if tl.program_id(0) >= tl.load(used_ptr):
         return
-    nb = tl.program_id(1)
-    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
+    expert, rows, pairs, valid, n, nmask = block_tile(pairs_ptr, experts_ptr, INTER, BLOCK_M, BLOCK_N)
     tokens = tl.where(valid, pairs // TOP_K, 0)
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < INTER
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     w_base = w_ptr + expert * (2 * INTER * H)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
-        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
-        kmask = k < H
-        x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        x, k, kmask = load_rows(x_ptr, tokens, valid, k0, H, BLOCK_K)
         wg = tl.load(w_base + n[None, :] * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
         wu = tl.load(w_base + (INTER + n[None, :]) * H + k[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
         gate += tl.dot(x, wg, input_precision="ieee")
         up += tl.dot(x, wu, input_precision="ieee")
     act = gate / (1.0 + tl.exp(-gate)) * up  # SiLU(gate) * up
-    tl.store(inter_ptr + rows[:, None] * INTER + n[None, :], act.to(inter_ptr.dtype.element_ty),
-             mask=valid[:, None] & nmask[None, :])
+    store_rows(inter_ptr, act, rows, valid, n, nmask, INTER)
 
 
 @triton.jit
 def _moe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    mb = tl.program_id(0)
-    if mb >= tl.load(used_ptr):
+    if tl.program_id(0) >= tl.load(used_ptr):
         return
-    nb = tl.program_id(1)
-    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < H
+    expert, rows, pairs, valid, n, nmask = block_tile(pairs_ptr, experts_ptr, H, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(INTER, BLOCK_K)):
-        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
-        kmask = k < INTER
-        a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        a, k, kmask = load_rows(inter_ptr, rows, valid, k0, INTER, BLOCK_K)
         w = tl.load(w_ptr + expert * (H * INTER) + n[None, :] * INTER + k[:, None], mask=nmask[None, :] & kmask[:, None],
                     other=0.0)
         acc += tl.dot(a, w, input_precision="ieee")
-    weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
-    tl.store(out_ptr + tl.where(valid, pairs, 0)[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=valid[:, None] & nmask[None, :])
+    store_weighted(out_ptr, acc, weights_ptr, pairs, valid, n, nmask, H)
 
 
 def moe_tiles(pairs: int, num_experts: int) -> tuple[int, int, int]:

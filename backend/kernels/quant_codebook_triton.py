@@ -16,6 +16,7 @@ import triton.language as tl
 
 from backend.kernels.gguf_bytes_triton import byte_at, f16_at, f16_masked
 from backend.quant.codebooks import grid_values, sign_patterns, table_values
+from backend.quant.formats import FORMATS
 
 # GGML type ids decoded here; every other format the kernels read has an id below 16
 CODEBOOK_FORMATS = (16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39)
@@ -46,6 +47,10 @@ IQ2_S = tl.constexpr(_STARTS["IQ2_S"])
 IQ3_XXS = tl.constexpr(_STARTS["IQ3_XXS"])
 IQ3_S = tl.constexpr(_STARTS["IQ3_S"])
 IQ1 = tl.constexpr(_STARTS["IQ1_S"])  # IQ1_M indexes the same grid
+# A block's bytes, indexed by GGML type id (formats.py's table; 0 for the ids it does not name)
+BLOCK_BYTES = tl.constexpr(
+    tuple(FORMATS[t].block_bytes if t in FORMATS else 0 for t in range(max(FORMATS) + 1))
+)
 
 
 @functools.cache
@@ -88,7 +93,7 @@ def _nibble_blocks(w_ptr, row_off, kb, K, tab_ptr, FMT: tl.constexpr, BLOCK_N: t
     u = tl.arange(0, 8)
     v = tl.arange(0, 32)
     used = kb * 256 + u * 32 < K
-    blk = w_ptr + row_off[:, None] + (kb * 8 + u)[None, :] * (18 if FMT == 20 else 17)  # [BLOCK_N, 8]
+    blk = w_ptr + row_off[:, None] + (kb * 8 + u)[None, :] * BLOCK_BYTES[FMT]  # [BLOCK_N, 8]
     byte = tl.load(
         blk[:, :, None] + (2 if FMT == 20 else 1) + (v % 16)[None, None, :], mask=used[None, :, None], other=0
     ).to(tl.int32)
@@ -205,37 +210,13 @@ def _groups_of_16(blk, tab_ptr, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _block_start(rows, kb, FMT: tl.constexpr):
-    """The kb-th 256-block of the rows at `rows` (pointers), by the format's bytes a block."""
-    if FMT == 16 or FMT == 35:  # IQ2_XXS, TQ2_0
-        return rows + kb * 66
-    elif FMT == 17:  # IQ2_XS
-        return rows + kb * 74
-    elif FMT == 18:  # IQ3_XXS
-        return rows + kb * 98
-    elif FMT == 19:  # IQ1_S
-        return rows + kb * 50
-    elif FMT == 21:  # IQ3_S
-        return rows + kb * 110
-    elif FMT == 22:  # IQ2_S
-        return rows + kb * 82
-    elif FMT == 23:  # IQ4_XS
-        return rows + kb * 136
-    elif FMT == 29:  # IQ1_M
-        return rows + kb * 56
-    else:  # TQ1_0
-        tl.static_assert(FMT == 34)
-        return rows + kb * 54
-
-
-@triton.jit
 def codebook_weights(w_ptr, row_off, kb, K, tab_ptr, FMT: tl.constexpr, BLOCK_N: tl.constexpr):
     """[BLOCK_N, 256] fp32 weights of columns kb*256 .. kb*256+255 of the rows at row_off (byte offsets), each the
     reference's q * scale; K masks the 32-blocks past a row's end (the 256-blocks fill whole tiles)."""
     if FMT == 20 or FMT == 39:
         w = _nibble_blocks(w_ptr, row_off, kb, K, tab_ptr, FMT, BLOCK_N)
     else:
-        blk = _block_start(w_ptr + row_off, kb, FMT)
+        blk = w_ptr + row_off + kb * BLOCK_BYTES[FMT]  # the rows' kb-th 256-blocks
         if FMT == 17 or FMT == 22 or FMT == 29:
             q, scale = _groups_of_16(blk, tab_ptr, FMT, BLOCK_N)
         else:

@@ -13,7 +13,14 @@ import triton
 import triton.language as tl
 
 from backend.kernels.gguf_bytes_triton import check_word_aligned
-from backend.kernels.moe_triton import block_rows, moe_buffers, moe_tiles
+from backend.kernels.moe_triton import (
+    block_tile,
+    load_rows,
+    moe_buffers,
+    moe_tiles,
+    store_rows,
+    store_weighted,
+)
 from backend.kernels.quant_codebook_triton import CODEBOOK_FORMATS, codebook_tables
 from backend.kernels.quant_gemv_triton import BLOCK_FORMATS, block_dot, block_weights
 from backend.kernels.quant_triton import dequant_tile
@@ -38,22 +45,16 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
                     tab_ptr, bias_ptr, alpha, limit, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, TOP_K: tl.constexpr, FMT_GATE: tl.constexpr, FMT_UP: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCKWISE_GATE: tl.constexpr,
                     BLOCKWISE_UP: tl.constexpr):
-    mb = tl.program_id(0)
-    if mb >= tl.load(used_ptr):
+    if tl.program_id(0) >= tl.load(used_ptr):
         return
-    nb = tl.program_id(1)
-    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
+    expert, rows, pairs, valid, n, nmask = block_tile(pairs_ptr, experts_ptr, INTER, BLOCK_M, BLOCK_N)
     tokens = tl.where(valid, pairs // TOP_K, 0)
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < INTER
     n_rows = expert * INTER + tl.minimum(n, INTER - 1).to(tl.int64)
     w_rows = n_rows[None, :]
     gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(H, BLOCK_K)):
-        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
-        kmask = k < H
-        x = tl.load(x_ptr + tokens[:, None] * H + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        x, k, _ = load_rows(x_ptr, tokens, valid, k0, H, BLOCK_K)
         cols = tl.minimum(k, H - 1)[:, None]
         if BLOCKWISE_GATE:  # BLOCK_K is 256: the rows' next blocks, read block by block
             wg = tl.trans(block_weights(wg_ptr, n_rows * (H if FMT_GATE == 0 else rb_gate), k0, H, tab_ptr,
@@ -70,29 +71,21 @@ def _qmoe_up_kernel(x_ptr, wg_ptr, wu_ptr, pairs_ptr, experts_ptr, used_ptr, int
     if HAS_BIAS:  # gpt-oss's [E, 2I]: gate's columns, then up's
         gate += tl.load(bias_ptr + expert * 2 * INTER + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
         up += tl.load(bias_ptr + expert * 2 * INTER + INTER + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    act = _swiglu(gate, up, alpha, limit, CLAMP)
-    tl.store(inter_ptr + rows[:, None] * INTER + n[None, :], act.to(inter_ptr.dtype.element_ty),
-             mask=valid[:, None] & nmask[None, :])
+    store_rows(inter_ptr, _swiglu(gate, up, alpha, limit, CLAMP), rows, valid, n, nmask, INTER)
 
 
 @triton.jit
 def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weights_ptr, out_ptr, H, INTER, rb_down,
                       tab_ptr, bias_ptr, HAS_BIAS: tl.constexpr, FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCKWISE: tl.constexpr):
-    mb = tl.program_id(0)
-    if mb >= tl.load(used_ptr):
+    if tl.program_id(0) >= tl.load(used_ptr):
         return
-    nb = tl.program_id(1)
-    expert, rows, pairs, valid = block_rows(pairs_ptr, experts_ptr, mb, BLOCK_M)
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = n < H
+    expert, rows, pairs, valid, n, nmask = block_tile(pairs_ptr, experts_ptr, H, BLOCK_M, BLOCK_N)
     n_rows = expert * H + tl.minimum(n, H - 1).to(tl.int64)
     w_rows = n_rows[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, tl.cdiv(INTER, BLOCK_K)):
-        k = k0 * BLOCK_K + tl.arange(0, BLOCK_K)
-        kmask = k < INTER
-        a = tl.load(inter_ptr + rows[:, None] * INTER + k[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
+        a, k, _ = load_rows(inter_ptr, rows, valid, k0, INTER, BLOCK_K)
         if BLOCKWISE:
             w = tl.trans(block_weights(w_ptr, n_rows * (INTER if FMT == 0 else rb_down), k0, INTER, tab_ptr, FMT,
                                        BLOCK_N)).to(a.dtype)
@@ -101,10 +94,7 @@ def _qmoe_down_kernel(inter_ptr, w_ptr, pairs_ptr, experts_ptr, used_ptr, weight
         acc += tl.dot(a, w, input_precision="ieee")
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * H + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    weight = tl.load(weights_ptr + tl.where(valid, pairs, 0), mask=valid, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
-    tl.store(out_ptr + tl.where(valid, pairs, 0)[:, None] * H + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=valid[:, None] & nmask[None, :])
+    store_weighted(out_ptr, acc, weights_ptr, pairs, valid, n, nmask, H)
 
 
 @triton.jit

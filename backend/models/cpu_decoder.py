@@ -6,7 +6,9 @@ quantized kernel (a GGUF file, or an HF checkpoint quantized at load; a fused la
 format), with or without biases (Qwen2), q/k norms (per head: Qwen3; over all of q and of k: OLMoE), Granite's
 multipliers, rotary (none in SmolLM3's NoPE layers) and a sliding window (each layer's own), and MoE layers whose
 router is fp32 and whose experts are in our layout (Mixtral, Qwen3-MoE, OLMoE; Qwen2-MoE's gated and Granite-MoE's
-ungated shared experts). Partial rotary (Phi-4-mini) stays with the modules, and so does Gemma 3 ((1 + w)
+ungated shared experts), and latent attention layers (DeepSeek-V2's MLA, their kv_b read as mla_attention's C rows
+read it, up to its C_ROWS rows) with V2's softmax router. Partial rotary (Phi-4-mini, GLM-4.5) stays with the
+modules, and so do DeepSeek-V3's and GLM's routers (their logits are torch's matmul in the modules), Gemma 3 ((1 + w)
 norms around each branch, GELU, a rotary base per layer kind).
 The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
 as decode rows, up to max_rows of them.
@@ -18,7 +20,9 @@ import torch
 
 from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
+from backend.kernels.mla_attention import C_ROWS, c_rows_fit
 from backend.kernels.moe_torch import c_reads
+from backend.models.mla import LatentAttention
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
 from backend.models.transformer import Attention, CausalLM
@@ -43,10 +47,16 @@ class _Experts(ctypes.Structure):
                 ("shared_down", _Linear), ("shared_inter", i64)]
 
 
+class _Latent(ctypes.Structure):
+    _fields_ = [("q_a", _Linear), ("q", _Linear), ("kv_a", _Linear), ("q_a_norm", ptr), ("kv_a_norm", ptr),
+                ("w_uk", ptr), ("w_uv", ptr), ("uk_scales", ptr), ("uv_scales", ptr), ("uk_hs", i64), ("uv_hs", i64),
+                ("lora", i64), ("nope", i64), ("rope", i64), ("v", i64), ("interleaved", i64), ("eps", ctypes.c_float)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
-                ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64)]
+                ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64), ("mla", ptr)]
 
 
 class _Shape(ctypes.Structure):
@@ -78,7 +88,7 @@ def _experts(moe: SparseMoE) -> _Experts | None:
     """A MoE layer the C loop computes as its modules do (route_rows, moe_tokens, then add_shared), or None."""
     experts = moe.experts
     if moe.expert_cache is not None or not isinstance(experts, QuantExperts) or not experts.packed() \
-            or not c_reads(moe.gate):
+            or not c_reads(moe.gate) or moe.router != "softmax_topk" or moe.spec.routed_scaling_factor != 1.0:
         return None
     shared = [None, _Linear(), _Linear(), 0]
     if moe.shared_expert is not None:
@@ -91,16 +101,45 @@ def _experts(moe: SparseMoE) -> _Experts | None:
                     *experts.stacks(), *shared)
 
 
+def _latent(attn: LatentAttention) -> tuple[_Latent, list[torch.Tensor]] | None:
+    """A latent attention layer whose projections were repacked for our kernel and whose widths cpu_mla.c takes
+    (as the module's decode rows then run it), and the tensors it points into; or None."""
+    m, w_kv_b = attn.shape, attn.kv_b_proj.weight
+    if not c_rows_fit(m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank, m.v_head_dim) \
+            or not native.usable(w_kv_b) or m.v_head_dim > attn.qk_head_dim:  # its output fits attention's rows
+        return None
+    q_a, q = (_linear(attn.q_a_proj), _linear(attn.q_b_proj)) if attn.q_lora else (_Linear(), _linear(attn.q_proj))
+    kv_a = _linear(attn.kv_a_proj_with_mqa)
+    if q_a is None or q is None or kv_a is None:
+        return None
+    held = attn.head_weights.refresh(w_kv_b, attn.num_heads, m.qk_nope_head_dim)  # the module's, made now
+    keep = [held.uk, held.uv, *(s for s in (held.uk_scales, held.uv_scales) if s is not None)]
+
+    def address(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    q_a_norm = attn.q_a_layernorm.weight if attn.q_lora else None
+    return _Latent(q_a, q, kv_a, address(q_a_norm), attn.kv_a_layernorm.weight.data_ptr(), held.uk.data_ptr(),
+                   held.uv.data_ptr(), address(held.uk_scales), address(held.uv_scales), held.uk.stride(0),
+                   held.uv.stride(0), m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim,
+                   int(attn.pairs_adjacent), attn.kv_a_layernorm.eps), keep
+
+
 def _norms(layer) -> list[torch.Tensor | None]:
-    """The layer's norm weights in _Layer's order: input, post-attention, q, k (None without q/k norms)."""
+    """The layer's norm weights in _Layer's order: input, post-attention, q, k (None without q/k norms); then a
+    latent attention's (q_a's where q has its low-rank path, kv_a's)."""
     attn = layer.self_attn
-    qk = [attn.q_norm.weight, attn.k_norm.weight] if attn.qk_norm else [None, None]
-    return [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, *qk]
+    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    if isinstance(attn, LatentAttention):
+        return norms + [None, None] + [attn.q_a_layernorm.weight if attn.q_lora else None, attn.kv_a_layernorm.weight]
+    return norms + ([attn.q_norm.weight, attn.k_norm.weight] if attn.qk_norm else [None, None])
 
 
 class CpuDecoder:
-    def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape, max_rows: int | None):
+    def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape, max_rows: int | None,
+                 latents: list | None = None):
         self.model = model  # held: its weights and caches are what the pointers point into
+        self.latents = latents or []  # held too: the latent layers' structs and kv_b's halves, which layers point to
         self.layers, self.shape = (_Layer * len(layers))(*layers), shape
         # A MoE model's experts of more rows are faster in the module path's per-expert loop (experts.py)
         self.max_rows = max_rows
@@ -109,23 +148,27 @@ class CpuDecoder:
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
         """For a model on the CPU whose layers the C loop covers, with its KV cache allocated; else None."""
         cfg = model.config
-        if not all(isinstance(layer.self_attn, Attention) for layer in model.model.layers):
-            return None  # the C loop runs full and sliding attention; the modules run the other kinds
+        if not all(isinstance(layer.self_attn, (Attention, LatentAttention)) for layer in model.model.layers):
+            return None  # the C loop runs full, sliding and latent attention; the modules run the other kinds
         norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
         if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
             return None
-        if cfg.rotary_dim != cfg.head_dim:  # partial rotary (Phi-4-mini): the modules rotate part of each head
+        latent = isinstance(model.model.layers[0].self_attn, LatentAttention)  # rotating qk_rope_head_dim of each head
+        if cfg.rotary_dim != cfg.head_dim and not latent:  # partial rotary (Phi-4-mini): the modules rotate part
             return None
         if cfg.norm_unit_offset or cfg.sandwich_norms or cfg.hidden_act != "silu" or model.own_cos_sin is not None:
             return None  # Gemma 3's
-        layers, top_k, inter = [], 0, cfg.intermediate_size
+        layers, top_k, inter, latents = [], 0, cfg.intermediate_size, []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if (not isinstance(attn, Attention) or attn.k_cache.numel() == 0 or attn.sinks is not None
-                    or attn.output_gate):
-                return None  # the C loop runs full and sliding attention without sinks or gate; the modules the rest
-            if isinstance(mlp, SparseMoE) and mlp.router != "softmax_topk":
+            if attn.k_cache.numel() == 0 or (isinstance(attn, Attention) and (attn.sinks is not None
+                                                                               or attn.output_gate)):
+                return None  # the C loop runs attention without sinks or gate; the modules the rest
+            mla = _latent(attn) if isinstance(attn, LatentAttention) else None
+            if isinstance(attn, LatentAttention) and mla is None:
                 return None
+            if mla is not None:
+                latents += [mla[0], *mla[1]]
             if isinstance(mlp, MLP):
                 ffn, moe = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)], _Experts()
             elif isinstance(mlp, SparseMoE):
@@ -134,19 +177,26 @@ class CpuDecoder:
                 inter = max(inter, moe.shared_inter if moe is not None else 0)
             else:
                 return None
-            parts = [_linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
+            parts = [_Linear() if mla is not None else _linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
             if moe is None or any(p is None for p in parts):
                 return None
-            norms = [w.data_ptr() if w is not None else None for w in _norms(layer)]
+            norms = [w.data_ptr() if w is not None else None for w in _norms(layer)[:4]]
+            if mla is not None:
+                layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), None, 0, 1, 0,
+                                     ctypes.addressof(mla[0])))
+                continue
             layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
                                  attn.sliding_window or 0, int(attn.rope),
-                                 int(attn.qk_norm == "full")))
+                                 int(attn.qk_norm == "full"), None))
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,
                        model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype],
                        cfg.residual_multiplier)
-        return cls(model, layers, shape, one_call_tokens() if top_k else None)
+        max_rows = one_call_tokens() if top_k else None
+        if latent:  # the module's latent rows run in cpu_mla.c up to C_ROWS, in torch beyond
+            max_rows = min(max_rows or C_ROWS, C_ROWS)
+        return cls(model, layers, shape, max_rows, latents)
 
     def takes(self, rows: int) -> bool:
         return self.max_rows is None or rows <= self.max_rows
@@ -157,7 +207,7 @@ class CpuDecoder:
         cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         window = meta.sliding or meta  # sliding layers' slots and tables (engine/cache_groups.py)
-        d = self.shape.head_dim
+        d = cos_sin.shape[-1]  # the rotary dimensions: each head's, or a latent layer's qk_rope_head_dim
         done = native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),

@@ -140,15 +140,24 @@ class GatedDeltaNet(nn.Module):
 
     def _prefill(self, mixed, g, beta, slot: torch.Tensor, fresh: bool) -> torch.Tensor:
         """A run of one sequence's tokens from its slot's state (zeros when the run starts the sequence)."""
-        keep = self.conv1d.kernel_size[0] - 1
-        conv = (
-            mixed.new_zeros(self.conv_dim, keep, dtype=torch.float32) if fresh else self.conv_state[slot][0]
+        run, kernel = mixed.shape[0], self.conv1d.kernel_size[0]
+        before = (
+            mixed.new_zeros(kernel - 1, self.conv_dim, dtype=torch.float32)
+            if fresh
+            else self.conv_state[slot][0].t()
         )
-        window = torch.cat([conv, mixed.float().t()], dim=-1)  # [conv_dim, keep + run]
-        self.conv_state.index_copy_(0, slot, window[None, :, -keep:])
-        mixed = F.silu(F.conv1d(window[None], self.conv1d.weight.float(), groups=self.conv_dim)[0].t())
-        return delta_rule.prefill_in_pool(
-            *self._split(mixed), g, beta, self.delta_state, int(slot), fresh, self.tiled
+        # [kernel - 1 + run, conv_dim]: the tokens in rows, as they come
+        window = torch.cat([before, mixed.float()])
+        self.conv_state.index_copy_(0, slot, window[None, run:].transpose(1, 2))
+        # the depthwise convolution as a sum of shifted rows: the rows stay in place (the same sums as conv1d's,
+        # which wants the tokens in columns: two transposed copies of the run)
+        weight = self.conv1d.weight[:, 0].float()
+        mixed = window[:run] * weight[:, 0]
+        for j in range(1, kernel):
+            mixed.addcmul_(window[j : j + run], weight[:, j])
+        mixed = F.silu(mixed, inplace=True)
+        return delta_rule.recurrent_in_pool(
+            *self._split(mixed), g, beta, self.delta_state, slot, torch.tensor([fresh]), self.tiled, run=True
         )
 
     def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

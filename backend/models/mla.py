@@ -71,3 +71,11 @@ class LatentAttention(nn.Module):
             self.head_weights,
         )
         return self.o_proj(out.reshape(t, self.num_heads * m.v_head_dim))
+
+
+def pack_head_weights(model: nn.Module) -> None:
+    """Each latent attention layer's kv_b halves as our C decode rows read them, made at load (loader._pack_for_cpu)
+    rather than at the first decode step, so that they are counted among what the loaded model holds."""
+    for layer in (module for module in model.modules() if isinstance(module, LatentAttention)):
+        m = layer.shape
+        layer.head_weights.hold_at_load(layer.kv_b_proj.weight, layer.num_heads, m.qk_nope_head_dim, m.qk_rope_head_dim)

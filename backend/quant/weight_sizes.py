@@ -7,23 +7,17 @@ quantized form too (backend/models/expert_cache.py).
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from backend.model_config import ModelConfig
-from backend.quant.formats import BY_NAME, row_bytes
+from backend.quant.attention_sizes import attention_bytes, tensor_bytes
+from backend.quant.formats import BY_NAME
 
-FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 # recipe(kind, layer or None, config) -> format name; kinds are GGUF tensor kinds (attn_q, ffn_down_exps, ...)
 Recipe = Callable[[str, int | None, ModelConfig], str]
-
-
-def tensor_bytes(fmt: str, rows: int, cols: int) -> int:
-    """Bytes of a [rows, cols] weight stored in a GGUF format."""
-    if fmt in FLOAT_BYTES:
-        return rows * cols * FLOAT_BYTES[fmt]
-    return rows * row_bytes(BY_NAME[fmt], cols)
 
 
 def _use_more_bits(layer: int, layers: int) -> bool:
@@ -75,26 +69,15 @@ class WeightBytes:
 
 
 def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
-    h, heads, kv, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = cfg.hidden_size
     dense = tensor_bytes(recipe("token_embd", None, cfg), cfg.vocab_size, h) + 4 * h
     if not cfg.tie_word_embeddings:
         dense += tensor_bytes(recipe("output", None, cfg), cfg.vocab_size, h)
     experts, per_expert = 0, []
     for i in range(cfg.num_layers):
         fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
-        qk_norm = cfg.layers[i].attention.qk_norm  # a head's width each, or all of q and all of k
         norms = 4 if cfg.sandwich_norms else 2  # Gemma's sandwich: each branch's input and output normed
-        dense += norms * 4 * h + {"head": 2 * 4 * d, "full": 4 * (heads + kv) * d}.get(qk_norm, 0)
-        if cfg.layers[i].attention.kind == "mla":
-            dense += _latent_attention_bytes(cfg, cfg.layers[i].attention.mla, fmt)
-        else:
-            dense += tensor_bytes(fmt("attn_q"), heads * d, h) + tensor_bytes(fmt("attn_k"), kv * d, h)
-            dense += tensor_bytes(fmt("attn_v"), kv * d, h) + tensor_bytes(fmt("attn_output"), h, heads * d)
-            if cfg.qkv_bias:
-                dense += 4 * (heads + 2 * kv) * d
-        if cfg.o_bias:
-            dense += 4 * h
-        dense += 4 * heads if cfg.layers[i].attention.sinks else 0
+        dense += norms * 4 * h + attention_bytes(cfg, cfg.layers[i].attention, fmt)
         if cfg.layers[i].mlp.kind == "dense":
             inter = cfg.intermediate_size
             dense += sum(tensor_bytes(fmt(kind), inter, h) for kind in ("ffn_gate", "ffn_up"))  # mixes differ
@@ -102,8 +85,11 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
             per_expert.append(0)
             continue
         inter = cfg.moe_intermediate_size
-        one = (tensor_bytes(fmt("ffn_gate_exps"), inter, h) + tensor_bytes(fmt("ffn_up_exps"), inter, h)
-               + tensor_bytes(fmt("ffn_down_exps"), h, inter))
+        one = (
+            tensor_bytes(fmt("ffn_gate_exps"), inter, h)
+            + tensor_bytes(fmt("ffn_up_exps"), inter, h)
+            + tensor_bytes(fmt("ffn_down_exps"), h, inter)
+        )
         per_expert.append(one)
         experts += one * cfg.num_experts
         dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
@@ -119,21 +105,6 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     return WeightBytes(dense, experts, per_expert)
 
 
-def _latent_attention_bytes(cfg: ModelConfig, m, fmt) -> int:
-    """DeepSeek's latent attention's projections and norms (models/mla.py); kv_b as one tensor, which every loader
-    holds as floats (a GGUF's attn_kv_b, or its attn_k_b and attn_v_b, are dequantized at load): the recipe's
-    format for it is the float one of the file's other tensors or the compute dtype's, never a quantized one."""
-    h, heads, qk = cfg.hidden_size, cfg.num_heads, m.qk_nope_head_dim + m.qk_rope_head_dim
-    if m.q_lora_rank:
-        q = tensor_bytes(fmt("attn_q_a"), m.q_lora_rank, h) + 4 * m.q_lora_rank
-        q += tensor_bytes(fmt("attn_q_b"), heads * qk, m.q_lora_rank)
-    else:
-        q = tensor_bytes(fmt("attn_q"), heads * qk, h)
-    kv = tensor_bytes(fmt("attn_kv_a_mqa"), m.kv_lora_rank + m.qk_rope_head_dim, h) + 4 * m.kv_lora_rank
-    kv += tensor_bytes(fmt("attn_kv_b"), heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-    return q + kv + tensor_bytes(fmt("attn_output"), h, heads * m.v_head_dim)
-
-
 def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_experts: int) -> int | None:
     """The moe_gpu_experts that fits `budget` once `reserved` (KV cache, activations) is counted: None when
     every expert fits, else the largest count per layer. Raises when not even one expert per layer fits."""
@@ -144,8 +115,10 @@ def fit_gpu_experts(weights: WeightBytes, budget: int, reserved: int, num_expert
         if weights.resident(n) <= room:
             return n
     gib = 2**30
-    raise ValueError(f"the model needs {weights.resident(1) / gib:.1f} GiB with one expert per layer resident and "
-                     f"{reserved / gib:.1f} GiB reserved; the budget is {budget / gib:.1f} GiB")
+    raise ValueError(
+        f"the model needs {weights.resident(1) / gib:.1f} GiB with one expert per layer resident and "
+        f"{reserved / gib:.1f} GiB reserved; the budget is {budget / gib:.1f} GiB"
+    )
 
 
 def float_name(dtype: torch.dtype) -> str:
@@ -167,15 +140,31 @@ def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:
     return linear_recipe(MODES[mode], dtype)
 
 
-def loaded_recipe(reader, quantization: str | None, random_format: str | None, dtype: torch.dtype) -> Recipe:
-    """The formats a model will hold once load_model has loaded it with these settings."""
-    if quantization in ("int8", "int4"):
-        return hf_recipe(quantization, dtype)
-    if random_format is not None:
-        return linear_recipe(random_format, dtype)
-    if reader is not None and quantization is None:
-        return file_recipe(reader, dtype)
-    return lambda kind, layer, cfg: float_name(dtype)  # a Hugging Face checkpoint, or a GGUF dequantized at load
+def loaded_recipe(reader, quantization: str | None, source, dtype: torch.dtype) -> Recipe:
+    """The formats a model will hold once load_model has loaded it with these settings. source: the loader's
+    ModelSource; a Hugging Face checkpoint's experts stored as MXFP4 blocks stay MXFP4 whatever the quantization
+    (weights.keep_stored_formats)."""
+    if source.random_format is not None:
+        return linear_recipe(source.random_format, dtype)
+    checkpoint = source.path if reader is None and not source.random_weights else None
+    floats = lambda kind, layer, cfg: float_name(dtype)  # noqa: E731
+    if reader is not None:
+        return file_recipe(reader, dtype) if quantization is None else floats  # "dequantize": all in floats
+    recipe = hf_recipe(quantization, dtype) if quantization in ("int8", "int4") else floats
+    return _stored_experts(recipe, checkpoint) if checkpoint is not None else recipe
+
+
+def _stored_experts(recipe: Recipe, checkpoint: Path) -> Recipe:
+    """`recipe` but for the expert stacks a load keeps as the checkpoint stores them (gpt-oss's MXFP4)."""
+    from backend.weights import mxfp4_expert_layers
+
+    layers = mxfp4_expert_layers(checkpoint)
+    kinds = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    return lambda kind, layer, cfg: "MXFP4" if kind in kinds and layer in layers else recipe(kind, layer, cfg)
+
+
+# a linear-attention layer's fused tensors -> the kinds weight_bytes counts them as (attention_sizes._linear_bytes)
+_FUSED_LINEAR = {"ssm_in": ("attn_qkv", "attn_gate"), "ssm_ba": ("ssm_beta", "ssm_alpha")}
 
 
 def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
@@ -186,7 +175,9 @@ def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
     formats = {}
     for t in reader.tensors:
         parts = t.name.split(".")
-        if parts[-1] == "bias":  # floats beside their weight (gpt-oss's expert stacks'), which names the format
+        if (
+            parts[-1] == "bias"
+        ):  # floats beside their weight (gpt-oss's expert stacks'), which names the format
             continue
         layer, kind = (int(parts[1]), parts[2]) if parts[0] == "blk" else (None, parts[0])
         fmt = BY_NAME.get(t.tensor_type.name)
@@ -198,6 +189,8 @@ def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
             formats[("ffn_gate", layer)] = name
         elif kind == "ffn_gate_up_exps":  # the converter's fused gate | up expert stack
             formats.update({(part, layer): name for part in ("ffn_gate_exps", "ffn_up_exps")})
+        elif kind in _FUSED_LINEAR:  # older qwen3next files' grouped projections of the linear layers
+            formats.update({(part, layer): name for part in _FUSED_LINEAR[kind]})
     for _, layer in [k for k in formats if k[0] in ("attn_kv_b", "attn_k_b", "attn_v_b")]:
         formats[("attn_kv_b", layer)] = float_name(dtype)  # deepseek2's kv_b: expanded at load (gguf_load.py)
     return lambda kind, layer, cfg: formats.get((kind, layer), float_name(dtype))
@@ -205,10 +198,11 @@ def file_recipe(reader, dtype: torch.dtype = torch.float32) -> Recipe:
 
 def module_bytes(model: nn.Module) -> int:
     """What a loaded model holds in its own memory: parameters and buffers (quantized blocks, CPU repacks,
-    expert slots), not the host copies of offloaded experts. Shared tensors count once."""
+    expert slots), the latent attention's kv_b halves as our C decode rows read them (made at load:
+    mla.pack_head_weights), not the host copies of offloaded experts. Shared tensors count once."""
     seen, total = set(), 0
     buffers = [b for name, b in model.named_buffers() if not name.endswith("cos_sin")]  # a table, not weights
-    for t in [*model.parameters(), *buffers, *_expert_slots(model)]:
+    for t in [*model.parameters(), *buffers, *_expert_slots(model), *kv_b_decode_copies(model)]:
         if t is None or t.data_ptr() in seen or t.device.type == "meta":
             continue
         seen.add(t.data_ptr())
@@ -218,8 +212,25 @@ def module_bytes(model: nn.Module) -> int:
 
 def host_expert_bytes(model: nn.Module) -> int:
     """The host copies of offloaded experts (in their stored form: quantized experts stay quantized)."""
-    return sum(m.expert_cache.host_bytes() for m in model.modules() if getattr(m, "expert_cache", None) is not None)
+    return sum(
+        m.expert_cache.host_bytes() for m in model.modules() if getattr(m, "expert_cache", None) is not None
+    )
 
 
 def _expert_slots(model: nn.Module) -> list[torch.Tensor]:
-    return [t for m in model.modules() if getattr(m, "expert_cache", None) is not None for t in m.expert_cache.dev]
+    return [
+        t for m in model.modules() if getattr(m, "expert_cache", None) is not None for t in m.expert_cache.dev
+    ]
+
+
+def kv_b_decode_copies(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of each latent attention layer's HeadWeights that are its own (not views of kv_b's weight)."""
+    tensors = []
+    for layer in (m for m in model.modules() if getattr(m, "head_weights", None) is not None):
+        kv_b, held = layer.kv_b_proj.weight.untyped_storage().data_ptr(), layer.head_weights
+        tensors += [
+            t
+            for t in (held.uk, held.uk_scales, held.uv, held.uv_scales)
+            if t is not None and t.untyped_storage().data_ptr() != kv_b
+        ]
+    return tensors

@@ -1,6 +1,5 @@
 """POST /v1/chat/completions: the chat template, sampling, and the answer as content and tool calls."""
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -9,6 +8,7 @@ from backend.sampling_params import ApiFields
 from backend.server import harmony
 from backend.server.api_fields import OPENAI_CHAT, with_output_limit
 from backend.server.async_engine import AsyncEngine
+from backend.server.chat_stream import finish_reason, stream_chunks
 from backend.server.client_id import client_id
 from backend.server.errors import APIError
 from backend.server.prompt_logprobs_shapes import prompt_logprobs_json
@@ -33,7 +33,7 @@ from backend.server.reasoning import (
 )
 from backend.server.reasoning_count import reasoning_tokens
 from backend.server.state import ServerState
-from backend.server.streams import answer, collect, event, sse, until_disconnect
+from backend.server.streams import answer, collect, sse, until_disconnect
 from backend.server.tools.conversation import check_history, template_input
 from backend.server.tools.output import ToolCallStream, parse_message
 from backend.server.tools.select import keeps_special_tokens, make_parser, parser_name
@@ -67,10 +67,6 @@ class ChatTools:
     def reasoning_tokens(self, ids: list[int]) -> int:
         """How many of one choice's output tokens are its reasoning."""
         return reasoning_tokens(self.reasoning, self.in_thinking, self.tokenizer, ids)
-
-
-def finish_reason(reason: str | None, calls: bool) -> str | None:
-    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def message(tools: ChatTools, text: str, reason: str | None) -> tuple[dict, str | None]:
@@ -163,7 +159,8 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
     rid = new_id("chatcmpl")
     gen = engine.generate(rid, admitted, client=client_id(request, req))
     if req.stream:
-        return answer(sse(_stream(state, rid, req, gen, prompt, tools)), headers)
+        chunks = stream_chunks(state.served_model_name, rid, req, gen, prompt, tools, state.policy.stream_keepalive)
+        return answer(sse(chunks), headers)
     (out,) = await until_disconnect(request, collect([gen], [prompt], req.n))
     choices = []
     for c in out.outputs:
@@ -178,65 +175,3 @@ async def create_chat_completion(state: ServerState, req: ChatRequest, request: 
     if req.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, prompt, req.prompt_logprobs)
     return answer(body, headers)
-
-
-def _stream(state: ServerState, rid: str, req: ChatRequest, gen, prompt: list[int], tools: ChatTools
-            ) -> AsyncIterator[str]:
-    created, include_usage = now(), bool(req.stream_options and req.stream_options.include_usage)
-    pending: list = []  # the prompt's logprobs (asked for), carried by the next chunk once they are computed
-
-    def chunk(choices: list[dict], usage_value=None) -> str:
-        body = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                "model": state.served_model_name, "choices": choices}
-        if include_usage:
-            body["usage"] = usage_value
-        if pending:
-            body["prompt_logprobs"] = prompt_logprobs_json(pending.pop(), prompt, req.prompt_logprobs)
-        return event(body)
-
-    def piece(index: int, delta: dict, logprobs=None, reason=None) -> str:
-        return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
-
-    async def events():
-        readers = [tools.new_reader() for _ in range(req.n)]
-        for i in range(req.n):
-            yield piece(i, {"role": "assistant", "content": ""})
-        completion_tokens = cached = 0
-        ids: list[list[int]] = [[] for _ in range(req.n)]
-        async for delta in gen:
-            cached = delta.num_cached_tokens
-            if delta.prompt_logprobs is not None and req.prompt_logprobs is not None:
-                pending.append(delta.prompt_logprobs)
-            for d in delta.outputs:
-                completion_tokens += len(d.token_ids)
-                ids[d.index] += d.token_ids
-                lp = None
-                if req.logprobs and d.logprobs and d.token_ids:
-                    lp = chat_logprobs(d.logprobs, d.token_ids, req.top_logprobs or 0)
-                reader = readers[d.index]
-                for part in _parts(reader.read(d.text, d.finished), lp):
-                    yield piece(d.index, part[0], part[1])
-                if d.finished:
-                    yield piece(d.index, {}, reason=finish_reason(d.finish_reason, reader.has_calls))
-        if include_usage:
-            yield chunk([], usage(len(prompt), completion_tokens, cached, sum(map(tools.reasoning_tokens, ids))))
-
-    return events()
-
-
-def _parts(deltas: list, logprobs) -> list[tuple[dict, dict | None]]:
-    """A reader's deltas as chunk deltas: reasoning, content, then each tool-call piece (logprobs on the first)."""
-    parts: list[tuple[dict, dict | None]] = []
-    for delta in deltas:
-        if delta.reasoning:
-            parts.append(({"reasoning_content": delta.reasoning, "reasoning": delta.reasoning}, None))
-        if delta.content:
-            parts.append(({"content": delta.content}, None))
-        for call in delta.tool_calls:
-            parts.append(({"tool_calls": [call]}, None))
-    if logprobs is not None:
-        if parts:
-            parts[0] = (parts[0][0], logprobs)
-        else:
-            parts.append(({}, logprobs))
-    return parts

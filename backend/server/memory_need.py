@@ -51,9 +51,10 @@ def placed_weights(config: EngineConfig, cfg, reader, dtype: torch.dtype) -> tup
     if not isinstance(gpu_experts, int) or not cfg.is_moe or gpu_experts >= cfg.num_experts:
         return disk_bytes(config.model), 0  # "auto" fits whatever budget it gets: the need is all of it
     source = locate(config.model)
-    weights = weight_bytes(cfg, loaded_recipe(reader, config.quantization, source.random_format, dtype))
-    return weights.resident(gpu_experts), weights.host(gpu_experts, cfg.num_experts, cfg.num_experts_per_tok,
-                                                       config.moe_cpu_compute)
+    weights = weight_bytes(cfg, loaded_recipe(reader, config.quantization, source, dtype))
+    return weights.resident(gpu_experts), weights.host(
+        gpu_experts, cfg.num_experts, cfg.num_experts_per_tok, config.moe_cpu_compute
+    )
 
 
 def model_need(name: str, config: EngineConfig) -> ModelNeed:
@@ -70,11 +71,18 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
         draft_cfg, _ = read_config(locate(spec.model))
         weights += disk_bytes(spec.model)
         per_block += kv_bytes_per_block(draft_cfg, config.block_size, shape.kv_dtype)
-    kv_cache = min_kv_bytes(config, per_block, shape.max_model_len, sliding_block, reserved) + state_pool_bytes(
-        cfg, config.max_num_seqs)
-    return ModelNeed(name, config.model, weights, kv_cache,
-                     activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype), shape.max_model_len,
-                     host)
+    kv_cache = min_kv_bytes(
+        config, per_block, shape.max_model_len, sliding_block, reserved
+    ) + state_pool_bytes(cfg, config.max_num_seqs)
+    return ModelNeed(
+        name,
+        config.model,
+        weights,
+        kv_cache,
+        activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype),
+        shape.max_model_len,
+        host,
+    )
 
 
 def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memory: int | None) -> dict:
@@ -85,8 +93,21 @@ def server_need(config: EngineConfig, models: list[tuple[str, str]], models_memo
     need = largest.total
     if models_memory is not None:
         need = max(need, models_memory + largest.activations)
-    return {"need_bytes": need, "largest": largest.name, "models_memory": models_memory,
-            "models": [{"name": n.name, "model": n.model, "weights_bytes": n.weights, "kv_cache_bytes": n.kv_cache,
-                        "activation_bytes": n.activations, "max_model_len": n.max_model_len, "need_bytes": n.total,
-                        "host_experts_bytes": n.host_experts}
-                       for n in needs]}
+    return {
+        "need_bytes": need,
+        "largest": largest.name,
+        "models_memory": models_memory,
+        "models": [
+            {
+                "name": n.name,
+                "model": n.model,
+                "weights_bytes": n.weights,
+                "kv_cache_bytes": n.kv_cache,
+                "activation_bytes": n.activations,
+                "max_model_len": n.max_model_len,
+                "need_bytes": n.total,
+                "host_experts_bytes": n.host_experts,
+            }
+            for n in needs
+        ],
+    }

@@ -11,7 +11,7 @@ system message only first; turns of one role in a row are joined, as templates t
 import json
 import logging
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from backend.server.errors import APIError
 from backend.server.protocol import UnicodeBody, text_of
@@ -19,58 +19,40 @@ from backend.server.protocol import UnicodeBody, text_of
 log = logging.getLogger("backend.server")
 
 
-class MessagesRequest(UnicodeBody):
+class CountTokensRequest(UnicodeBody):
     # Anthropic refuses fields it does not know ("x: Extra inputs are not permitted"); so do we. The fields
-    # below are all those its API reference lists, beta ones included, so a client never meets a 400 here
-    # for a field Anthropic's own API takes.
+    # here and in MessagesRequest are all those its API reference lists, beta ones included, so a client never
+    # meets a 400 here for a field Anthropic's own API takes.
     model_config = ConfigDict(extra="forbid")
 
     model: str
     messages: list[dict] = Field(min_length=1)
-    max_tokens: int
     system: str | list[dict] | None = None
+    tools: list[dict] | None = None
+    tool_choice: dict | None = None
+    thinking: dict | None = None  # enabled / disabled: the chat template's enable_thinking switch
+    output_format: dict | None = None  # {"type": "json_schema", "schema": ...}: structured output
+    output_config: dict | None = None  # {"effort": ..., "format": ...}: format as output_format
+    context_management: dict | None = None
+    mcp_servers: list[dict] | None = None
+    cache_control: dict | None = None
+
+
+class MessagesRequest(CountTokensRequest):  # what count_tokens takes, and how to generate
+    max_tokens: int
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    tools: list[dict] | None = None
-    tool_choice: dict | None = None
     metadata: dict | None = None
-    thinking: dict | None = None  # enabled / disabled: the chat template's enable_thinking switch
-    output_format: dict | None = None  # {"type": "json_schema", "schema": ...}: structured output
-    output_config: dict | None = None  # {"effort": ..., "format": ...}: format as output_format
     service_tier: str | None = None
     container: str | dict | None = None
-    context_management: dict | None = None
-    mcp_servers: list[dict] | None = None
-    cache_control: dict | None = None
     inference_geo: str | None = None
     speed: str | None = None
     diagnostics: dict | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
-
-
-class CountTokensRequest(UnicodeBody):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    messages: list[dict] = Field(min_length=1)
-    system: str | list[dict] | None = None
-    tools: list[dict] | None = None
-    tool_choice: dict | None = None
-    thinking: dict | None = None
-    output_format: dict | None = None
-    output_config: dict | None = None
-    context_management: dict | None = None
-    mcp_servers: list[dict] | None = None
-    cache_control: dict | None = None
-
-
-class Block(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
 
 
 def _turn(i: int, message: dict) -> list[dict]:
@@ -149,7 +131,7 @@ def without_attribution(system: str | list) -> str | list:
     return kept
 
 
-def chat_messages(req: MessagesRequest | CountTokensRequest, keep_attribution: bool = False
+def chat_messages(req: CountTokensRequest, keep_attribution: bool = False
                   ) -> tuple[list[dict], list[str]]:
     """The chat messages of a request, and for each the Anthropic field it came from (for errors)."""
     messages: list[dict] = []
@@ -217,7 +199,7 @@ def chat_tool_choice(choice: dict | None, tools: list[dict] | None) -> tuple[str
     raise APIError(400, f"tool_choice.type must be auto, any, tool or none, got {kind!r}", param="tool_choice.type")
 
 
-def response_format(req: MessagesRequest | CountTokensRequest) -> dict | None:
+def response_format(req: CountTokensRequest) -> dict | None:
     fmt = req.output_format or (req.output_config or {}).get("format")
     if fmt is None:
         return None
@@ -226,7 +208,7 @@ def response_format(req: MessagesRequest | CountTokensRequest) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
-def chat_request(req: MessagesRequest | CountTokensRequest, keep_attribution: bool = False
+def chat_request(req: CountTokensRequest, keep_attribution: bool = False
                  ) -> tuple[dict, list[str]]:
     """The chat request's fields (for ChatRequest) and the origin of each of its messages."""
     if req.mcp_servers:

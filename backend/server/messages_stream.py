@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from backend.server.errors import APIError
 from backend.server.messages_shapes import message_usage, stop_reason, toolu
-from backend.server.streams import Silence, with_pings
+from backend.server.streams import Silence, piece_events, with_pings
 
 log = logging.getLogger("backend.server")
 
@@ -115,11 +115,7 @@ def stream_message(model: str, mid: str, gen, prompt_len: int, tools, signature:
                     tokens += len(d.token_ids)
                     if d.finished:
                         finished = d
-                    for piece in reader.read(d.text, d.finished):
-                        out += blocks.text(piece.reasoning, "thinking") if piece.reasoning else []
-                        out += blocks.text(piece.content) if piece.content else []
-                        for call in piece.tool_calls:
-                            out += blocks.call_piece(call)
+                    out += piece_events(reader.read(d.text, d.finished), blocks.text, blocks.call_piece, "thinking")
                 if delta is not None:
                     cached = delta.num_cached_tokens
                 content = bool(out)

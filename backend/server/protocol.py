@@ -118,12 +118,6 @@ class CompletionRequest(CommonRequest):
     best_of: int | None = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
 class FunctionCall(BaseModel):
     name: str
     arguments: str  # JSON text
@@ -134,6 +128,12 @@ class ToolCallIn(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(BaseModel):

@@ -15,6 +15,7 @@ import torch
 
 from backend.engine.cache_groups import group_sizes
 from backend.engine.llm_engine import LLMEngine
+from backend.quant.weight_sizes import module_bytes
 from backend.server.async_engine import ENGINE_STUCK_AFTER, AsyncEngine, settle
 from backend.server.errors import APIError
 from backend.server.memory_need import disk_bytes
@@ -31,14 +32,24 @@ class Budget:
     max_loaded: int | None = None  # models loaded at once
     memory: int | None = None  # bytes all loaded models may hold together
     load_timeout: float = LOAD_TIMEOUT  # how long a request waits for its model to load before a 503
-    engine_stuck_after: float = ENGINE_STUCK_AFTER  # an engine step or call running longer: /health says stuck
+    engine_stuck_after: float = (
+        ENGINE_STUCK_AFTER  # an engine step or call running longer: /health says stuck
+    )
 
 
 def engine_bytes(engine: LLMEngine) -> int:
-    """What a loaded engine holds: its weights (and a draft's) and its KV cache, each group's blocks as the KV budget
-    sized them (sliding-window layers only their own pool's)."""
+    """What a loaded engine holds: its weights (and a draft's: weight_sizes.module_bytes, with the expert slots and
+    the latent attention's kv_b halves for the CPU) and its KV cache, each group's blocks as the KV budget sized them
+    (sliding-window layers only their own pool's)."""
     models = [m for m in [engine.model, getattr(engine.proposer, "model", None)] if m is not None]
-    weights = sum(t.numel() * t.element_size() for m in models for t in (*m.parameters(), *m.buffers()))
+    tables = sum(
+        t.numel() * t.element_size()
+        for m in models
+        for name, t in m.named_buffers()
+        if name.endswith("cos_sin")
+    )
+    # the rotary tables too, which module_bytes leaves out
+    weights = sum(module_bytes(m) for m in models) + tables
     full, window, _ = group_sizes(engine.config, engine.shape, [m.config for m in models])
     sliding = engine.runner.sliding
     return weights + engine.num_kv_blocks * full + (sliding.num_blocks * window if sliding is not None else 0)
@@ -62,9 +73,17 @@ def in_daemon_thread(fn: Callable[[], object]) -> asyncio.Future:
 
 
 class ModelRegistry:
-    def __init__(self, states: list[ServerState], budget: Budget, metrics: ServerMetrics,
-                 on_default_error: Callable[[str], None] | None = None, aliases: Sequence[tuple[str, str]] = ()):
-        self.states = states  # the first is the default: loaded at start-up, and used when a request names none
+    def __init__(
+        self,
+        states: list[ServerState],
+        budget: Budget,
+        metrics: ServerMetrics,
+        on_default_error: Callable[[str], None] | None = None,
+        aliases: Sequence[tuple[str, str]] = (),
+    ):
+        self.states = (
+            states  # the first is the default: loaded at start-up, and used when a request names none
+        )
         self.aliases = list(aliases)  # (pattern, served name): for names that name no model
         self.budget = budget
         self.metrics = metrics
@@ -90,9 +109,13 @@ class ModelRegistry:
             if fnmatch.fnmatchcase(name, pattern):
                 return self.find(target)
         served = ", ".join(f"`{s.served_model_name}`" for s in self.states)
-        raise APIError(404, f"The model `{name}` does not exist; this server serves {served} (--model-alias maps "
-                       "other names onto them).", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist; this server serves {served} (--model-alias maps "
+            "other names onto them).",
+            param="model",
+            code="model_not_found",
+        )
 
     async def acquire(self, name: str | None) -> ServerState:
         """The named model, loaded (waiting up to the load timeout for that), held until release()."""
@@ -128,9 +151,12 @@ class ModelRegistry:
         try:
             while state.handovers == handed:
                 if state.load_failures != failures:  # the load this request waited for failed
-                    raise APIError(503, f"the model `{state.served_model_name}` could not be loaded: "
-                                        f"{state.load_error}; the next request for it tries again",
-                                   type="service_unavailable")
+                    raise APIError(
+                        503,
+                        f"the model `{state.served_model_name}` could not be loaded: "
+                        f"{state.load_error}; the next request for it tries again",
+                        type="service_unavailable",
+                    )
                 await self._wait_loaded(state, deadline)
         except BaseException:
             if state.handovers == handed:
@@ -146,14 +172,22 @@ class ModelRegistry:
 
     async def _wait_loaded(self, state: ServerState, deadline: float) -> None:
         if self.sleep_level:
-            raise APIError(503, "the server is asleep while its memory is lent to another service; retry shortly",
-                           type="service_unavailable", headers=RETRY_AFTER)
+            raise APIError(
+                503,
+                "the server is asleep while its memory is lent to another service; retry shortly",
+                type="service_unavailable",
+                headers=RETRY_AFTER,
+            )
         task = self._begin_load(state)
         try:
             await asyncio.wait_for(asyncio.shield(task), max(deadline - time.monotonic(), 0))
         except TimeoutError:
-            raise APIError(503, f"the model `{state.served_model_name}` is loading; retry shortly",
-                           type="service_unavailable", headers=RETRY_AFTER) from None
+            raise APIError(
+                503,
+                f"the model `{state.served_model_name}` is loading; retry shortly",
+                type="service_unavailable",
+                headers=RETRY_AFTER,
+            ) from None
 
     async def _load(self, state: ServerState) -> None:
         if self._lock is None:
@@ -164,16 +198,24 @@ class ModelRegistry:
                     self._hand_over(state)
                     return
                 await self._make_room(state)
-                state.engine = await in_daemon_thread(lambda: AsyncEngine(
-                    LLMEngine(state.config), self.metrics.for_model(state.served_model_name),
-                    self.budget.engine_stuck_after))
+                state.engine = await in_daemon_thread(
+                    lambda: AsyncEngine(
+                        LLMEngine(state.config),
+                        self.metrics.for_model(state.served_model_name),
+                        self.budget.engine_stuck_after,
+                    )
+                )
                 state.need = await in_daemon_thread(lambda: engine_bytes(state.engine.engine))
                 self._hand_over(state)
                 state.loads += 1
                 state.load_error = None
                 self.ever_loaded = True
-                log.info("model %s loaded as %s (%.1f MiB)", state.config.model, state.served_model_name,
-                         state.need / 2**20)
+                log.info(
+                    "model %s loaded as %s (%.1f MiB)",
+                    state.config.model,
+                    state.served_model_name,
+                    state.need / 2**20,
+                )
                 await self._make_room(state)  # measured: it may hold more than its estimate said
                 if self.sleep_level:  # /sleep came while it loaded
                     level = self.sleep_level
@@ -195,15 +237,20 @@ class ModelRegistry:
         others = [s for s in self.loaded() if s is not state]
         if self.budget.max_loaded is not None and len(others) + 1 > self.budget.max_loaded:
             return True
-        return self.budget.memory is not None and sum(self._need(s) for s in [*others, state]) > self.budget.memory
+        return (
+            self.budget.memory is not None
+            and sum(self._need(s) for s in [*others, state]) > self.budget.memory
+        )
 
     async def _make_room(self, state: ServerState) -> None:
         """Unload least recently used models until `state` fits beside the rest (before its load, by its
         estimate; after it, by what it measured)."""
         budget = self.budget.memory
         if budget is not None and self._need(state) > budget:
-            message = (f"the model `{state.served_model_name}` needs {self._need(state) / 2**20:.1f} MiB, more "
-                       f"than the server's whole --models-memory budget of {budget / 2**20:.1f} MiB")
+            message = (
+                f"the model `{state.served_model_name}` needs {self._need(state) / 2**20:.1f} MiB, more "
+                f"than the server's whole --models-memory budget of {budget / 2**20:.1f} MiB"
+            )
             if state.engine is None:
                 raise ValueError(message)
             log.warning("%s; it stays loaded, alone", message)  # measured past an estimate that fitted

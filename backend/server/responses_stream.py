@@ -25,7 +25,7 @@ from backend.server.responses_shapes import (
     response_usage,
 )
 from backend.server.responses_tools import ToolNames
-from backend.server.streams import Silence, with_pings
+from backend.server.streams import Silence, piece_events, with_pings
 
 # per text item type: how it is made, its id's prefix, and its part's type (which names its events)
 TEXT_ITEMS = {"message": (message_item, "msg", "output_text"), "reasoning": (reasoning_item, "rs", "reasoning_text")}
@@ -146,11 +146,7 @@ def stream_response(model: str, req, rid: str, created: float, gen, prompt_len: 
                     ids += d.token_ids
                     if d.finished:
                         reason = d.finish_reason
-                    for piece in reader.read(d.text, d.finished):
-                        out += output.text(piece.reasoning, "reasoning") if piece.reasoning else []
-                        out += output.text(piece.content) if piece.content else []
-                        for call in piece.tool_calls:
-                            out += output.call_piece(call)
+                    out += piece_events(reader.read(d.text, d.finished), output.text, output.call_piece, "reasoning")
                 if delta is not None:
                     cached = delta.num_cached_tokens
                 if not out and quiet.due():

@@ -128,8 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="a /v1/messages or /v1/responses stream that has sent no content for this long (a long "
-        "prompt being processed) sends an empty one: Claude Code's and Codex's watchdogs count "
+        help="a /v1/messages, /v1/responses or /v1/chat/completions stream that has sent no content for "
+        "this long (a long prompt being processed) sends an empty one: agents' watchdogs count "
         "events, not pings (0: never)",
     )
     parser.add_argument(

@@ -4,7 +4,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -121,6 +121,19 @@ async def with_pings(gen, interval: float) -> AsyncIterator:
             if not step.done():
                 step.cancel()
         yield item
+
+
+def piece_events(pieces: list, text: Callable[..., list[str]], call: Callable[[dict], list[str]],
+                 reasoning_kind: str) -> list[str]:
+    """The events a choice reader's pieces (ChoiceReader.read) make in an API's blocks or items: text(s) for the
+    answer, text(s, reasoning_kind) for the reasoning, call(piece) for each tool-call piece."""
+    out = []
+    for piece in pieces:
+        out += text(piece.reasoning, reasoning_kind) if piece.reasoning else []
+        out += text(piece.content) if piece.content else []
+        for one in piece.tool_calls:
+            out += call(one)
+    return out
 
 
 @dataclass

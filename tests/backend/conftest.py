@@ -163,6 +163,26 @@ def use_kernel_build(build: str, monkeypatch) -> None:
         monkeypatch.setattr(native, "library", lambda: lib)
 
 
+def count_c_calls(monkeypatch, entry: str) -> list:
+    """From here on, each call of our C library's `entry` (through native.library()) appends its second argument
+    (the rows it is given) to the list returned, then runs as it would."""
+    from backend.kernels import native
+
+    lib, calls = native.library(), []
+
+    def counted(*args):
+        calls.append(args[1])
+        return getattr(lib, entry)(*args)
+
+    class Counting:
+        def __getattr__(self, name):
+            return counted if name == entry else getattr(lib, name)
+
+    counting = Counting()
+    monkeypatch.setattr(native, "library", lambda: counting)
+    return calls
+
+
 def fp32_order() -> str:
     """Where an fp32 engine's quantized weights lie in the kernel build in use: quads against x in three 8-bit
     digits with VNNI, the fp32 kernel's panels without (QuantWeight.pack_for_cpu)."""

@@ -8,6 +8,7 @@
   static input tensors and writes into the output tensor the capture returned, as a replay does.
 """
 
+import functools
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +16,12 @@ from pathlib import Path
 import torch
 
 import backend
+from backend import LLM, SamplingParams
+from backend.kernels import native
 
 BACKEND_DIR = str(Path(backend.__file__).resolve().parent)
 SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
 class HostSyncInCapture(AssertionError):
@@ -49,6 +53,7 @@ def _watched(name: str, original):
             line = sys._getframe(1).f_lineno
             raise HostSyncInCapture(f"Tensor.{name}() at {caller}:{line} inside CUDA graph capture")
         return original(self, *args, **kwargs)
+
     return method
 
 
@@ -65,7 +70,10 @@ def capture(graph: EmulatedGraph, pool=None, **kwargs):
         if module is graph.module and graph.out is None:
             graph.out = output
 
-    hooks = [nn_module.register_module_forward_pre_hook(before), nn_module.register_module_forward_hook(after)]
+    hooks = [
+        nn_module.register_module_forward_pre_hook(before),
+        nn_module.register_module_forward_hook(after),
+    ]
     originals = {name: getattr(torch.Tensor, name) for name in SYNCS}
     for name, original in originals.items():
         setattr(torch.Tensor, name, _watched(name, original))
@@ -83,9 +91,25 @@ def emulate_cuda(monkeypatch) -> None:
     """The CUDA path's kernels and graph calls for engines made after this (a pytest monkeypatch undoes it)."""
     monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
     monkeypatch.setenv("SCRIPTORIUM_CPU_KERNELS", "torch")
+    # enabled() keeps its first answer: a fresh cache reads the setting above, and the undo brings the old one back
+    monkeypatch.setattr(native, "enabled", functools.cache(native.enabled.__wrapped__))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", EmulatedGraph)
     monkeypatch.setattr(torch.cuda, "graph", capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+def greedy_tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's first 6 greedy tokens (end tokens ignored)."""
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+def cpu_tokens_then_emulated(
+    monkeypatch, model: str, prompts: list[list[int]], **settings
+) -> tuple[list, LLM]:
+    """The CPU path's greedy tokens of prompts, then an engine of the same settings on the emulated CUDA path."""
+    expected = greedy_tokens(LLM(model, **settings), prompts)
+    emulate_cuda(monkeypatch)
+    return expected, LLM(model, **settings)
 
 
 def capture_graphs(llm) -> list:

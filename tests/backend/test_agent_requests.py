@@ -114,12 +114,20 @@ def test_cached_prompt_tokens_are_reported_on_every_api(clamping):
 
     prompt = SYSTEM + "The scribe"
     client.completions.create(model="tiny", prompt=prompt, max_tokens=1)
-    assert client.completions.create(model="tiny", prompt=prompt, max_tokens=1).usage.prompt_tokens_details.\
-        cached_tokens > 0
+    cached = client.completions.create(model="tiny", prompt=prompt, max_tokens=1).usage.prompt_tokens_details.\
+        cached_tokens
+    assert cached > 0
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=1, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
 
     client.responses.create(model="tiny", instructions=SYSTEM, input="The scribe", max_output_tokens=2)
     again = client.responses.create(model="tiny", instructions=SYSTEM, input="The scribe", max_output_tokens=2)
     assert again.usage.input_tokens_details.cached_tokens > 0
+    with client.responses.create(model="tiny", instructions=SYSTEM, input="The scribe", max_output_tokens=2,
+                                 stream=True) as events:
+        last = list(events)[-1]  # response.incomplete: max_output_tokens cut it
+    assert last.response.usage.input_tokens_details.cached_tokens == again.usage.input_tokens_details.cached_tokens
 
 
 def test_message_start_reports_the_cache_read(clamping):

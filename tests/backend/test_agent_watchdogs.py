@@ -76,14 +76,7 @@ def test_codex_survives_a_long_wait_only_with_the_keepalive(tmp_path, keepalive)
             text=True,
             stdin=subprocess.DEVNULL,
         )
-        try:
-            held = _wait(proc, HOLD)  # whether Codex gave up before the hold ended
-            assert blocker.release(), "the blocking generation ended before the hold did"
-            out, _ = proc.communicate(timeout=900)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        held, out = _through_the_hold(proc, blocker, HOLD, timeout=900)  # held: Codex gave up before it ended
         if keepalive == "0":
             assert held and proc.returncode != 0, out
             assert "idle timeout waiting for SSE" in out, out
@@ -93,6 +86,22 @@ def test_codex_survives_a_long_wait_only_with_the_keepalive(tmp_path, keepalive)
             assert "idle timeout" not in out, out
     finally:
         assert server.stop() == 0
+
+
+def _through_the_hold(
+    proc: subprocess.Popen, blocker: Blocker, seconds: float, timeout: float
+) -> tuple[bool, str]:
+    """Whether proc ended while the blocker held the engine for `seconds`, then, the hold released, its output
+    (proc killed if it is not done within timeout)."""
+    try:
+        ended = _wait(proc, seconds)
+        assert blocker.release(), "the blocking generation ended before the hold did"
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return ended, out
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:
@@ -149,15 +158,9 @@ def test_claude_code_keeps_its_stream_through_a_long_wait_only_with_the_keepaliv
             text=True,
             stdin=subprocess.DEVNULL,
         )
-        try:
-            # past its watchdog's 300 s from its request, which it sends within seconds of starting
-            assert not _wait(proc, HOLD_CLAUDE), proc.communicate()[0]
-            assert blocker.release(), "the blocking generation ended before the hold did"
-            out, _ = proc.communicate(timeout=600)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        # past its watchdog's 300 s from its request, which it sends within seconds of starting
+        ended, out = _through_the_hold(proc, blocker, HOLD_CLAUDE, timeout=600)
+        assert not ended, out
         assert proc.returncode == 0, out
         posts = messages_posts(log)
         assert posts == (["200", "200"] if keepalive == "0" else ["200"]), (posts, out)

@@ -5,23 +5,18 @@ with graphs on both runners; fp16 weights, eager against graphs."""
 
 import pytest
 
-from backend import LLM, SamplingParams
+from backend import LLM
 from backend.kernels.step_paths import GRAPH_RUN_ROWS
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
-from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, replays
+from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, greedy_tokens, replays
 
 pytestmark = interpreted_only
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 SETTINGS = dict(block_size=16, max_num_seqs=4, max_model_len=256)
 PROMPTS = prompts_of_lengths(3, 21, 40)
 
 
-def tokens(llm, prompts) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-
-
 def cpu_path(model: str, prompts, **settings) -> list[list[int]]:
-    return tokens(LLM(model, **SETTINGS, **settings), prompts)
+    return greedy_tokens(LLM(model, **SETTINGS, **settings), prompts)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
@@ -33,8 +28,8 @@ def test_quantized_models_with_graphs_and_a_cached_prefix(family, tiny_gguf, mon
     llm = LLM(path, **SETTINGS)
     [runner] = capture_graphs(llm)
     assert sorted(runner.graphs) == [1, 2, 4]
-    assert tokens(llm, PROMPTS) == expected[0]
-    assert tokens(llm, longer) == expected[1]
+    assert greedy_tokens(llm, PROMPTS) == expected[0]
+    assert greedy_tokens(llm, longer) == expected[1]
     assert replays(runner) > 0 and llm.engine.block_manager.prefix_hits > 0
 
 
@@ -46,7 +41,7 @@ def test_offloaded_experts_stay_eager_and_agree(cpu_compute, tiny_gguf, monkeypa
     emulate_cuda(monkeypatch)
     llm = LLM(path, **SETTINGS, moe_gpu_experts=2, moe_cpu_compute=cpu_compute)
     assert capture_graphs(llm) == []  # the host reads the routing (which experts to copy in, or to compute): no graph
-    assert tokens(llm, PROMPTS) == expected
+    assert greedy_tokens(llm, PROMPTS) == expected
 
 
 @pytest.mark.parametrize("spec", [{"method": "draft", "num_tokens": 3}, {"method": "ngram", "prompt_lookup_min": 1}])
@@ -61,7 +56,7 @@ def test_speculative_decoding_with_graphs_on_both_runners(spec, tiny_dir, monkey
     eager = {id(r): [] for r in runners}  # the plans each runner ran without a graph
     for runner in runners:
         monkeypatch.setattr(runner, "prepare", _recording(runner.prepare, eager[id(runner)]))
-    assert tokens(llm, PROMPTS) == expected
+    assert greedy_tokens(llm, PROMPTS) == expected
     stats = llm.engine.stats()
     assert stats["spec_draft_tokens"] > 0 and stats["spec_verifications"] > 0
     assert all(replays(r) > 0 for r in runners)
@@ -81,10 +76,10 @@ def _recording(prepare, plans: list):
 def test_fp16_weights_replay_what_eager_steps_compute(tiny_dir, monkeypatch):
     emulate_cuda(monkeypatch)
     model = str(tiny_dir("qwen3"))
-    eager = tokens(LLM(model, **SETTINGS, dtype="float16"), PROMPTS)
+    eager = greedy_tokens(LLM(model, **SETTINGS, dtype="float16"), PROMPTS)
     llm = LLM(model, **SETTINGS, dtype="float16")
     [runner] = capture_graphs(llm)
-    assert tokens(llm, PROMPTS) == eager and replays(runner) > 0
+    assert greedy_tokens(llm, PROMPTS) == eager and replays(runner) > 0
 
 
 def test_the_emulated_graph_replays_its_inputs_and_catches_host_syncs():
@@ -113,6 +108,19 @@ def test_the_emulated_graph_replays_its_inputs_and_catches_host_syncs():
     assert out.tolist() == [2.0, 4.0, 6.0]
     with pytest.raises(HostSyncInCapture, match=r"Tensor.__float__\(\) at .*rotary.py"), capture(EmulatedGraph()):
         Syncing()(static)
+
+
+def test_emulation_turns_our_c_kernels_off_though_asked_before_and_back_on_after():
+    """native.enabled() keeps its first answer; the emulation asks afresh (the torch path, as on CUDA) and its undo
+    brings the first answer back."""
+    from backend.kernels import native
+
+    if not native.enabled():
+        pytest.skip("our C kernels are off in this run")
+    with pytest.MonkeyPatch.context() as patch:
+        emulate_cuda(patch)
+        assert not native.enabled()
+    assert native.enabled()
 
 
 

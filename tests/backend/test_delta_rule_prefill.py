@@ -1,4 +1,4 @@
-"""The gated delta rule's prompt runs on the state pool (kernels/delta_rule.prefill_in_pool: our C kernel, the
+"""The gated delta rule's prompt runs on the state pool (kernels/delta_rule.recurrent_in_pool with run: our C kernel, the
 recurrent form token by token) against the chunked form, from a slot's state and from zeros; and the value heads'
 tiled order (llama.cpp's qwen35moe files) as the checkpoints' grouped order with the heads permuted, in every form."""
 
@@ -15,6 +15,11 @@ def _inputs(t: int, seed: int = 0):
     return random_rule_inputs(t, HK, HV, DK, DV, seed)
 
 
+def _run_in_pool(q, k, v, g, beta, pool, slot: int, fresh: bool, tiled: bool = False) -> torch.Tensor:
+    slots, starts = torch.tensor([slot]), torch.tensor([fresh])
+    return delta_rule.recurrent_in_pool(q, k, v, g, beta, pool, slots, starts, tiled, run=True)
+
+
 @pytest.mark.parametrize("tiled", [False, True])
 @pytest.mark.parametrize("t", [1, 37, 150])
 def test_c_prompt_run_matches_the_chunked_form(t, tiled):
@@ -23,12 +28,12 @@ def test_c_prompt_run_matches_the_chunked_form(t, tiled):
     pool = torch.zeros(3, HV, DK, DV)
     pool[1], pool[2] = state, 5.0
     expected, final = delta_rule.chunked(q, k, v, g, beta, state, chunk=16, tiled=tiled)
-    out = delta_rule.prefill_in_pool(q, k, v, g, beta, pool, 1, False, tiled)
+    out = _run_in_pool(q, k, v, g, beta, pool, 1, False, tiled)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(pool[1], final, atol=2e-5, rtol=1e-5)
     # fresh: from zeros, whatever the slot held; the other slots untouched
     expected, final = delta_rule.chunked(q, k, v, g, beta, None, tiled=tiled)
-    out = delta_rule.prefill_in_pool(q, k, v, g, beta, pool, 2, True, tiled)
+    out = _run_in_pool(q, k, v, g, beta, pool, 2, True, tiled)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(pool[2], final, atol=2e-5, rtol=1e-5)
     assert pool[0].abs().max() == 0
@@ -65,3 +70,37 @@ def test_tiled_value_heads_are_the_grouped_ones_permuted():
     # read in the grouped order, the same tensors meet other key heads
     misread, _ = delta_rule.chunked(q, k, v[:, tiled_of], g[:, tiled_of], beta[:, tiled_of], state[tiled_of])
     assert (misread - tiled_out).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("dv", [8, 40, 64])  # a state's columns: within one block of the kernel's, across two
+def test_a_prompt_state_is_the_same_whatever_runs_it_is_cut_into(dv):
+    """Our C kernel's run takes the state a block of columns at a time: a sequence's 200 tokens as one run, as runs
+    of 65 and 135 tokens (steps' prompt chunks past one chunk of the chunked form), and as decode rows one at a
+    time give the same outputs and state to the bit, and those of the chunked form within float32 rounding."""
+    assert native.enabled()
+    q, k, v, g, beta, state = random_rule_inputs(200, HK, HV, DK, dv, seed=2)
+    pool = torch.zeros(3, HV, DK, dv)
+    pool[0] = pool[1] = pool[2] = state
+    whole = _run_in_pool(q, k, v, g, beta, pool, 0, False)
+    cuts, bounds = [], [0, 65, 200]
+    for start, end in zip(bounds, bounds[1:]):
+        rows = slice(start, end)
+        cuts.append(_run_in_pool(q[rows], k[rows], v[rows], g[rows], beta[rows], pool, 1, False))
+    decoded = [
+        delta_rule.recurrent_in_pool(
+            q[i : i + 1],
+            k[i : i + 1],
+            v[i : i + 1],
+            g[i : i + 1],
+            beta[i : i + 1],
+            pool,
+            torch.tensor([2]),
+            torch.tensor([False]),
+        )
+        for i in range(200)
+    ]
+    assert torch.equal(torch.cat(cuts), whole) and torch.equal(torch.cat(decoded), whole)
+    assert torch.equal(pool[1], pool[0]) and torch.equal(pool[2], pool[0])
+    expected, final = delta_rule.chunked(q, k, v, g, beta, state)
+    torch.testing.assert_close(whole, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(pool[0], final, atol=2e-5, rtol=1e-5)

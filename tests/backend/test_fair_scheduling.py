@@ -150,14 +150,35 @@ def test_the_step_budget_sizes_prompt_work_from_the_measured_cost_of_a_token():
     budget.observe(200, 0.25)
     assert budget.cost() == pytest.approx((0.05, 0.001))
     assert budget.prompt_tokens(busy=True, cap=2048) == 200  # (250 - 50) ms at 1 ms a token
-    assert budget.prompt_tokens(busy=False, cap=2048) == 950  # alone: four times the target
+    # alone: four times the target (950 tokens), but no more than twice the largest size measured
+    assert budget.prompt_tokens(busy=False, cap=2048) == 400
     assert budget.prompt_tokens(busy=True, cap=100) == 100
     stuck = StepBudget(target=0.25, first_guess=32)
     stuck.observe(32, 2.0)  # a loaded machine: 32 tokens took longer than even a prompt alone may
-    assert stuck.prompt_tokens(busy=True, cap=2048) == 32  # beside streams, the smallest chunk
+    assert stuck.prompt_tokens(busy=True, cap=2048) == 8  # beside streams, the smallest chunk
     assert stuck.prompt_tokens(busy=False, cap=2048) == 64  # alone: twice the tokens, so that the fit can start
     stuck.observe(64, 3.0)
     assert stuck.cost() == pytest.approx((1.0, 1 / 32))
+
+
+def test_deep_in_a_long_prompt_a_step_beside_streams_takes_fewer_tokens_than_a_prompt_alone_would():
+    """Far into a 30k prompt a token costs ~24 ms (its attention reads every key before it): 32 tokens a step would
+    hold the streams' next tokens for 0.78 s, three times the target."""
+    budget = StepBudget(target=0.25, first_guess=32)
+    for n in (16, 32):
+        budget.observe(n, 0.01 + 0.024 * n)
+    assert budget.prompt_tokens(busy=True, cap=2048) == 10  # (250 - 10) ms at 24 ms a token
+    assert budget.prompt_tokens(busy=False, cap=2048) == 41  # alone, four times the target
+
+
+def test_a_step_grows_at_most_twice_the_largest_size_measured():
+    """Beside many decode rows a few prompt tokens barely change a step's time: the fitted slope is near 0, and
+    (target - fixed) / slope would promise thousands of prompt tokens in one step."""
+    budget = StepBudget(target=0.25, first_guess=32)
+    budget.observe(4, 0.2)
+    budget.observe(8, 0.2001)
+    assert budget.cost()[1] == pytest.approx(0.000025)
+    assert budget.prompt_tokens(busy=True, cap=8192) == 16
 
 
 def test_tokens_that_got_dearer_shrink_the_next_step():

@@ -8,8 +8,8 @@ import torch
 from backend.kernels import native
 from backend.kernels.moe_torch import fused_moe, route
 from backend.quant import experts as experts_module
-from tests.backend.conftest import KERNEL_DEVICE, interpreted_only
-from tests.backend.test_quant_moe import INTER, E, H, experts
+from tests.backend.conftest import KERNEL_DEVICE, count_c_calls, interpreted_only
+from tests.backend.test_quant_moe import INTER, E, H, experts, per_expert_loop
 
 FORMATS = [("MXFP4", "MXFP4", "MXFP4"), ("Q8_0", "Q4_K", "MXFP4")]
 CLAMP = (1.702, 1.0)  # a limit most of these activations cross, so that the clamp counts
@@ -51,22 +51,10 @@ def test_a_decode_steps_biased_experts_go_through_one_c_call(formats, products, 
     module, x, weights, ids, biases, ref, dense = case(formats, 5, seed=products == "int8")
     for w in module.weights():
         w.pack_for_cpu(products)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 0)
-    loop = module(x, weights, ids, biases=biases, clamped_swiglu=CLAMP)
+    loop = per_expert_loop(module, x, weights, ids, biases=biases, clamped_swiglu=CLAMP)
     monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
     monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 64)
-    calls, lib = [], native.library()
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(lib, name)
-
-        def moe_tokens_biased(self, *args):
-            calls.append(args[1])
-            return lib.moe_tokens_biased(*args)
-
-    monkeypatch.setattr(native, "library", Spy)
+    calls = count_c_calls(monkeypatch, "moe_tokens_biased")
     one_call = module(x, weights, ids, biases=biases, clamped_swiglu=CLAMP)
     assert calls == [5]
     close(one_call, loop)
@@ -75,6 +63,25 @@ def test_a_decode_steps_biased_experts_go_through_one_c_call(formats, products, 
         # the biases without the clamp: plain SiLU
         close(module(x, weights, ids, biases=biases), fused_moe(x, *dense, weights, ids, *biases))
         assert calls == [5, 5]
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("products", ["float32", "int8"])
+def test_a_prompts_biased_experts_go_through_the_call_in_blocks(products, monkeypatch):
+    """Stacks the 8-bit kernel reads take a prompt's tokens through moe_tokens_biased calls of up to PROMPT_TOKENS
+    tokens: the loop's result (whose sigmoid is torch's), and in fp32 (digits) the float reference's."""
+    module, x, weights, ids, biases, ref, _ = case(FORMATS[1], 150, seed=3)
+    for w in module.weights():
+        w.pack_for_cpu(products)
+    if module.gate.layout.order not in ("quads", "digits"):
+        pytest.skip("an fp32 engine's stacks are the fp32 kernel's panels in this build (no VNNI)")
+    loop = per_expert_loop(module, x, weights, ids, biases=biases, clamped_swiglu=CLAMP)
+    monkeypatch.setattr(experts_module, "PROMPT_TOKENS", 64)
+    calls = count_c_calls(monkeypatch, "moe_tokens_biased")
+    close(module(x, weights, ids, biases=biases, clamped_swiglu=CLAMP), loop)  # torch's sigmoid in the loop
+    assert calls == [64, 64, 22]
+    if products == "float32":
+        close(loop, ref)
 
 
 @interpreted_only

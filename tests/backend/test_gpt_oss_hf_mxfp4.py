@@ -10,9 +10,11 @@ import torch
 from backend import LLM, SamplingParams
 from backend.families.gpt_oss_weights import ggml_mxfp4, mxfp4_decode
 from backend.kernels import native
+from backend.loader import locate, read_config
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
 from backend.quant.formats import dequantize as our_dequantize
+from backend.quant.weight_sizes import loaded_recipe, module_bytes, weight_bytes
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import emulate_cuda
 from tests.backend.test_gpt_oss import assert_as_transformers
@@ -74,6 +76,22 @@ def test_mxfp4_experts_stay_mxfp4_and_hold_the_checkpoints_bytes(checkpoints, mo
         assert not hasattr(layer.mlp, "w_gate_up") and layer.mlp.w_gate_up_bias is not None
         held += sum(w.data.numel() * w.data.element_size() for w in experts.weights())
     assert held == sum(t.numel() * t.element_size() for t in stored.values())
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_what_memory_need_counts_is_what_an_mxfp4_checkpoint_holds(quantization, checkpoints, monkeypatch):
+    """The experts kept MXFP4 are counted in their blocks, beside the rest in floats (or Q8_0 with int8): what
+    moe_gpu_experts="auto" and `--print-memory-need --moe-gpu-experts` weigh (weight_sizes.loaded_recipe) is what the
+    loaded model holds."""
+    monkeypatch.setattr(native, "enabled", lambda: False)  # the blocks as loaded, not our CPU repack of them
+    packed, _, stored = checkpoints
+    source = locate(str(packed))
+    cfg, reader = read_config(source)
+    counted = weight_bytes(cfg, loaded_recipe(reader, quantization, source, torch.float32))
+    assert (
+        module_bytes(LLM(str(packed), block_size=8, quantization=quantization).engine.model) == counted.total
+    )
+    assert counted.experts == sum(t.numel() * t.element_size() for t in stored.values())  # blocks and scales
 
 
 def test_mxfp4_checkpoint_decodes_as_transformers(checkpoints, hf_model):

@@ -14,7 +14,7 @@ from backend.engine.state_pool import SNAPSHOT_SLOTS, state_bytes_per_sequence, 
 from backend.hf_config import from_hf_config
 from backend.layer_spec import DeltaNetShape
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
-from tests.backend.cuda_emulation import emulate_cuda
+from tests.backend.cuda_emulation import cpu_tokens_then_emulated, greedy_tokens
 
 HYBRIDS = ["qwen3_next", "qwen3_5_moe"]
 PROMPTS = prompts_of_lengths(1, 23, 41, 70)  # block_size 8, chunks of 12: across blocks, chunks and steps
@@ -199,18 +199,10 @@ def test_a_hybrid_draft_model_is_refused(tiny_dir):
 def test_the_cuda_path_runs_hybrid_layers(tiny_dir, monkeypatch):
     """The Triton kernels (interpreted) for the gated full-attention layers beside the linear layers' torch code,
     chunked prompts and decodes in one step: the CPU path's greedy tokens."""
-    directory, settings = (
-        str(tiny_dir("qwen3_5_moe")),
-        dict(block_size=16, max_num_seqs=4, max_num_batched_tokens=16),
-    )
     prompts = prompts_of_lengths(3, 21, 40)
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    expected = [
-        o.outputs[0].token_ids for o in LLM(directory, **settings).generate(prompts, greedy, use_tqdm=False)
-    ]
-    emulate_cuda(monkeypatch)
-    llm = LLM(directory, **settings)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
+    settings = dict(block_size=16, max_num_seqs=4, max_num_batched_tokens=16)
+    expected, llm = cpu_tokens_then_emulated(monkeypatch, str(tiny_dir("qwen3_5_moe")), prompts, **settings)
+    assert greedy_tokens(llm, prompts) == expected
     _assert_pool_free(llm)
 
 

@@ -5,11 +5,10 @@ replayed (tests/backend/cuda_emulation.py), its greedy tokens the CPU path's."""
 import pytest
 import torch
 
-from backend import LLM, SamplingParams
 from backend.kernels import mla_triton
 from backend.kernels.mla_attention import absorbed_attention
 from tests.backend.conftest import interpreted_only, on_kernel_device, prompts_of_lengths
-from tests.backend.cuda_emulation import capture_graphs, emulate_cuda, replays
+from tests.backend.cuda_emulation import capture_graphs, cpu_tokens_then_emulated, greedy_tokens, replays
 
 pytestmark = interpreted_only
 
@@ -36,15 +35,9 @@ def test_the_latent_decode_kernel_is_the_torch_rows():
 
 @pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_tokens": 3, "prompt_lookup_min": 1}])
 def test_a_latent_attention_model_with_graphs_keeps_the_cpu_paths_tokens(spec, tiny_dir, monkeypatch):
-    model = str(tiny_dir("deepseek_v3"))
-    settings = dict(block_size=16, max_num_seqs=4, max_model_len=256, speculative=spec)
     prompts = prompts_of_lengths(3, 21, 40)
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    expected = [
-        o.outputs[0].token_ids for o in LLM(model, **settings).generate(prompts, greedy, use_tqdm=False)
-    ]
-    emulate_cuda(monkeypatch)
-    llm = LLM(model, **settings)
+    settings = dict(block_size=16, max_num_seqs=4, max_model_len=256, speculative=spec)
+    expected, llm = cpu_tokens_then_emulated(monkeypatch, str(tiny_dir("deepseek_v3")), prompts, **settings)
     [runner] = capture_graphs(llm)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
+    assert greedy_tokens(llm, prompts) == expected
     assert replays(runner) > 0

@@ -10,7 +10,7 @@ from backend.quant import experts as experts_module
 from backend.quant.experts import QuantExperts
 from backend.quant.formats import BY_NAME
 from backend.quant.modules import QuantWeight
-from tests.backend.conftest import fp32_order, interpreted_only
+from tests.backend.conftest import count_c_calls, fp32_order, interpreted_only
 from tests.backend.quant_blocks import gguf_dequant, random_raw
 
 E, H, INTER, TOP_K = 4, 256, 256, 2
@@ -25,6 +25,13 @@ def experts(formats: tuple[str, str, str]):
         weights.append(w)
         dense.append(gguf_dequant(raw, name))
     return QuantExperts(*weights), torch.cat([dense[0], dense[1]], dim=1), dense[2]
+
+
+def per_expert_loop(module: QuantExperts, *args, **kwargs) -> torch.Tensor:
+    """module's result from the per-expert loop, whatever C call it would take."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(QuantExperts, "_call_takes", lambda self, x: False)
+        return module(*args, **kwargs)
 
 
 def routed(tokens: int):
@@ -59,8 +66,9 @@ def test_a_float_stack_among_quantized_ones_runs_in_the_fused_kernels(monkeypatc
     module.down = dense
     x, weights, ids = routed(5)
     monkeypatch.setenv("SCRIPTORIUM_TRITON", "1")
-    torch.testing.assert_close(module(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        module(x, weights, ids), fused_moe(x, w_gate_up, w_down, weights, ids), atol=1e-4, rtol=1e-4
+    )
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -79,34 +87,64 @@ def test_a_few_tokens_experts_in_one_call_are_the_loops_bits(formats, products, 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(60, H, generator=g)
     weights, ids = route(torch.randn(60, E, generator=g), 3, True)  # three terms a token: their order shows
-    monkeypatch.setattr(experts_module, "FEW_TOKENS", 0)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 0)
-    loop = module(x, weights, ids)
+    loop = per_expert_loop(module, x, weights, ids)
     monkeypatch.setattr(experts_module, "FEW_TOKENS", 64)
-    monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 64)  # 4-row tiles (AVX2, portable) take the call too
-    calls = []
-    lib = native.library()
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(lib, name)
-
-        def moe_tokens(self, *args):
-            calls.append(args[1])
-            return lib.moe_tokens(*args)
-
-    monkeypatch.setattr(native, "library", Spy)
+    monkeypatch.setattr(
+        experts_module, "FEW_TOKENS_NARROW", 64
+    )  # 4-row tiles (AVX2, portable) take the call too
+    calls = count_c_calls(monkeypatch, "moe_tokens")
     for rows in (slice(0, 60), slice(3, 5), slice(7, 8), slice(10, 23)):
         assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
     assert calls == [60, 2, 1, 13]
-    # as shipped: where a tile meets 4 rows, steps of more than 16 tokens take the loop (it decodes weights once)
+    # as shipped: where a tile meets 4 rows, steps of more than 16 tokens take the loop (it decodes weights once),
+    # unless the 8-bit kernel reads the stacks (quads, digits), which takes a prompt's tokens too
     monkeypatch.setattr(experts_module, "FEW_TOKENS_NARROW", 16)
     calls.clear()
     for rows in (slice(0, 20), slice(20, 36)):
         assert torch.equal(module(x[rows], weights[rows], ids[rows]), loop[rows]), rows
-    assert calls == ([20, 16] if c_kernels == "native" and native.tile_rows() == 16 else [16])
+    wide = (c_kernels == "native" and native.tile_rows() == 16) or module.gate.layout.order in (
+        "quads",
+        "digits",
+    )
+    assert calls == ([20, 16] if wide else [16])
     with pytest.raises(IndexError, match="an expert id outside this layer's 4 experts"):
         module(x[:2], weights[:2], torch.tensor([[0, 1, 2], [1, 3, 4]]))
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+@pytest.mark.parametrize("products", ["float32", "int8"])
+@pytest.mark.parametrize("formats", [("IQ4_XS", "IQ3_XXS", "IQ3_S"), ("Q4_K", "IQ4_NL", "Q6_K")])
+def test_a_prompts_experts_go_through_the_call_in_blocks(formats, products, c_kernels, monkeypatch):
+    """Stacks the 8-bit kernel reads (quads; an fp32 engine's digits where the build has VNNI) take a prompt's
+    tokens through C calls of up to PROMPT_TOKENS tokens, experts meeting up to 100 rows a call (chunks of 64, so
+    an expert's panel meets several): the loop's bits with 1, 2 or 3 threads sharing the jobs, and the float64 MoE
+    of gguf-py's weights within fp32's rounding (8-bit x: its own)."""
+    module = experts(formats)[0]
+    dense = [
+        gguf_dequant(random_raw(name, rows, cols, seed=10 + i, lead=(E,)), name).double()
+        for i, (name, rows, cols) in enumerate(zip(formats, (INTER, INTER, H), (H, H, INTER)))
+    ]
+    for w in module.weights():
+        w.pack_for_cpu(products)
+    if module.gate.layout.order not in ("quads", "digits"):
+        pytest.skip("an fp32 engine's stacks are the fp32 kernel's panels in this build (no VNNI)")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(300, H, generator=g)
+    weights, ids = route(torch.randn(300, E, generator=g), 3, True)
+    loop = per_expert_loop(module, x, weights, ids)
+    monkeypatch.setattr(experts_module, "PROMPT_TOKENS", 128)
+    calls = count_c_calls(monkeypatch, "moe_tokens")
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(module(x, weights, ids), loop), n
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [128, 128, 44] * 3
+    ref = fused_moe(x.double(), torch.cat(dense[:2], dim=1), dense[2], weights.double(), ids)
+    tol = 2e-2 if products == "int8" else 1e-5
+    assert (loop.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
@@ -124,14 +162,18 @@ def test_a_bf16_engines_experts_stay_fp32_in_one_call(monkeypatch):
     single.pack_for_cpu("bfloat16")
     assert (single.layout.order == "pairs") == native.amx()
     calls = []
-    call = experts_module.QuantExperts._few_tokens
-    monkeypatch.setattr(experts_module.QuantExperts, "_few_tokens", lambda self, *a: calls.append(1) or call(self, *a))
+    call = experts_module.QuantExperts._one_call
+    monkeypatch.setattr(
+        experts_module.QuantExperts, "_one_call", lambda self, *a: calls.append(1) or call(self, *a)
+    )
     x, weights, ids = routed(7)
     assert torch.equal(module(x, weights, ids), fp32(x, weights, ids)) and len(calls) == 2
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
-@pytest.mark.parametrize("experts, top_k, renormalize", [(8, 2, True), (32, 8, True), (60, 4, False), (5, 5, True)])
+@pytest.mark.parametrize(
+    "experts, top_k, renormalize", [(8, 2, True), (32, 8, True), (60, 4, False), (5, 5, True)]
+)
 def test_the_c_router_chooses_the_experts_torch_chooses(experts, top_k, renormalize):
     """route_rows (cpu_moe.c's moe_route_rows, the one-call step's router) against route() over torch's logits:
     the same experts in the same order, the same weights to float rounding, each row's independent of the rows
@@ -147,8 +189,8 @@ def test_the_c_router_chooses_the_experts_torch_chooses(experts, top_k, renormal
     if renormalize:
         torch.testing.assert_close(weights.sum(dim=1), torch.ones(9))
     for row in (0, 4, 8):
-        alone = route_rows(x[row:row + 1].contiguous(), gate, top_k, renormalize)
-        assert torch.equal(alone[0], weights[row:row + 1]) and torch.equal(alone[1], ids[row:row + 1])
+        alone = route_rows(x[row : row + 1].contiguous(), gate, top_k, renormalize)
+        assert torch.equal(alone[0], weights[row : row + 1]) and torch.equal(alone[1], ids[row : row + 1])
 
 
 @pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")

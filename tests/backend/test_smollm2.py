@@ -14,6 +14,7 @@ import torch
 
 from backend import LLM, SamplingParams
 from tests.backend.hf_gguf import transformers_tokenizer_and_model
+from tests.backend.price_function import PRICE_FUNCTION
 
 PROMPTS = [
     "The capital of France is",
@@ -86,20 +87,11 @@ def test_quantized_weights_give_transformers_tokens(llm, reference, hf_runs):
     assert layer.parts[0].name == "Q4_1" and layer.parts[0].codes is not None
 
 
-CODE = """def total_price(items, tax_rate):
-    subtotal = 0
-    for item in items:
-        subtotal = subtotal + item.price * item.quantity
-    tax = subtotal * tax_rate
-    return subtotal + tax
-"""
-
-
 def test_greedy_speculation_reproduces_plain_decoding(llm):
     """n-gram drafts verified in chunks give the plain greedy tokens exactly: each verification row attends
     as a decode row would (before, this edit diverged at its 79th token)."""
     conversation = [{"role": "user", "content": f"Rename the variable `subtotal` to `net` in this Python function. "
-                                                f"Reply with the full updated function only.\n\n{CODE}"}]
+                                                f"Reply with the full updated function only.\n\n{PRICE_FUNCTION}"}]
     params = SamplingParams(temperature=0, max_tokens=100)
     plain = llm.chat([conversation], params, use_tqdm=False)[0].outputs[0].token_ids
     spec = LLM("smollm2", block_size=16, speculative={"method": "ngram", "num_tokens": "auto"})

@@ -1,7 +1,8 @@
 """A stream whose prompt waits (here: behind another request, the engine taking one at a time, as a long prompt
 keeps it busy) sends, every --stream-keepalive seconds, an event that agents' watchdogs count and that changes
-nothing in the answer: an empty text delta on /v1/messages, response.in_progress on /v1/responses. Read with
-the official SDKs, each answer is the one the same request gets when it does not wait."""
+nothing in the answer: an empty text delta on /v1/messages, response.in_progress on /v1/responses, a chunk with
+an empty content delta on /v1/chat/completions. Read with the official SDKs, each answer is the one the same
+request gets when it does not wait."""
 
 import asyncio
 import json
@@ -12,9 +13,12 @@ import anthropic
 import openai
 import pytest
 
-from backend.engine.deltas import RequestDelta, SequenceDelta
+from backend.engine.deltas import RequestDelta
+from backend.outputs import CompletionOutput
 from backend.server.chat import ChatTools
+from backend.server.chat_stream import stream_chunks
 from backend.server.messages_stream import stream_message
+from backend.server.protocol import ChatRequest
 from backend.server.responses_shapes import ResponsesRequest
 from backend.server.responses_stream import stream_response
 from backend.server.responses_tools import ToolNames
@@ -33,7 +37,10 @@ def waiting(url: str, read) -> tuple[list, float, object]:
     timed, result = [], {}
 
     def reader():
-        result["value"] = read(lambda event: timed.append((time.monotonic(), event)))
+        try:
+            result["value"] = read(lambda event: timed.append((time.monotonic(), event)))
+        except Exception as e:  # noqa: BLE001 named in the test's failure
+            result["error"] = f"{type(e).__name__}: {e}"
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
@@ -41,7 +48,7 @@ def waiting(url: str, read) -> tuple[list, float, object]:
     released = time.monotonic()
     assert blocker.release(), "the blocking generation ended before the hold did: make it longer"
     thread.join(300)
-    assert "value" in result, "the waiting stream did not finish"
+    assert "value" in result, result.get("error", "the waiting stream did not finish")
     return timed, released, result["value"]
 
 
@@ -116,13 +123,44 @@ def test_a_waiting_responses_stream_sends_in_progress_and_the_same_answer(one_at
     assert [item.type for item in final.output] == [item.type for item in alone.output]
 
 
+def test_a_waiting_chat_stream_sends_empty_content_chunks_and_the_same_answer(one_at_a_time):
+    client = openai.OpenAI(base_url=f"{one_at_a_time.url}/v1", api_key="unused", max_retries=0, timeout=600)
+    ask = dict(model="tiny", max_tokens=24, messages=ASK, temperature=0)
+    client.chat.completions.create(**ask)
+    alone = client.chat.completions.create(**ask)
+
+    def read(seen):  # the answer assembled from the chunks, as a client appends their deltas
+        text, reason, used = "", None, None
+        for chunk in client.chat.completions.create(
+            **ask, stream=True, stream_options={"include_usage": True}
+        ):
+            seen(chunk)
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                reason = choice.finish_reason or reason
+            used = chunk.usage or used
+        return text, reason, used
+
+    timed, released, (text, reason, used) = waiting(one_at_a_time.url, read)
+    early = [c for t, c in timed if t < released]
+    assert early[0].choices[0].delta.role == "assistant"  # the stream's first chunk, before any wait
+    kept = early[1:]
+    assert len(kept) >= 2, early
+    assert [(c.choices[0].delta.model_dump(exclude_none=True), c.choices[0].finish_reason) for c in kept] == [
+        ({"content": ""}, None)
+    ] * len(kept)
+    answer = alone.choices[0]
+    assert (text, reason) == (answer.message.content, answer.finish_reason)
+    assert used.completion_tokens == alone.usage.completion_tokens
+
+
 async def prefill_then(text: str, steps: int = 20, step: float = 0.05):
     """What the engine gives a request whose prompt takes steps steps: a delta per step with no text (at least
     steps * step seconds in all), then the answer's."""
     for _ in range(steps):
         await asyncio.sleep(step)
-        yield RequestDelta("r", [SequenceDelta(0, [], "")])
-    yield RequestDelta("r", [SequenceDelta(0, [5, 6], text, finish_reason="stop")], finished=True)
+        yield RequestDelta("r", [CompletionOutput(0, "", [])])
+    yield RequestDelta("r", [CompletionOutput(0, text, [5, 6], finish_reason="stop")], finished=True)
 
 
 async def body(response) -> list[str]:
@@ -156,3 +194,20 @@ def test_a_prompt_being_processed_is_no_silence_between_its_steps():
         json.loads(events[-1].split("data: ", 1)[1])["response"]["output"][0]["content"][0]["text"]
         == "Paris."
     )
+
+    req = ChatRequest(
+        model="tiny", messages=[{"role": "user", "content": "The capital of France?"}], stream=True
+    )
+    chunks = asyncio.run(
+        body_of(
+            stream_chunks("tiny", "chatcmpl-1", req, prefill_then("Paris."), [1] * 10, tools, keepalive=0.25)
+        )
+    )
+    deltas = [json.loads(c.split("data: ", 1)[1])["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1:].count({"content": ""}) >= 2, deltas
+    assert "".join(d.get("content", "") for d in deltas) == "Paris."
+
+
+async def body_of(chunks) -> list[str]:
+    return [chunk async for chunk in chunks]

@@ -20,7 +20,8 @@ def test_the_ctypes_mirrors_have_the_c_layouts():
             cpu_decoder._Experts.shared_gate.offset, cpu_decoder._Experts.shared_inter.offset,
             ctypes.sizeof(cpu_decoder._Layer), cpu_decoder._Layer.moe.offset, cpu_decoder._Layer.k_cache.offset,
             cpu_decoder._Layer.window.offset, ctypes.sizeof(cpu_decoder._Shape), cpu_decoder._Shape.eps.offset, cpu_decoder._Shape.final_norm.offset,
-            cpu_decoder._Shape.kv_kind.offset]
+            cpu_decoder._Shape.kv_kind.offset, cpu_decoder._Layer.mla.offset, ctypes.sizeof(cpu_decoder._Latent),
+            cpu_decoder._Latent.kv_a.offset, cpu_decoder._Latent.lora.offset, cpu_decoder._Latent.eps.offset]
     got = (ctypes.c_int64 * len(want))()
     native.library().struct_layouts(got)
     assert list(got) == want

@@ -29,6 +29,8 @@ MLA_SHAPES = dict(
 )
 BUILDS = {  # variant -> (family of tiny_models.py, its overrides)
     "deepseek2_v2": ("deepseek_v2", dict(MLA_SHAPES, q_lora_rank=None)),
+    # V2's group-limited softmax router (expert_group_count, no gating func: softmax) and a leading dense layer
+    "deepseek2_v2_grouped": ("deepseek_v2_grouped", dict(MLA_SHAPES, q_lora_rank=None)),
     # V3's router and YaRN (mscale equal to mscale_all_dim: the file keeps one of them)
     "deepseek2_v3": (
         "deepseek_v3",

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,30 +38,46 @@ def image(tmp_path_factory):
     return IMAGE
 
 
+def compose(tmp_path: Path, project: str, **services: dict) -> dict[str, str]:
+    """tmp_path/compose.yaml naming the project's services (written as JSON, which YAML reads), and the
+    environment that points ops at it."""
+    path = tmp_path / "compose.yaml"
+    path.write_text(json.dumps({"name": project, "services": services}, indent=2))
+    return {"SCRIPTORIUM_COMPOSE": str(path)}
+
+
+def httpd(image: str, port: int, ops: dict, **more) -> dict:
+    """A service of the image running busybox's httpd on its /www, published on 127.0.0.1:port, with more of
+    compose's keys and ops (its x-ops)."""
+    return {
+        "image": image,
+        "command": ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
+        "ports": [f"127.0.0.1:{port}:8080"],
+        **more,
+        "x-ops": ops,
+    }
+
+
 def test_up_in_order_with_labels_and_down_touches_only_ours(tmp_path, image):
     port_a, port_b = free_port(), free_port()
-    (tmp_path / "compose.yaml").write_text(f"""
-name: opstest
-services:
-  painter:
-    image: {image}
-    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-    ports: ["127.0.0.1:{port_b}:8080"]
-    depends_on: {{scribe: {{condition: service_healthy}}}}
-    healthcheck:
-      test: ["CMD", "/bin/busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:8080/health"]
-      interval: 1s
-      timeout: 2s
-      retries: 20
-    x-ops: {{memory: elastic, stop_timeout: 2}}
-  scribe:
-    image: {image}
-    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-    ports: ["127.0.0.1:{port_a}:8080"]
-    environment: {{ROLE: scribe}}
-    x-ops: {{memory: fixed, health: "http://127.0.0.1:{port_a}/health", stop_timeout: 2}}
-""")
-    env = {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
+    health = ["CMD", "/bin/busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:8080/health"]
+    env = compose(
+        tmp_path,
+        "opstest",
+        painter=httpd(
+            image,
+            port_b,
+            {"memory": "elastic", "stop_timeout": 2},
+            depends_on={"scribe": {"condition": "service_healthy"}},
+            healthcheck={"test": health, "interval": "1s", "timeout": "2s", "retries": 20},
+        ),
+        scribe=httpd(
+            image,
+            port_a,
+            {"memory": "fixed", "health": f"http://127.0.0.1:{port_a}/health", "stop_timeout": 2},
+            environment={"ROLE": "scribe"},
+        ),
+    )
     bystander = subprocess.run(["docker", "run", "-d", "--name", f"bystander-{port_a}", image, "/bin/busybox",
                                 "sleep", "300"], capture_output=True, text=True, check=True).stdout.strip()
     try:
@@ -105,16 +122,8 @@ def test_a_missing_image_says_how_to_get_it(tmp_path):
 
 def test_backup_commits_and_saves_labelled_containers(tmp_path, image):
     port = free_port()
-    (tmp_path / "compose.yaml").write_text(f"""
-name: opsbackup
-services:
-  keeper:
-    image: {image}
-    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-    ports: ["127.0.0.1:{port}:8080"]
-    x-ops: {{health: "http://127.0.0.1:{port}/health", stop_timeout: 2}}
-""")
-    env = {"SCRIPTORIUM_COMPOSE": str(tmp_path / "compose.yaml")}
+    ops = {"health": f"http://127.0.0.1:{port}/health", "stop_timeout": 2}
+    env = compose(tmp_path, "opsbackup", keeper=httpd(image, port, ops))
     try:
         assert run_ops(tmp_path / "home", "up", "--runner", "docker", env=env).returncode == 0
         made = run_ops(tmp_path / "home", "backup", "--json", env=env)

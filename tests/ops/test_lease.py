@@ -14,31 +14,18 @@ from orchestrator import api
 from orchestrator.clients.llm_client import LLMClient
 from orchestrator.jobs import JobStore
 from tests.backend.server_process import ServerProcess
-from tests.backend.tiny_models import build_model
 from tests.ops.conftest import run_ops
 from tests.ops.lease_world import SimulatedCard, events, render
 
 GIB = 2**30
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_model("llama", tmp_path_factory.mktemp("lease-model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    server = ServerProcess(str(model), "--served-model-name", "tiny")
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def backend(server):
+def backend(tiny_server):
     """The module's backend, awake for each test (a failed one may have left it asleep)."""
-    httpx.post(f"{server.url}/wake_up", timeout=30)
-    yield server
-    httpx.post(f"{server.url}/wake_up", timeout=30)
+    httpx.post(f"{tiny_server.url}/wake_up", timeout=30)
+    yield tiny_server
+    httpx.post(f"{tiny_server.url}/wake_up", timeout=30)
 
 
 @pytest.fixture
@@ -132,8 +119,8 @@ def test_a_coordinator_killed_mid_lease_is_repaired_by_ops_health(world, backend
     comfyui.behave()
 
 
-def test_a_backend_that_refuses_to_sleep_fails_the_job_and_keeps_serving(tmp_path, model, comfyui, monkeypatch):
-    stubborn = ServerProcess(str(model), "--served-model-name", "tiny", "--no-sleep")
+def test_a_backend_that_refuses_to_sleep_fails_the_job_and_keeps_serving(tmp_path, tiny_dir, comfyui, monkeypatch):
+    stubborn = ServerProcess(str(tiny_dir("llama")), "--served-model-name", "tiny", "--no-sleep")
     probe = tmp_path / "gpu.json"
     monkeypatch.setenv("SCRIPTORIUM_GPU_PROBE_FILE", str(probe))
     monkeypatch.setenv("SCRIPTORIUM_HOME", str(tmp_path / "home"))

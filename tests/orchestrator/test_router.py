@@ -18,22 +18,9 @@ import pytest
 from orchestrator.clients.llm_client import LLMError
 from orchestrator.clients.router import LLMRouter
 from tests.backend.server_process import ROOT, ServerProcess
-from tests.backend.tiny_models import build_model
 
 PROMPT = [{"role": "user", "content": "Write about quills."}]
 LONG = {"max_tokens": 128, "extra": {"ignore_eos": True}}
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return build_model("llama", tmp_path_factory.mktemp("router-model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def backend(model):
-    server = ServerProcess(str(model), "--served-model-name", "tiny")
-    yield server
-    server.stop()
 
 
 def finished(url: str) -> int:
@@ -51,7 +38,8 @@ def ops_status(home, urls) -> dict:
     return {row["url"]: row for row in json.loads(done.stdout)["upstreams"]}
 
 
-def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path, model):
+def test_three_upstreams_share_the_load_survive_a_kill_and_take_it_back(tmp_path, tiny_dir):
+    model = tiny_dir("llama")
     servers = [ServerProcess(str(model), "--served-model-name", "tiny", wait=False) for _ in range(3)]
     for server in servers:  # started together: their start-ups overlap
         server.wait_ready()
@@ -188,7 +176,7 @@ class CutOffServer:
 
 
 @pytest.mark.parametrize("clean", [False, True])
-def test_a_stream_cut_off_midway_is_an_error_never_a_short_or_repeated_text(backend, clean):
+def test_a_stream_cut_off_midway_is_an_error_never_a_short_or_repeated_text(tiny_server, clean):
     cut = CutOffServer(clean)
 
     async def scenario():
@@ -198,7 +186,7 @@ def test_a_stream_cut_off_midway_is_an_error_never_a_short_or_repeated_text(back
                 async for delta in alone.stream_chat(PROMPT, max_tokens=8):
                     got.append(delta)
         assert "".join(got) == "a quill"  # what arrived, once: never retried after text went out
-        async with LLMRouter([cut.url, f"{backend.url}/v1"], model="tiny", connect_wait=1) as router:
+        async with LLMRouter([cut.url, f"{tiny_server.url}/v1"], model="tiny", connect_wait=1) as router:
             for up in router.pool:  # make the cut one the first choice
                 up.picks = 1 if up.url != cut.url else 0
             got.clear()

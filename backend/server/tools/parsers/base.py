@@ -60,8 +60,20 @@ class ToolParser:
     def _pass_content(self, events: list, markers: tuple[str, ...]) -> None:
         """Everything pending is content except a tail that may begin one of the markers (or a stripped token)."""
         keep = held(self.pending, markers + self.strip)
-        self._content(self.pending[:len(self.pending) - keep], events)
-        self.pending = self.pending[len(self.pending) - keep:]
+        self._content(self.pending[: len(self.pending) - keep], events)
+        self.pending = self.pending[len(self.pending) - keep :]
+
+    def _through(self, markers: tuple[str, ...], events: list) -> str | None:
+        """Past the first of the markers in what is pending: the text before it is content, and pending begins
+        after it. Returns that marker; None where there is none yet (pending keeps a tail that may begin one)."""
+        found = [(at, m) for at, m in ((self.pending.find(m), m) for m in markers) if at >= 0]
+        if not found:
+            self._pass_content(events, markers)
+            return None
+        at, marker = min(found)
+        self._content(self.pending[:at], events)
+        self.pending = self.pending[at + len(marker) :]
+        return marker
 
     opening = ""  # the marker before a scanner's first call, given back with it when that call is not one
 
@@ -79,7 +91,7 @@ class ToolParser:
     def _marked(self, events: list, scanner: CallScanner) -> list:
         for e in events:
             if isinstance(e, CallEnd) and not e.valid and e.index == scanner.first_index:
-                e.raw = self.opening + scanner.buffer[:scanner.buffer.find(e.raw)] + e.raw
+                e.raw = self.opening + scanner.buffer[: scanner.buffer.find(e.raw)] + e.raw
         return events
 
     def _finish_scanner(self, events: list, opening: str = "") -> None:

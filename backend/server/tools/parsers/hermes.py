@@ -20,24 +20,22 @@ class HermesParser(ToolParser):
             if self.closing:
                 stripped = self.pending.lstrip()
                 if stripped.startswith(self.CLOSE):
-                    self.pending = stripped[len(self.CLOSE):]
+                    self.pending = stripped[len(self.CLOSE) :]
                 elif self.CLOSE.startswith(stripped):
                     return  # the closing tag may be arriving
                 self.closing = False
             if self.scanner is None:
-                at = self.pending.find(self.OPEN)
-                if at < 0:
-                    self._pass_content(events, (self.OPEN,))
+                if self._through((self.OPEN,), events) is None:
                     return
-                self._content(self.pending[:at], events)
-                self.pending = self.pending[at + len(self.OPEN):]
                 self.scanner = CallScanner(first_index=self.num_calls)
             scanner = self.scanner
             if not self._scan(scanner, events):
                 return
             self.scanner = None
             if scanner.failed and not scanner.calls_made:
-                self._content(self.OPEN, events)  # not a call: the tag is text, and what follows is looked at again
+                self._content(
+                    self.OPEN, events
+                )  # not a call: the tag is text, and what follows is looked at again
             elif scanner.done:
                 self.closing = True
 

@@ -45,7 +45,7 @@ class MistralParser(ToolParser):
                     continue
                 match = _NAME.match(self.pending)
                 if match:
-                    self.pending = self.pending[match.end():]
+                    self.pending = self.pending[match.end() :]
                     self.v11 = (match.group(1), self.num_calls)
                     self.num_calls += 1
                     events.append(CallStart(self.v11[1], self.v11[0]))
@@ -55,12 +55,8 @@ class MistralParser(ToolParser):
                     return  # a name, its [ARGS] still arriving
                 self._content(self.TAG, events)
                 continue
-            at = self.pending.find(self.TAG)
-            if at < 0:
-                self._pass_content(events, (self.TAG,))
+            if self._through((self.TAG,), events) is None:
                 return
-            self._content(self.pending[:at], events)
-            self.pending = self.pending[at + len(self.TAG):]
             self.after_tag = True
 
     def _v11_arguments(self, events: list) -> bool:

@@ -34,20 +34,12 @@ class Phi4MiniParser(ToolParser):
                 if not self._start_value(events):
                     return
                 continue
-            at, marker = self._first_marker()
-            if at < 0:
-                self._pass_content(events, (self.OPEN, self.FUNCTOOLS + "["))
+            marker = self._through((self.OPEN, self.FUNCTOOLS + "["), events)
+            if marker is None:
                 return
-            self._content(self.pending[:at], events)
-            self.pending = self.pending[at + len(marker):]
             if marker != self.OPEN:
                 self.pending = "[" + self.pending  # functools' bracket opens the array
             self.opening, self.after = marker, "calls"
-
-    def _first_marker(self) -> tuple[int, str]:
-        found = [(self.pending.find(m), m) for m in (self.OPEN, self.FUNCTOOLS + "[")]
-        found = [(at, m) for at, m in found if at >= 0]
-        return min(found) if found else (-1, "")
 
     def _start_value(self, events: list) -> bool:
         """After a marker, a bare call or a comma: start reading the next value; False while the text says too
@@ -57,7 +49,7 @@ class Phi4MiniParser(ToolParser):
             if not stripped or self.CLOSE.startswith(stripped):
                 return False
             if stripped.startswith(self.CLOSE):
-                self.pending, self.after = stripped[len(self.CLOSE):], None
+                self.pending, self.after = stripped[len(self.CLOSE) :], None
             elif stripped.startswith(","):
                 self.pending, self.opening, self.after = stripped[1:], ",", "next"
             else:
