@@ -38,13 +38,16 @@ def test_prompt_logprobs_match_transformers_across_chunks_and_from_the_prefix_ca
     _assert_matches(first.prompt_logprobs, prompt, reference, 2)
     assert first.prompt_logprobs[1][prompt[1]].decoded_token == llm.get_tokenizer().decode([prompt[1]])
 
-    # Cached now (and cached again by a request that does not ask): the same numbers, every row computed again
+    # Cached now (and cached again by a request that does not ask): the same numbers, every row computed again.
+    # Beside a decoding sequence the step budget may cut the prompt into other chunks (sized by measured time), and
+    # attention summed over other chunk edges rounds differently: the same tokens, values within float32 rounding.
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     again, beside = llm.generate([prompt, other], [params, SamplingParams(temperature=0, max_tokens=5)],
                                  use_tqdm=False)
     assert again.num_cached_tokens == 0
-    assert [{t: lp.logprob for t, lp in e.items()} if e else e for e in again.prompt_logprobs] == \
-        [{t: lp.logprob for t, lp in e.items()} if e else e for e in first.prompt_logprobs]
+    assert again.prompt_logprobs[0] is None and len(again.prompt_logprobs) == len(first.prompt_logprobs)
+    for e, f in zip(again.prompt_logprobs[1:], first.prompt_logprobs[1:]):
+        assert e.keys() == f.keys() and all(abs(e[t].logprob - f[t].logprob) < 1e-5 for t in e)
     assert again.outputs[0].token_ids == first.outputs[0].token_ids and beside.prompt_logprobs is None
 
     # n > 1 shares one prompt: one list; a 1-token prompt has only the None entry
