@@ -13,6 +13,10 @@ def parse_args(description: str, layers: int, **counts: int) -> argparse.Namespa
     """The flags: --layers (and each of counts, e.g. experts=8, as --experts) of the cut, the tokens to run."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
+    parser.add_argument(
+        "--llama-cpp-converter",
+        help="llama.cpp's convert_hf_to_gguf.py: write the file through it (or LLAMA_CPP_CONVERTER)",
+    )
     parser.add_argument("--layers", type=int, default=layers)
     for name, default in counts.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
@@ -45,15 +49,19 @@ def opening(bench: str, shape: dict, path: Path, args: argparse.Namespace, **cut
     }
 
 
-def print_with_peer(line: dict, path: Path, prompt: list[int], args: argparse.Namespace) -> None:
-    """The line, with llama.cpp's rates on path (or "peer": "missing") and the load it ran under, printed."""
+def with_peer(line: dict, path: Path, prompt: list[int], args: argparse.Namespace) -> dict:
+    """The line, with llama.cpp's rates on path (or "peer": "missing") and the load it ran under."""
     peer = args.llama_cpp_python
     line["peer"] = "llama.cpp" if peer else "missing"
     if peer:
         line["llama_cpp"] = llama_cpp(path, prompt, args.new_tokens, peer)
     if args.load:
         line["under_load"] = args.load
-    print(json.dumps(line))
+    return line
+
+
+def print_with_peer(line: dict, path: Path, prompt: list[int], args: argparse.Namespace) -> None:
+    print(json.dumps(with_peer(line, path, prompt, args)))
 
 
 def ours(path: Path, prompt: list[int], new_tokens: int, **settings) -> dict:

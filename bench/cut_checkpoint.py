@@ -2,10 +2,11 @@
 experts or a smaller vocabulary, random weights, written once as a GGUF file under the data directory's cache/bench
 and reused; and llama.cpp's Q4_K_M choice of formats for their tensors."""
 
+import contextlib
 import hashlib
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 PUBLISHED: dict[str, dict] = json.loads(Path(__file__).with_name("published_shapes.json").read_text())
@@ -56,3 +57,17 @@ def random_bf16_checkpoint(model_class, config, directory: Path) -> None:
     with torch.no_grad():
         model_class(config).to(torch.bfloat16).save_pretrained(str(directory))
     build_tokenizer(directory)
+
+
+@contextlib.contextmanager
+def bf16_by_default() -> Iterator[None]:
+    """torch builds new tensors in bf16 inside: a checkpoint of billions of parameters is drawn without its fp32
+    copy."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)

@@ -9,7 +9,11 @@ draws them). Prompt tokens/s and decode tokens/s at batch 1 and 4, ours exact an
 (llama-cpp-python, a benchmark peer in its own venv: --llama-cpp-python PATH or LLAMA_CPP_PYTHON; it serves one
 sequence at a time, so its batch-4 figure is four requests one after another).
 
-python bench/gemma3.py [--layers 6] [--new-tokens 16] [--prompt-tokens 256]
+With --llama-cpp-converter PATH (or LLAMA_CPP_CONVERTER) the file is written as a user writes it instead: the same
+checkpoint through llama.cpp's convert_hf_to_gguf.py and its quantizer's Q4_K_M (bench/llama_cpp_convert.py); the
+line's "file" says which writer made it.
+
+python bench/gemma3.py [--layers 6] [--new-tokens 16] [--prompt-tokens 256] [--llama-cpp-converter PATH]
 """
 
 import json
@@ -19,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cut_checkpoint import PUBLISHED, cached_gguf, random_bf16_checkpoint  # noqa: E402
+from bench.llama_cpp_convert import CONVERTED, OURS, converted_gguf, converter_from  # noqa: E402
 
 GEMMA3_4B = PUBLISHED["gemma-3-4b"]  # its config.json's text_config
 ROPE = {
@@ -82,16 +87,44 @@ def bench_file(layers: int) -> Path:
     return cached_gguf(f"gemma-3-4b-shaped-{layers}l-Q4_K_M.gguf", write)
 
 
-def main() -> None:
-    from beside_llama_cpp import opening, ours, parse_args, print_with_peer, prompt_ids  # bench/, beside this
+def converted_file(layers: int, converter: Path, python: str | None) -> Path:
+    """The same checkpoint through llama.cpp's converter and quantizer (Q4_K_M), cached."""
+    return converted_gguf(
+        f"gemma-3-4b-shaped-{layers}l-llama.cpp-Q4_K_M.gguf",
+        lambda hf: _checkpoint(hf, layers),
+        "Q4_K_M",
+        converter,
+        python,
+    )
 
-    args = parse_args(__doc__.splitlines()[0], layers=6)
+
+def row(args) -> dict:
+    """The line's fields for parse_args' flags (beside_llama_cpp.py): ours exact and int8, llama.cpp's."""
+    from beside_llama_cpp import opening, ours, prompt_ids, with_peer  # bench/, beside this
+
     prompt = prompt_ids(args.prompt_tokens)
-    path = bench_file(args.layers)
-    line = opening("gemma3", GEMMA3_4B, path, args, layer_kinds="5 local : 1 global")
+    converter = converter_from(args.llama_cpp_converter)
+    if converter is None:
+        path = bench_file(args.layers)
+    else:
+        path = converted_file(args.layers, converter, args.llama_cpp_python)
+    line = opening(
+        "gemma3",
+        GEMMA3_4B,
+        path,
+        args,
+        layer_kinds="5 local : 1 global",
+        file=CONVERTED if converter else OURS,
+    )
     line["ours_exact"] = ours(path, prompt, args.new_tokens)
     line["ours_int8"] = ours(path, prompt, args.new_tokens, activations="int8")
-    print_with_peer(line, path, prompt, args)
+    return with_peer(line, path, prompt, args)
+
+
+def main() -> None:
+    from beside_llama_cpp import parse_args  # bench/, beside this
+
+    print(json.dumps(row(parse_args(__doc__.splitlines()[0], layers=6))))
 
 
 if __name__ == "__main__":

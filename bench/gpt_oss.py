@@ -6,15 +6,22 @@ keeps them. Ours with the experts kept in MXFP4 and, on the same values written 
 llama.cpp (llama-cpp-python, a benchmark peer in its own venv: --llama-cpp-python PATH or LLAMA_CPP_PYTHON) on the
 MXFP4 file: prompt tokens/s, decode tokens/s at batch 1 and 4 (llama-cpp-python runs the four one after another).
 
-python bench/gpt_oss.py [--layers 4] [--experts 8] [--new-tokens 16] [--prompt-tokens 256]
+With --llama-cpp-converter PATH (or LLAMA_CPP_CONVERTER) the file is written as a user writes it instead: a random
+transformers GptOssForCausalLM of this shape (the 20b's config: YaRN 32 over 4,096, SwiGLU limit 7) through
+llama.cpp's convert_hf_to_gguf.py and its quantizer's MXFP4_MOE (bench/llama_cpp_convert.py); the float-experts
+file is that file with its MXFP4 experts written as F16. The line's "file" says which writer made them.
+
+python bench/gpt_oss.py [--layers 4] [--experts 8] [--new-tokens 16] [--prompt-tokens 256] [--llama-cpp-converter PATH]
 """
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cut_checkpoint import cached_gguf  # noqa: E402
+from bench.cut_checkpoint import bf16_by_default, cached_gguf  # noqa: E402
+from bench.llama_cpp_convert import CONVERTED, OURS, converted_gguf, converter_from  # noqa: E402
 
 SHAPE = dict(hidden=2880, heads=64, kv_heads=8, head_dim=64, inter=2880, top_k=4, vocab=201088, window=128)
 
@@ -44,6 +51,79 @@ def bench_file(layers: int, experts: int, float_experts: bool) -> Path:
     return cached_gguf(
         name, lambda scratch, partial: _write(partial, scratch, layers, experts, float_experts)
     )
+
+
+def converted_files(layers: int, experts: int, converter: Path, python: str | None) -> tuple[Path, Path]:
+    """The MXFP4_MOE file llama.cpp's converter and quantizer write from a random checkpoint of this shape, and the
+    same file with its MXFP4 experts as F16 (both cached)."""
+    import numpy as np
+    from engine_quantized import rewritten_gguf  # bench/, beside this script
+    from gguf import GGMLQuantizationType as T
+    from gguf import LlamaFileType
+    from gguf.quants import dequantize
+
+    mxfp4 = converted_gguf(
+        f"gpt-oss-20b-shaped-{layers}l-{experts}e-llama.cpp-MXFP4_MOE.gguf",
+        lambda hf: _checkpoint(hf, layers, experts),
+        "MXFP4_MOE",
+        converter,
+        python,
+    )
+
+    def tensor(_, t):
+        if t.tensor_type == T.MXFP4:
+            return dequantize(t.data, T.MXFP4).astype(np.float16), None
+        numpy_typed = t.tensor_type in (T.F32, T.F16)  # the reader gives other types as raw bytes
+        return np.asarray(t.data), None if numpy_typed else t.tensor_type
+
+    floats = rewritten_gguf(
+        mxfp4, mxfp4.with_name(f"{mxfp4.stem}-f16-experts.gguf"), LlamaFileType.MOSTLY_F16, tensor
+    )
+    return mxfp4, floats
+
+
+def _checkpoint(directory: Path, layers: int, experts: int) -> None:
+    """A random GptOssForCausalLM of SHAPE (sliding and full layers alternating), saved in bf16."""
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from tests.backend.tiny_models import build_tokenizer
+
+    s = SHAPE
+    config = GptOssConfig(
+        hidden_size=s["hidden"],
+        intermediate_size=s["inter"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"],
+        num_local_experts=experts,
+        num_experts_per_tok=s["top_k"],
+        vocab_size=s["vocab"],
+        sliding_window=s["window"],
+        num_hidden_layers=layers,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        swiglu_limit=7.0,
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    with bf16_by_default(), torch.no_grad():  # 2B parameters at the default cut: 8 GB in fp32
+        GptOssForCausalLM(config).save_pretrained(str(directory))
+    build_tokenizer(directory)
 
 
 def _write(partial: Path, scratch: Path, layers: int, experts: int, float_experts: bool) -> None:
@@ -112,18 +192,28 @@ def _write(partial: Path, scratch: Path, layers: int, experts: int, float_expert
     close(w)
 
 
-def main() -> None:
-    from beside_llama_cpp import opening, ours, parse_args, print_with_peer, prompt_ids  # bench/, beside this
+def row(args) -> dict:
+    """The line's fields for parse_args' flags (beside_llama_cpp.py): ours with MXFP4 and float experts,
+    llama.cpp's on the MXFP4 file."""
+    from beside_llama_cpp import opening, ours, prompt_ids, with_peer  # bench/, beside this
 
-    args = parse_args(__doc__.splitlines()[0], layers=4, experts=8)
     prompt = prompt_ids(args.prompt_tokens)
-    mxfp4 = bench_file(args.layers, args.experts, float_experts=False)
-    line = opening("gpt-oss", SHAPE, mxfp4, args, experts=args.experts)
+    converter = converter_from(args.llama_cpp_converter)
+    if converter is None:
+        mxfp4 = bench_file(args.layers, args.experts, float_experts=False)
+        floats = bench_file(args.layers, args.experts, float_experts=True)
+    else:
+        mxfp4, floats = converted_files(args.layers, args.experts, converter, args.llama_cpp_python)
+    line = opening("gpt-oss", SHAPE, mxfp4, args, experts=args.experts, file=CONVERTED if converter else OURS)
     line["ours_mxfp4_experts"] = ours(mxfp4, prompt, args.new_tokens)
-    line["ours_float_experts"] = ours(
-        bench_file(args.layers, args.experts, float_experts=True), prompt, args.new_tokens
-    )
-    print_with_peer(line, mxfp4, prompt, args)
+    line["ours_float_experts"] = ours(floats, prompt, args.new_tokens)
+    return with_peer(line, mxfp4, prompt, args)
+
+
+def main() -> None:
+    from beside_llama_cpp import parse_args  # bench/, beside this
+
+    print(json.dumps(row(parse_args(__doc__.splitlines()[0], layers=4, experts=8))))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ in a venv of its own: --llama-cpp-python PATH or LLAMA_CPP_PYTHON; it serves one
 figure is four sequences one after another), the state bytes a sequence (this model's and the full 35B's), and one
 linear layer's recurrent update at batch 1 (our C kernel against the torch step).
 
-Run: python bench/hybrid.py [--layers 8 --experts 16 --prompt 256 --tokens 16]
+With --llama-cpp-converter PATH (or LLAMA_CPP_CONVERTER) the file is written as a user writes it instead: the same
+random checkpoint through llama.cpp's convert_hf_to_gguf.py and its quantizer's Q4_K_M (bench/llama_cpp_convert.py),
+with the 151,936 tokens of llama.cpp's qwen35 vocabulary file at least (the converter accepts only a tokenizer it
+knows); the row's "file" says which writer made it.
+
+Run: python bench/hybrid.py [--layers 8 --experts 16 --prompt 256 --tokens 16] [--llama-cpp-converter PATH]
 """
 
 import argparse
@@ -29,6 +34,7 @@ from backend.engine.state_pool import state_bytes_per_sequence  # noqa: E402
 from backend.hf_config import from_hf_config  # noqa: E402
 from backend.kernels import delta_rule, native  # noqa: E402
 from bench import cut_checkpoint as cut  # noqa: E402
+from bench import llama_cpp_convert as llama_convert  # noqa: E402
 
 # Qwen3.5-35B-A3B's text model, with a context this bench's runs fit in
 QWEN35_35B = dict(cut.PUBLISHED["qwen3.5-35b-a3b"], max_position_embeddings=4096)
@@ -37,11 +43,13 @@ LINEAR_ATTENTION = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out")
 Q4_K_M = cut.q4_k_m(*cut.ENDS, *cut.ATTENTION, *LINEAR_ATTENTION, *cut.EXPERTS, *cut.SHARED_EXPERT)
 
 
-def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
-    """The cached Q4_K_M file of this shape (written on first use, under the data directory's cache/bench)."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+def _shape(layers: int, experts: int, vocab: int) -> dict:
+    return {**QWEN35_35B, "num_hidden_layers": layers, "num_experts": experts, "vocab_size": vocab}
 
-    from tests.backend.tiny_gguf_qwen3_next import convert
+
+def _checkpoint(directory: Path, shape: dict) -> None:
+    """A random Qwen3_5MoeForCausalLM of this shape, saved in bf16."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     # the interleaved MRoPE sections of the 35B's config (one position for text: plain rotary either way)
     rope = {
@@ -51,21 +59,42 @@ def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
         "mrope_section": [11, 11, 10],
         "mrope_interleaved": True,
     }
-    shape = {**QWEN35_35B, "num_hidden_layers": layers, "num_experts": experts, "vocab_size": vocab}
+    config = Qwen3_5MoeTextConfig(
+        **shape,
+        rope_parameters=rope,
+        initializer_range=0.02,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    cut.random_bf16_checkpoint(Qwen3_5MoeForCausalLM, config, directory)
+
+
+def build(layers: int, experts: int, vocab: int) -> tuple[Path, dict]:
+    """The cached Q4_K_M file of this shape (written on first use, under the data directory's cache/bench)."""
+    from tests.backend.tiny_gguf_qwen3_next import convert
+
+    shape = _shape(layers, experts, vocab)
 
     def write(scratch: Path, partial: Path) -> None:
-        config = Qwen3_5MoeTextConfig(
-            **shape,
-            rope_parameters=rope,
-            initializer_range=0.02,
-            bos_token_id=1,
-            eos_token_id=2,
-            pad_token_id=0,
-        )
-        cut.random_bf16_checkpoint(Qwen3_5MoeForCausalLM, config, scratch / "hf")
+        _checkpoint(scratch / "hf", shape)
         convert(scratch / "hf", partial, Q4_K_M, reference=False)
 
     return cut.cached_gguf(f"qwen35moe-{cut.shape_key(shape, Q4_K_M)}-Q4_K_M.gguf", write), shape
+
+
+def build_converted(
+    layers: int, experts: int, vocab: int, converter: Path, python: str | None
+) -> tuple[Path, dict]:
+    """The same checkpoint (with llama.cpp's qwen35 vocabulary at least) through its converter and quantizer,
+    cached."""
+    shape = _shape(layers, experts, max(vocab, llama_convert.VOCABULARIES["qwen35"]))
+    name = f"qwen35moe-{cut.shape_key(shape)}-llama.cpp-Q4_K_M.gguf"
+    # transformers saves no multi-token-prediction layer, which the converter expects of Qwen3.5 unless told
+    flags = ("--no-mtp",)
+    return llama_convert.converted_gguf(
+        name, lambda hf: _checkpoint(hf, shape), "Q4_K_M", converter, python, "qwen35", flags
+    ), shape
 
 
 def rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
@@ -149,8 +178,15 @@ def main() -> None:
         "--tokens", type=int, default=16, help="tokens generated a sequence for the decode rates"
     )
     parser.add_argument("--llama-cpp-python", default=os.environ.get("LLAMA_CPP_PYTHON"))
+    parser.add_argument(
+        "--llama-cpp-converter", help="llama.cpp's convert_hf_to_gguf.py (or LLAMA_CPP_CONVERTER)"
+    )
     args = parser.parse_args()
-    path, shape = build(args.layers, args.experts, args.vocab)
+    converter = llama_convert.converter_from(args.llama_cpp_converter)
+    if converter is None:
+        path, shape = build(args.layers, args.experts, args.vocab)
+    else:
+        path, shape = build_converted(args.layers, args.experts, args.vocab, converter, args.llama_cpp_python)
     llm = LLM(
         str(path), max_num_seqs=4, max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False
     )
@@ -162,8 +198,9 @@ def main() -> None:
     short = [prompt[i : i + 16] for i in range(0, 64, 16)]
     row = {
         "bench": "hybrid",
-        "model": f"Qwen3.5-35B-A3B widths, {args.layers} layers, {args.experts} experts, vocab {args.vocab}, "
-        "random Q4_K_M GGUF (qwen35moe)",
+        "model": f"Qwen3.5-35B-A3B widths, {args.layers} layers, {args.experts} experts, "
+        f"vocab {shape['vocab_size']}, random Q4_K_M GGUF (qwen35moe)",
+        "file": llama_convert.CONVERTED if converter else llama_convert.OURS,
         "threads": torch.get_num_threads(),
         "ours": {
             "prompt_tokens_per_s": round(prompt_rate, 1),

@@ -13,8 +13,12 @@ approximated: IQ4_XS everywhere; IQ3_XS as IQ3_S with IQ3_XXS gate/up and an IQ4
 elsewhere; Q6_K output; rows not of whole 256-blocks in IQ4_NL, or Q8_0 for Q6_K, as llama.cpp falls back), whose
 speed is that of real weights of the same formats.
 
+Ours in each of --activations' modes, on the same file in the same run: "exact" (fp32 activations: an exact matmul,
+x in three 8-bit digits where the CPU has VNNI) and "int8" (x quantized per group to 8 bits, as llama.cpp itself
+multiplies on the CPU: the like-for-like mode), or both (the default), each row's "ours" keyed by mode.
+
 python bench/iq_formats.py [--llama-cpp-python PATH] [--moe-layers 4] [--new-tokens 32] [--prompt-tokens 256]
-                          [--models smollm2,moe] [--mixes IQ4_XS,IQ3_XS,MXFP4_MOE]
+                          [--models smollm2,moe] [--mixes IQ4_XS,IQ3_XS,MXFP4_MOE] [--activations exact|int8|both]
 """
 
 import argparse
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MIXES = {"IQ4_XS": 30, "IQ3_XS": 22, "MXFP4_MOE": 38}  # llama.cpp's llama_ftype of each
+MODES = {"exact": {}, "int8": {"activations": "int8"}}  # our engine's settings in each --activations mode
 _FLOATS = ("F32", "F16", "BF16")
 
 
@@ -91,13 +96,13 @@ def llama_cpp_copy(source: Path, mix: str, python: str) -> Path:
     return out
 
 
-def ours(path: Path, prompt: list[int], new_tokens: int) -> tuple[float, float]:
-    """(prompt tokens/s, batch-1 decode tokens/s) of our engine on the file."""
+def ours(path: Path, prompt: list[int], new_tokens: int, **settings) -> tuple[float, float]:
+    """(prompt tokens/s, batch-1 decode tokens/s) of our engine on the file, made with `settings`."""
     from engine_vs_peers import best, ours_decode_rate, ours_generate
 
     from backend import LLM
 
-    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False)
+    llm = LLM(str(path), max_model_len=len(prompt) + new_tokens + 64, enable_prefix_caching=False, **settings)
     ours_generate(llm, [prompt[:32]], 4)  # warm-up: kernels built, first allocations made
     decode = ours_decode_rate(llm, prompt[:32], new_tokens)
     return len(prompt) / best(ours_generate, llm, [prompt], 1), decode
@@ -111,9 +116,11 @@ def row(model: str, mix: str, path: Path, prompt: list[int], args) -> dict:
     reader = gguf.GGUFReader(str(path))
     formats = Counter(t.tensor_type.name for t in reader.tensors if t.tensor_type.name not in _FLOATS)
     out = {"model": model, "mix": mix, "gib": round(path.stat().st_size / 2**30, 3), "formats": dict(formats)}
-    out["ours_prompt_tok_s"], out["ours_decode_tok_s"] = (
-        round(r, 2) for r in ours(path, prompt, args.new_tokens)
-    )
+    modes = list(MODES) if args.activations == "both" else [args.activations]
+    out["ours"] = {}
+    for mode in modes:
+        prompt_rate, decode_rate = ours(path, prompt, args.new_tokens, **MODES[mode])
+        out["ours"][mode] = {"prompt_tok_s": round(prompt_rate, 2), "decode_tok_s": round(decode_rate, 2)}
     if args.llama_cpp_python:
         peer = run_peer(
             "llama_cpp_iq_peer.py",
@@ -128,8 +135,9 @@ def row(model: str, mix: str, path: Path, prompt: list[int], args) -> dict:
         )
         out["llama_cpp_prompt_tok_s"] = round(peer["prompt_tok_s"], 2)
         out["llama_cpp_decode_tok_s"] = round(peer["decode_tok_s"], 2)
-        out["prompt_vs_llama_cpp"] = round(out["ours_prompt_tok_s"] / out["llama_cpp_prompt_tok_s"], 2)
-        out["decode_vs_llama_cpp"] = round(out["ours_decode_tok_s"] / out["llama_cpp_decode_tok_s"], 2)
+        for rates in out["ours"].values():
+            rates["prompt_vs_llama_cpp"] = round(rates["prompt_tok_s"] / out["llama_cpp_prompt_tok_s"], 2)
+            rates["decode_vs_llama_cpp"] = round(rates["decode_tok_s"] / out["llama_cpp_decode_tok_s"], 2)
     return out
 
 
@@ -145,6 +153,12 @@ def main() -> None:
         "--models", default="smollm2,moe", help="which rows: smollm2, moe or both (comma-separated)"
     )
     parser.add_argument("--mixes", default=",".join(MIXES), help="which of the mixes (comma-separated)")
+    parser.add_argument(
+        "--activations",
+        choices=[*MODES, "both"],
+        default="both",
+        help="ours with exact (fp32) activations, int8 ones (llama.cpp's own arithmetic), or both",
+    )
     args = parser.parse_args()
     import torch
     from iq_moe_file import qwen3_30b_a3b_cut

@@ -9,7 +9,13 @@ One JSON line: our decode at batch 1 and 4 and prompt tokens/s, llama.cpp's on t
 serves one sequence at a time, so its batch-4 figure is four sequences one after another), and the KV bytes a token
 against an MHA model of the same width.
 
+With --llama-cpp-converter PATH (or LLAMA_CPP_CONVERTER) the file is written as a user writes it instead: the same
+random checkpoint through llama.cpp's convert_hf_to_gguf.py and its quantizer's Q4_K_M (bench/llama_cpp_convert.py),
+with GPT-2's 50,257-token vocabulary (the converter accepts only a tokenizer it knows); the row's "file" says which
+writer made it.
+
 Run: python bench/mla.py [--layers 27 --experts 8] [--activations int8] [--llama-cpp-python PATH]
+     [--llama-cpp-converter PATH]
 """
 
 import argparse
@@ -27,6 +33,7 @@ import torch  # noqa: E402
 from backend import LLM, SamplingParams  # noqa: E402
 from backend.engine.kv_budget import kv_bytes_per_block  # noqa: E402
 from bench import cut_checkpoint as cut  # noqa: E402
+from bench import llama_cpp_convert as llama_convert  # noqa: E402
 
 # DeepSeek-V2-Lite's widths (hidden 2048, 16 heads, latent 512 + 64 rotary, 128-wide nope and v, experts of 1408,
 # 2 shared, top-6, a dense first layer), with a smaller vocabulary and context
@@ -45,26 +52,47 @@ Q4_K_M = cut.q4_k_m(
 )
 
 
+def lite_shape(layers: int, experts: int, vocab: int) -> dict:
+    """V2-Lite's config cut to this many layers and routed experts and this vocabulary."""
+    return dict(
+        LITE,
+        num_hidden_layers=layers,
+        n_routed_experts=experts,
+        num_experts_per_tok=min(6, experts),
+        vocab_size=vocab,
+    )
+
+
+def _checkpoint(directory: Path, shape: dict) -> Path:
+    from tests.backend.tiny_models import build_model
+
+    # built and saved in bf16: at 27 layers the checkpoint is 2.7B parameters (11 GB in fp32)
+    with cut.bf16_by_default():
+        return build_model("deepseek_v2", directory, initializer_range=0.02, **shape)
+
+
 def lite_file(layers: int, experts: int) -> Path:
     """The cached file (written on first use) under the data directory's cache/bench."""
     from tests.backend.tiny_gguf_deepseek import convert
-    from tests.backend.tiny_models import build_model
 
-    shape = dict(
-        LITE, num_hidden_layers=layers, n_routed_experts=experts, num_experts_per_tok=min(6, experts)
-    )
+    shape = lite_shape(layers, experts, LITE["vocab_size"])
 
     def write(scratch: Path, partial: Path) -> None:
-        # built and saved in bf16: at 27 layers the checkpoint is 2.7B parameters (11 GB in fp32)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            hf = build_model("deepseek_v2", scratch / "hf", initializer_range=0.02, **shape)
-        finally:
-            torch.set_default_dtype(default)
-        convert(hf, partial, split=True, policy=Q4_K_M, reference=False)
+        convert(_checkpoint(scratch / "hf", shape), partial, split=True, policy=Q4_K_M, reference=False)
 
     return cut.cached_gguf(f"deepseek-v2-lite-shaped-{cut.shape_key(shape, Q4_K_M)}-Q4_K_M.gguf", write)
+
+
+def converted_lite_file(layers: int, experts: int, converter: Path, python: str | None) -> Path:
+    """The same checkpoint, with GPT-2's vocabulary, through llama.cpp's converter and quantizer (cached)."""
+    shape = lite_shape(layers, experts, llama_convert.VOCABULARIES["gpt-2"])
+    return llama_convert.converted_gguf(
+        f"deepseek-v2-lite-shaped-{cut.shape_key(shape)}-llama.cpp-Q4_K_M.gguf",
+        lambda hf: _checkpoint(hf, shape),
+        "Q4_K_M",
+        converter,
+        python,
+    )
 
 
 def rate(llm: LLM, prompts: list[list[int]], new_tokens: int, rounds: int) -> float:
@@ -101,8 +129,15 @@ def main() -> None:
     parser.add_argument(
         "--activations", default="float32", help="ours: float32 (exact) or int8 (llama.cpp's own arithmetic)"
     )
+    parser.add_argument(
+        "--llama-cpp-converter", help="llama.cpp's convert_hf_to_gguf.py (or LLAMA_CPP_CONVERTER)"
+    )
     args = parser.parse_args()
-    path = lite_file(args.layers, args.experts)
+    converter = llama_convert.converter_from(args.llama_cpp_converter)
+    if converter is None:
+        path = lite_file(args.layers, args.experts)
+    else:
+        path = converted_lite_file(args.layers, args.experts, converter, args.llama_cpp_python)
     llm = LLM(str(path), max_model_len=1024, max_num_seqs=8, activations=args.activations)
     single = [[(17 * i + 3) % 8000 + 10 for i in range(32)]]
     batch = [[(17 * i + 29 * b) % 8000 + 10 for i in range(32)] for b in range(1, 5)]
@@ -118,7 +153,9 @@ def main() -> None:
     mha = 2 * cfg.num_layers * cfg.num_heads * cfg.layers[0].attention.mla.v_head_dim * 2
     row = {
         "bench": "mla",
-        "model": f"deepseek-v2-lite-shaped/{args.layers}L/{args.experts}E-top{min(6, args.experts)}/vocab8192-Q4_K_M",
+        "model": f"deepseek-v2-lite-shaped/{args.layers}L/{args.experts}E-top{min(6, args.experts)}"
+        f"/vocab{cfg.vocab_size}-Q4_K_M",
+        "file": llama_convert.CONVERTED if converter else llama_convert.OURS,
         "routed_experts": f"{args.experts} of V2-Lite's 64 (file size); every other width V2-Lite's",
         "gib": round(path.stat().st_size / 2**30, 2),
         "device": "cpu",

@@ -14,7 +14,10 @@
  * (moe_route_rows, moe_tokens, moe_add_shared_rows in cpu_moe.c), here without Python between them. Granite's residual multiplier scales
  * each branch's output before it is added; its attention multiplier is Shape's scale. A latent attention layer
  * (DeepSeek's MLA: Layer's mla) runs its projections, norms and rotary as models/mla.py does and attends through
- * mla_decode_rows (cpu_mla.c), as the module does for up to mla_attention.C_ROWS rows.
+ * mla_decode_rows (cpu_mla.c), as the module does for up to mla_attention.C_ROWS rows. Gemma 3: its (1 + w) norms
+ * are weights (1 + w taken at build, as the module takes it each call), a sandwich of norms around each branch
+ * (Layer's pre_ff_norm, post_ff_norm), GELU's tanh form, and its local layers' own rotary table (rope_offset); its
+ * embeddings' scale is the caller's (models/cpu_decoder.py embeds the rows as the module does).
  */
 #include <omp.h>
 
@@ -30,7 +33,8 @@ void struct_layouts(int64_t *out) {
                          offsetof(Layer, moe), offsetof(Layer, k_cache), offsetof(Layer, window), sizeof(Shape),
                          offsetof(Shape, eps),
                          offsetof(Shape, final_norm), offsetof(Shape, kv_kind), offsetof(Layer, mla),
-                         sizeof(Latent), offsetof(Latent, kv_a), offsetof(Latent, lora), offsetof(Latent, eps)};
+                         sizeof(Latent), offsetof(Latent, kv_a), offsetof(Latent, lora), offsetof(Latent, eps),
+                         offsetof(Layer, pre_ff_norm), offsetof(Layer, rope_offset), offsetof(Shape, gelu)};
     memcpy(out, v, sizeof v);
 }
 
@@ -38,11 +42,9 @@ double matmul_seconds; /* wall time in the matmuls, for bench/engine_vs_peers.py
 
 static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
     double start = omp_get_wtime();
-    for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) {
-        const QuantMatrix *p = w->parts + i;
-        qmm(x, M, p->codes, p->scales, p->offsets, p->rows, p->cols, (int)p->bits, p->group, (int)p->scale_kind,
-            (int)p->order, y + col, w->rows, threads);
-    }
+    i64 columns[3];
+    for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) columns[i] = col;
+    qmm_parts(x, M, w->parts, columns, w->count, y, w->rows, threads); /* x quantized once for the parts */
     if (w->bias)  /* added after the matmul, as the module adds it */
         for (i64 r = 0; r < M; r++)
             for (i64 c = 0; c < w->rows; c++) y[r * w->rows + c] = y[r * w->rows + c] + w->bias[c];
@@ -146,7 +148,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
                 rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, k_rows, hkv * D / k_rows, s->eps);
             }
             if (L->rope)
-                rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos, sin, ldc);
+                rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos + L->rope_offset, sin + L->rope_offset, ldc);
             else  /* q and k as projected, packed as rotary_rows would leave them */
                 for (i64 r = 0; r < M; r++)
                     memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
@@ -162,7 +164,12 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         }
         matmul(&L->o, attn, M, out, threads);
         scale_branch(out, M * H, s->residual_scale);
-        rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
+        if (L->pre_ff_norm) { /* Gemma's sandwich: the attention's output normed, then added and normed again */
+            rms_norm_rows(out, NULL, L->post_norm, NULL, out, M, H, s->eps);
+            rms_norm_rows(out, residual, L->pre_ff_norm, residual, h, M, H, s->eps);
+        } else {
+            rms_norm_rows(out, residual, L->post_norm, residual, h, M, H, s->eps);
+        }
         if (L->moe.router) {
             const Experts *E = &L->moe;
             if (!moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads))
@@ -180,10 +187,13 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             }
         } else {
             matmul(&L->gate_up, h, M, gate_up, threads);
-            silu_mul_rows(gate_up, act, M, s->inter);
+            (s->gelu ? gelu_tanh_mul_rows : silu_mul_rows)(gate_up, act, M, s->inter);
             matmul(&L->down, act, M, out, threads);
         }
-        scale_branch(out, M * H, s->residual_scale);
+        if (L->post_ff_norm)  /* the sandwich's last norm, in the multiplier's place (the module's order) */
+            rms_norm_rows(out, NULL, L->post_ff_norm, NULL, out, M, H, s->eps);
+        else
+            scale_branch(out, M * H, s->residual_scale);
     }
     rms_norm_rows(out, residual, s->final_norm, residual, x, M, H, s->eps);
     if (M > 64) {  /* a prompt's worth of rows: not kept for the decode steps that follow */

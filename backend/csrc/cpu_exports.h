@@ -79,6 +79,10 @@ typedef struct {
     i64 rope;                /* 0: a NoPE layer, whose q and k are stored and attend as projected */
     i64 qk_norm_full;        /* 1: q_norm and k_norm span all of q and all of k (OLMoE); 0: each head (Qwen3) */
     const Latent *mla;       /* a latent attention layer's (its cache k_cache's rows); NULL: q|k|v attention */
+    /* Gemma's sandwich: post_norm norms the attention's output before it joins the residual, pre_ff_norm then
+     * norms the feed-forward's input and post_ff_norm its output; NULL: post_norm norms the feed-forward's input */
+    const float *pre_ff_norm, *post_ff_norm;
+    i64 rope_offset; /* its rotary table's cos and sin this many floats past the model's (Gemma 3's local base) */
 } Layer;
 
 typedef struct {
@@ -88,6 +92,7 @@ typedef struct {
     const float *final_norm;
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
     float residual_scale; /* each branch's output times this before it joins the residual stream (Granite); 1 */
+    i64 gelu;             /* 1: the dense feed-forward's GELU in its tanh form (Gemma); 0: SiLU */
 } Shape;
 
 /* A layout's bits TABLE_BITS + t: 4-bit codes, laid out as bits 4's, that index table t of 16 int8 values (the
@@ -110,6 +115,12 @@ int qmm_codes(const float *x, i64 M, const uint8_t *codes, const void *scales, c
 int qmm_bf16(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
              int bits, i64 group, int scale_kind, float *y, i64 ldy, int threads);
 int amx_usable(void);
+/* several parts' matmuls of one input (a fused layer's q|k|v or gate|up, or two layers'), part i into y's columns from
+ * columns[i]: cpu_dispatch.c's qmm_parts, x quantized once for the parts that read it alike (cpu_int8.c's) */
+void qmm_parts(const float *x, i64 M, const QuantMatrix *parts, const i64 *columns, i64 count, float *y, i64 ldy,
+               int threads);
+int qmm_int8_parts(const float *x, i64 M, const QuantMatrix *parts, const i64 *columns, i64 count, float *y, i64 ldy,
+                   int threads);
 /* the fp32 kernel's pieces for callers that run many matmuls in one parallel region (cpu_moe.c) */
 extern const i64 ROWS_PER_TILE;
 i64 tile_panels(i64 M);
@@ -150,6 +161,7 @@ void rms_norm_rows(const float *x, const float *residual, const float *weight, f
 void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64 ldx, const float *cos,
                  const float *sin, i64 ldc);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
+void gelu_tanh_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter); /* Gemma's feed-forward */
 /* cpu_delta_rule.c: the gated delta rule's recurrent update of decode rows, on the state pool in place, and of a
  * prompt run of one sequence on its state */
 void delta_rule_rows(const float *q, const float *k, const float *v, const float *g, const float *beta,
@@ -162,6 +174,10 @@ void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
                            const int64_t *tables, i64 table_stride, const int64_t *lens, i64 window, float scale,
                            const float *sinks, i64 max_len, int threads);
+/* cpu_chunk_attention.c: a prompt chunk's rows, causal, over its sequence's paged cache in place */
+void chunk_attention(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim, const void *k_cache,
+                     const void *v_cache, int kind, i64 block_size, const int64_t *table, i64 context_len,
+                     i64 window, float scale, const float *sinks, int threads);
 /* cpu_mla.c: multi-head latent attention's decode rows (W_UK, the latent attention, W_UV) */
 int mla_decode_rows(const float *q_nope, i64 ld_nope, i64 hs_nope, const float *q_pe, i64 ld_pe, i64 hs_pe, i64 rows,
                     i64 heads, i64 nope, i64 rope, i64 lora, i64 v, const void *w_uk, const float *uk_scales, i64 uk_hs,

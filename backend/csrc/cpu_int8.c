@@ -199,48 +199,86 @@ int int8_panels(i64 M, int digits) {
     return M * digits <= (digits == 3 ? DIGIT_ROWS : MAX_ROWS) ? PANELS_FOR(M * digits) : 1;
 }
 
-/* room for M rows of K (`digits` code rows each) in the calling thread's scratch (kept between calls); 0 where
- * memory ran out */
-static int room(Rows *r, i64 M, i64 K, i64 groups, int digits) {
-    static __thread void *q_buf, *f_buf;
-    static __thread size_t q_size, f_size;
-    float *f = grown(&f_buf, &f_size, (size_t)(M * groups) * (2 + digits) * sizeof(float));
-    *r = (Rows){grown(&q_buf, &q_size, (size_t)(M * digits * K)), f, f + M * groups, (int32_t *)(f + 2 * M * groups),
-                K, groups, digits};
-    return M == 0 || (r->q && f);
+/* room for M rows of K quantized as each of kinds[0 .. n) reads them (its group; `digits` code rows a row) in the
+ * calling thread's scratch (kept between calls); 0 where memory ran out */
+static int room(Rows *rows, const QuantMatrix *const *kinds, i64 n, i64 M, i64 K, int digits) {
+    static __thread void *buf;
+    static __thread size_t size;
+    size_t total = 0;
+    for (i64 j = 0; j < n; j++) total += (int8_rows_bytes(M, K, kinds[j]->group, digits) + 63) / 64 * 64;
+    uint8_t *at = grown(&buf, &size, total ? total : 1);
+    if (!at) return 0;
+    for (i64 j = 0; j < n; j++) {
+        rows[j] = int8_rows_in(at, M, K, kinds[j]->group, digits);
+        at += (int8_rows_bytes(M, K, kinds[j]->group, digits) + 63) / 64 * 64;
+    }
+    return 1;
 }
 
 /* Up to this many rows (a decode step, a short verification) each thread quantizes x for itself: a few hundred
  * values a row, cheaper than the barrier a shared copy needs before any thread may read it. */
 #define OWN_ROWS 4
 
-/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7, 8 or a table's); 0 where memory
- * ran out */
-int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
-             int bits, i64 group, int scale_kind, int digits, float *y, i64 ldy, int threads) {
-    Rows shared;
-    if (M > OWN_ROWS && !room(&shared, M, K, K / group, digits)) return 0;
-    Weight w = weight_of(codes, scales, offsets, K, group, bits, scale_kind);
-    const int PP = int8_panels(M, digits);
-    const i64 tiles = ((N + PANEL - 1) / PANEL + PP - 1) / PP;
+/* y [M, ..] = x [M, K] @ w.T for each of `count` parts in quad order (one order, one K), part i into y's columns
+ * from columns[i], rows ldy apart: a fused layer's q|k|v or gate|up, or the linear-attention layer's two input
+ * projections, from one input. x is quantized once for the parts that read it alike (the same group and bits; a
+ * Q6_K v beside Q4_K q and k takes its own), then every part's tiles share one parallel loop; each part's columns
+ * are the bits a call of its own gives. 0 where memory ran out. */
+int qmm_int8_parts(const float *x, i64 M, const QuantMatrix *parts, const i64 *columns, i64 count, float *y, i64 ldy,
+                   int threads) {
+    if (count < 1) return 1;
+    const i64 K = parts[0].cols;
+    const int digits = quad_digits(parts[0].order), PP = int8_panels(M, digits);
+    const QuantMatrix *kinds[count]; /* the first part of each group and bits */
+    i64 kind_of[count], first[count + 1], n = 0;
+    Weight w[count];
+    first[0] = 0;
+    for (i64 i = 0; i < count; i++) {
+        const QuantMatrix *p = parts + i;
+        i64 j = 0;
+        while (j < n && !(kinds[j]->group == p->group && kinds[j]->bits == p->bits)) j++;
+        if (j == n) kinds[n++] = p;
+        kind_of[i] = j;
+        w[i] = weight_of(p->codes, p->scales, p->offsets, K, p->group, (int)p->bits, (int)p->scale_kind);
+        first[i + 1] = first[i] + ((p->rows + PANEL - 1) / PANEL + PP - 1) / PP; /* the part's tiles from here */
+    }
+    Rows shared[count];
+    if (M > OWN_ROWS && !room(shared, kinds, n, M, K, digits)) return 0;
     int ran = 1;
 #pragma omp parallel num_threads(threads)
     {
-        Rows own, *rows = &shared;
+        Rows own[count], *rows = shared;
         if (M <= OWN_ROWS) {
-            rows = room(&own, M, K, K / group, digits) ? &own : NULL;
-            for (i64 m = 0; rows && m < M; m++) int8_quantize_row(x, m, group, bits, rows);
+            rows = room(own, kinds, n, M, K, digits) ? own : NULL;
+            for (i64 j = 0; rows && j < n; j++)
+                for (i64 m = 0; m < M; m++) int8_quantize_row(x, m, kinds[j]->group, (int)kinds[j]->bits, own + j);
         } else {
 #pragma omp for schedule(static)
-            for (i64 m = 0; m < M; m++) int8_quantize_row(x, m, group, bits, rows);
+            for (i64 m = 0; m < M; m++)
+                for (i64 j = 0; j < n; j++) int8_quantize_row(x, m, kinds[j]->group, (int)kinds[j]->bits, shared + j);
         }
         if (!rows) {
 #pragma omp atomic write
             ran = 0;
         }
 #pragma omp for schedule(static)
-        for (i64 t = 0; t < tiles; t++)
-            if (rows) int8_panel_rows(&w, rows, t * PP, M, PP, y, ldy, N, codes + (t + 1) * PP * w.panel_code_bytes);
+        for (i64 t = 0; t < first[count]; t++) {
+            i64 i = 0;
+            while (t >= first[i + 1]) i++;
+            const i64 p = (t - first[i]) * PP;
+            if (rows)
+                int8_panel_rows(w + i, rows + kind_of[i], p, M, PP, y + columns[i], ldy, parts[i].rows,
+                                parts[i].codes + (p + PP) * w[i].panel_code_bytes);
+        }
     }
     return ran;
+}
+
+/* y [M, N] = x [M, K] @ w.T, rows ldy apart, from codes in quad order (bits 4, 6, 7, 8 or a table's); 0 where memory
+ * ran out */
+int qmm_int8(const float *x, i64 M, const uint8_t *codes, const void *scales, const void *offsets, i64 N, i64 K,
+             int bits, i64 group, int scale_kind, int digits, float *y, i64 ldy, int threads) {
+    const QuantMatrix part = {codes, scales, offsets, N, K, group, bits, scale_kind, digits == 3 ? 3 : 2};
+    const i64 column = 0;
+    return qmm_int8_parts(x, M, &part, &column, 1, y, ldy, threads);
 }

@@ -45,19 +45,32 @@ void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64
     }
 }
 
-/* out [rows, inter] = silu(gate) * up, gate_up [rows, 2 * inter] (gate columns, then up). */
-void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) {
+/* out [rows, inter] = act(gate) * up, gate_up [rows, 2 * inter] (gate columns, then up); act is SiLU, g / (1 + e^-g),
+ * or GELU in its tanh form (Gemma's gelu_pytorch_tanh): 0.5 g (1 + tanh(z)) with z = sqrt(2 / pi) (g + 0.044715 g^3)
+ * is g / (1 + e^(-2z)), exp8 as SiLU's, and no cancellation where tanh(z) is near -1. The module path calls these
+ * too (models/mlp.py), so the one-call step and the modules compute the same bits. */
+static void gated_rows(const float *gate_up, float *out, i64 rows, i64 inter, int gelu) {
+    const float cube = 0.044715f, minus_2k = -2.0f * 0.7978845608028654f; /* -2 sqrt(2 / pi) */
     for (i64 r = 0; r < rows; r++) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         i64 i = 0;
         for (; i + 8 <= inter; i += 8) {
             V8 gv = v8_loadu(g + i);
-            V8 silu = gv / (v8_set1(1.0f) + exp8(v8_set1(0.0f) - gv));
-            v8_storeu(o + i, silu * v8_loadu(u + i));
+            V8 e = gelu ? exp8((gv + v8_set1(cube) * gv * gv * gv) * v8_set1(minus_2k)) : exp8(v8_set1(0.0f) - gv);
+            v8_storeu(o + i, gv / (v8_set1(1.0f) + e) * v8_loadu(u + i));
         }
-        for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (; i < inter; i++) {
+            float e = gelu ? expf((g[i] + cube * g[i] * g[i] * g[i]) * minus_2k) : expf(-g[i]);
+            o[i] = g[i] / (1.0f + e) * u[i];
+        }
     }
+}
+
+void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) { gated_rows(gate_up, out, rows, inter, 0); }
+
+void gelu_tanh_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) {
+    gated_rows(gate_up, out, rows, inter, 1);
 }
 
 /* x [n] stored as a KV cache of `kind` stores keys and values (cpu_decoder.c): its tests compare it with PyTorch's

@@ -19,6 +19,7 @@ from backend.engine.sequence import Sequence
 from backend.engine.state_pool import is_hybrid, state_pool_bytes
 from backend.kernels import step_paths
 from backend.model_config import ModelConfig
+from backend.quant.attention_sizes import attention_activation_bytes
 from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
 from backend.speculative.speculative_config import SpeculativeConfig
@@ -206,15 +207,15 @@ def _profile_cuda(config: EngineConfig, shape: CacheShape, models: list, per_blo
                            free, per_block, config.gpu_memory_utilization, fit)
 
 
-def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torch.dtype) -> int:
-    """An upper estimate of one step's activations before the model exists to be measured: a few copies of
-    the hidden states, q|k|v, the widest MLP (all routed experts' rows of a token), fp32 logits and their
-    probabilities. Twice that, as the CUDA warm-up later measures the real peak and refuses if short."""
+def activation_bytes(cfg: ModelConfig, tokens: int, logit_rows: int, dtype: torch.dtype, context: int = 0) -> int:
+    """An upper estimate of one step's activations before the model exists to be measured: a few copies of the hidden
+    states, the attention's (attention_sizes: a prompt chunk reading `context` positions), the widest MLP (all routed
+    experts' rows of a token), fp32 logits and probabilities. Twice that: the CUDA warm-up measures the real peak."""
     width = max(cfg.intermediate_size if any(layer.mlp.kind == "dense" for layer in cfg.layers) else 0,
                 cfg.num_experts_per_tok * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size)
-    per_token = 8 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + 3 * width
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    return 2 * (tokens * per_token * itemsize + 2 * logit_rows * cfg.vocab_size * 4)
+    attention = attention_activation_bytes(cfg, tokens, max(context, tokens), itemsize)
+    return 2 * (tokens * (8 * cfg.hidden_size + 3 * width) * itemsize + attention + 2 * logit_rows * cfg.vocab_size * 4)
 
 
 def min_kv_bytes(config: EngineConfig, per_block: int, max_model_len: int, sliding_block: int = 0,
@@ -264,7 +265,7 @@ def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, 
     if not cfg.is_moe:
         return None
     per_block, sliding_block, window_blocks = group_sizes(config, shape, [cfg] + ([draft.config] if draft else []))
-    reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype)
+    reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype, shape.max_model_len)
     if draft is not None:
         reserved += module_bytes(draft)
     reserved += min_kv_bytes(config, per_block, shape.max_model_len, sliding_block, window_blocks) + state_pool_bytes(

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from backend.kernels import native, use_triton
 from backend.kernels.delta_rule import StateRows
-from backend.kernels.step_paths import TRITON, C, attention_kernel, rows_kernel
+from backend.kernels.step_paths import TRITON, C, attention_kernel, chunk_kernel, rows_kernel
 
 
 @dataclass
@@ -138,13 +138,31 @@ def _native_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return out
 
 
+def _native_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                  context_len: int, scale: float, sliding_window: int | None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Our C kernel (cpu_chunk_attention.c): a prompt chunk's rows, causal, reading the cache in place."""
+    out = q.new_empty(q.shape)
+    s, hq, d = q.shape
+    sinks = sinks.float().contiguous() if sinks is not None else None  # held here while the kernel reads it
+    table = table.to(torch.int64).contiguous()
+    native.library().chunk_attention(
+        q.data_ptr(), q.stride(0), out.data_ptr(), s, hq, k_cache.shape[2], d, k_cache.data_ptr(), v_cache.data_ptr(),
+        native.KV_KINDS[k_cache.dtype], k_cache.shape[1], table.data_ptr(), context_len, sliding_window or 0, scale,
+        sinks.data_ptr() if sinks is not None else None, torch.get_num_threads())
+    return out
+
+
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                       context_len: int, scale: float, sliding_window: int | None = None,
-                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      sinks: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
     """Causal attention of a chunk of S query tokens, the last S of a context already in the cache.
 
     q [S, Hq, D] -> [S, Hq, D]. Query i sits at position context_len - S + i.
+    kernel: C or TORCH as paged_attention found it (step_paths.chunk_kernel decides); None: asked here.
     """
+    if chunk_kernel(q, k_cache, v_cache, kernel) == C:
+        return _native_chunk(q, k_cache, v_cache, block_table, context_len, scale, sliding_window, sinks)
     s, hq, d = q.shape
     hkv = k_cache.shape[2]
     block_size = k_cache.shape[1]
@@ -219,7 +237,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                                           scale, sliding_window, sinks, kernel)
         else:
             out[chunk.start:chunk.end] = prefill_attention(rows, k_cache, v_cache, chunk.block_table,
-                                                           chunk.context_len, scale, sliding_window, sinks)
+                                                           chunk.context_len, scale, sliding_window, sinks, kernel)
     return out
 
 

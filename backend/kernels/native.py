@@ -31,7 +31,7 @@ log = logging.getLogger("backend")
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
                                                  "moe", "moe_route", "int8", "int8_rows", "nibbles", "delta_rule",
-                                                 "packed_rows", "mla")]
+                                                 "packed_rows", "mla", "chunk_attention")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -99,6 +99,8 @@ def load(path: Path) -> ctypes.CDLL:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.qmm.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i32, i64, i32, i32, ptr, i64, i32]
     lib.qmm.restype = None
+    lib.qmm_parts.argtypes = [ptr, i64, ptr, ptr, i64, ptr, i64, i32]
+    lib.qmm_parts.restype = None
     lib.moe_tokens.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i32]
     lib.moe_tokens.restype = i32
     lib.moe_tokens_biased.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_float,
@@ -113,6 +115,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.rms_norm_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_rows.argtypes = [ptr, ptr, i64, i64, i64, i64, ptr, ptr, i64]
     lib.silu_mul_rows.argtypes = [ptr, ptr, i64, i64]
+    lib.gelu_tanh_mul_rows.argtypes = [ptr, ptr, i64, i64]
     lib.delta_rule_rows.argtypes = [ptr] * 9 + [i64] * 5 + [i32]
     lib.delta_rule_rows.restype = None
     lib.delta_rule_run.argtypes = [ptr] * 7 + [i64] * 5 + [i32]
@@ -121,6 +124,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
                                           ptr, i64, i32]
     lib.kv_store.argtypes = [ptr, ptr, i64, i32]
+    lib.chunk_attention.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, i64, f32, ptr, i32]
+    lib.chunk_attention.restype = None
     lib.mla_decode_rows.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr,
                                     i64, ptr, i32, i64, ptr, i64, ptr, f32, i64, ptr, i32]
     lib.mla_decode_rows.restype = i32
@@ -128,8 +133,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_layers.restype = i32
     lib.struct_layouts.argtypes = [ptr]
     lib.int8_vnni.restype = i32
-    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.decode_attention_rows, lib.kv_store,
-               lib.struct_layouts):
+    for fn in (lib.rms_norm_rows, lib.rotary_rows, lib.silu_mul_rows, lib.gelu_tanh_mul_rows,
+               lib.decode_attention_rows, lib.kv_store, lib.struct_layouts):
         fn.restype = None
     return lib
 

@@ -7,9 +7,11 @@ format), with or without biases (Qwen2), q/k norms (per head: Qwen3; over all of
 multipliers, rotary (none in SmolLM3's NoPE layers) and a sliding window (each layer's own), and MoE layers whose
 router is fp32 and whose experts are in our layout (Mixtral, Qwen3-MoE, OLMoE; Qwen2-MoE's gated and Granite-MoE's
 ungated shared experts), and latent attention layers (DeepSeek-V2's MLA, their kv_b read as mla_attention's C rows
-read it, up to its C_ROWS rows) with V2's softmax router. Partial rotary (Phi-4-mini, GLM-4.5) stays with the
-modules, and so do DeepSeek-V3's and GLM's routers (their logits are torch's matmul in the modules), Gemma 3 ((1 + w)
-norms around each branch, GELU, a rotary base per layer kind).
+read it, up to its C_ROWS rows) with V2's softmax router, and Gemma 3: its (1 + w) norms (1 + w taken here once, the
+same fp32 sum the module takes each call), the sandwich of norms around each branch, GELU's tanh form (the C kernel
+the module calls too) and a rotary table per layer kind (the step's rows carry every table, each layer reads its
+own). Partial rotary (Phi-4-mini, GLM-4.5) stays with the modules, and so do DeepSeek-V3's and GLM's routers (their
+logits are torch's matmul in the modules).
 The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
 as decode rows, up to max_rows of them.
 """
@@ -25,20 +27,16 @@ from backend.kernels.moe_torch import c_reads
 from backend.models.mla import LatentAttention
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
-from backend.models.transformer import Attention, CausalLM
+from backend.models.transformer import Attention, CausalLM, RMSNorm
+from backend.quant.cpu_parts import QuantMatrix
 from backend.quant.experts import ExpertStack, QuantExperts, one_call_tokens
 from backend.quant.modules import QuantLinear
 
 i64, ptr = ctypes.c_int64, ctypes.c_void_p
 
 
-class _QuantMatrix(ctypes.Structure):
-    _fields_ = [("codes", ptr), ("scales", ptr), ("offsets", ptr), ("rows", i64), ("cols", i64), ("group", i64),
-                ("bits", i64), ("scale_kind", i64), ("order", i64)]
-
-
 class _Linear(ctypes.Structure):
-    _fields_ = [("parts", _QuantMatrix * 3), ("count", i64), ("rows", i64), ("bias", ptr)]
+    _fields_ = [("parts", QuantMatrix * 3), ("count", i64), ("rows", i64), ("bias", ptr)]
 
 
 class _Experts(ctypes.Structure):
@@ -56,13 +54,15 @@ class _Latent(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
-                ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64), ("mla", ptr)]
+                ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64), ("mla", ptr),
+                ("pre_ff_norm", ptr), ("post_ff_norm", ptr), ("rope_offset", i64)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
                 ("inter", i64), ("top_k", i64), ("block_size", i64), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64), ("residual_scale", ctypes.c_float)]
+                ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64), ("residual_scale", ctypes.c_float),
+                ("gelu", i64)]
 
 
 def _linear(linear) -> _Linear | None:
@@ -78,9 +78,9 @@ def _linear(linear) -> _Linear | None:
             return None
         lay = w.layout
         offsets = w.offsets.data_ptr() if lay.offsets else None
-        parts.append(_QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), offsets, w.rows, w.cols, lay.group,
+        parts.append(QuantMatrix(w.codes.data_ptr(), w.scales.data_ptr(), offsets, w.rows, w.cols, lay.group,
                                   lay.bits, lay.scale_kind, lay.order_code))
-    return _Linear((_QuantMatrix * 3)(*parts), len(parts), linear.out_features,
+    return _Linear((QuantMatrix * 3)(*parts), len(parts), linear.out_features,
                    bias.data_ptr() if bias is not None else None)
 
 
@@ -125,21 +125,31 @@ def _latent(attn: LatentAttention) -> tuple[_Latent, list[torch.Tensor]] | None:
                    int(attn.pairs_adjacent), attn.kv_a_layernorm.eps), keep
 
 
-def _norms(layer) -> list[torch.Tensor | None]:
-    """The layer's norm weights in _Layer's order: input, post-attention, q, k (None without q/k norms); then a
-    latent attention's (q_a's where q has its low-rank path, kv_a's)."""
-    attn = layer.self_attn
-    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    if isinstance(attn, LatentAttention):
-        return norms + [None, None] + [attn.q_a_layernorm.weight if attn.q_lora else None, attn.kv_a_layernorm.weight]
-    return norms + ([attn.q_norm.weight, attn.k_norm.weight] if attn.qk_norm else [None, None])
+def _norms(layer) -> list[RMSNorm | None]:
+    """The layer's norms in _Layer's order: input, post-attention, q, k (None without q/k norms), pre- and
+    post-feedforward (None without Gemma's sandwich); then a latent attention's (q_a's where q has its low-rank
+    path, kv_a's)."""
+    attn, latent = layer.self_attn, isinstance(layer.self_attn, LatentAttention)
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    norms += [attn.q_norm, attn.k_norm] if not latent and attn.qk_norm else [None, None]
+    norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm] if layer.sandwich else [None, None]
+    return norms + ([attn.q_a_layernorm if attn.q_lora else None, attn.kv_a_layernorm] if latent else [])
+
+
+def _scale(norm: RMSNorm | None) -> torch.Tensor | None:
+    """What the C loop multiplies a norm's rows by: Gemma's 1 + w (the module's fp32 sum), else the weight."""
+    if norm is None:
+        return None
+    return 1.0 + norm.weight.float() if norm.unit_offset else norm.weight
 
 
 class CpuDecoder:
     def __init__(self, model: CausalLM, layers: list[_Layer], shape: _Shape, max_rows: int | None,
-                 latents: list | None = None):
+                 held: list | None = None):
         self.model = model  # held: its weights and caches are what the pointers point into
-        self.latents = latents or []  # held too: the latent layers' structs and kv_b's halves, which layers point to
+        # held too: what layers point to besides the model's tensors (the latent layers' structs and kv_b's halves,
+        # Gemma's 1 + w)
+        self.held = held or []
         self.layers, self.shape = (_Layer * len(layers))(*layers), shape
         # A MoE model's experts of more rows are faster in the module path's per-expert loop (experts.py)
         self.max_rows = max_rows
@@ -150,16 +160,15 @@ class CpuDecoder:
         cfg = model.config
         if not all(isinstance(layer.self_attn, (Attention, LatentAttention)) for layer in model.model.layers):
             return None  # the C loop runs full, sliding and latent attention; the modules run the other kinds
-        norms = [model.model.norm.weight] + [w for layer in model.model.layers for w in _norms(layer) if w is not None]
-        if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in norms):
+        final_norm, scales = _scale(model.model.norm), [[_scale(n) for n in _norms(layer)] for layer in model.model.layers]
+        held = [final_norm] + [w for layer in scales for w in layer if w is not None]
+        if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in held):
             return None
         latent = isinstance(model.model.layers[0].self_attn, LatentAttention)  # rotating qk_rope_head_dim of each head
         if cfg.rotary_dim != cfg.head_dim and not latent:  # partial rotary (Phi-4-mini): the modules rotate part
             return None
-        if cfg.norm_unit_offset or cfg.sandwich_norms or cfg.hidden_act != "silu" or model.own_cos_sin is not None:
-            return None  # Gemma 3's
-        layers, top_k, inter, latents = [], 0, cfg.intermediate_size, []
-        for layer in model.model.layers:
+        layers, top_k, inter = [], 0, cfg.intermediate_size
+        for layer, norms in zip(model.model.layers, scales):
             attn, mlp = layer.self_attn, layer.mlp
             if attn.k_cache.numel() == 0 or (isinstance(attn, Attention) and (attn.sinks is not None
                                                                                or attn.output_gate)):
@@ -168,10 +177,10 @@ class CpuDecoder:
             if isinstance(attn, LatentAttention) and mla is None:
                 return None
             if mla is not None:
-                latents += [mla[0], *mla[1]]
+                held += [mla[0], *mla[1]]
             if isinstance(mlp, MLP):
                 ffn, moe = [_linear(mlp.gate_up_proj), _linear(mlp.down_proj)], _Experts()
-            elif isinstance(mlp, SparseMoE):
+            elif isinstance(mlp, SparseMoE) and cfg.hidden_act == "silu":
                 ffn, moe = [_Linear(), _Linear()], _experts(mlp)
                 top_k = max(top_k, mlp.top_k)
                 inter = max(inter, moe.shared_inter if moe is not None else 0)
@@ -180,23 +189,23 @@ class CpuDecoder:
             parts = [_Linear() if mla is not None else _linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
             if moe is None or any(p is None for p in parts):
                 return None
-            norms = [w.data_ptr() if w is not None else None for w in _norms(layer)[:4]]
+            norms = [w.data_ptr() if w is not None else None for w in norms[:6]]
             if mla is not None:
-                layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), None, 0, 1, 0,
-                                     ctypes.addressof(mla[0])))
+                layers.append(_Layer(*norms[:4], *parts, moe, attn.k_cache.data_ptr(), None, 0, 1, 0,
+                                     ctypes.addressof(mla[0]), *norms[4:], 0))
                 continue
-            layers.append(_Layer(*norms, *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
-                                 attn.sliding_window or 0, int(attn.rope),
-                                 int(attn.qk_norm == "full"), None))
+            layers.append(_Layer(*norms[:4], *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
+                                 attn.sliding_window or 0, int(attn.rope), int(attn.qk_norm == "full"), None,
+                                 *norms[4:], attn.rope_table * 2 * cfg.head_dim))  # __call__'s rows of tables
         first = model.model.layers[0].self_attn
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,
-                       model.model.norm.weight.data_ptr(), native.KV_KINDS[first.k_cache.dtype],
-                       cfg.residual_multiplier)
+                       final_norm.data_ptr(), native.KV_KINDS[first.k_cache.dtype], cfg.residual_multiplier,
+                       int(cfg.hidden_act == "gelu_pytorch_tanh"))
         max_rows = one_call_tokens() if top_k else None
         if latent:  # the module's latent rows run in cpu_mla.c up to C_ROWS, in torch beyond
             max_rows = min(max_rows or C_ROWS, C_ROWS)
-        return cls(model, layers, shape, max_rows, latents)
+        return cls(model, layers, shape, max_rows, held)
 
     def takes(self, rows: int) -> bool:
         return self.max_rows is None or rows <= self.max_rows
@@ -205,12 +214,14 @@ class CpuDecoder:
         """Hidden states [rows, hidden] of a step whose rows all attend as decode rows."""
         x = self.model.model.embed(input_ids).contiguous()
         cos_sin = self.model.cos_sin[positions]  # [rows, 2, head_dim] fp32
+        if self.model.own_cos_sin is not None:  # each row's tables side by side: [rows, tables, 2, head_dim]
+            cos_sin = torch.cat([cos_sin[:, None], self.model.own_cos_sin[:, positions].transpose(0, 1)], dim=1)
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         window = meta.sliding or meta  # sliding layers' slots and tables (engine/cache_groups.py)
         d = cos_sin.shape[-1]  # the rotary dimensions: each head's, or a latent layer's qk_rope_head_dim
         done = native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
-            cos_sin.data_ptr() + 4 * d, 2 * d, slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+            cos_sin.data_ptr() + 4 * d, cos_sin.stride(0), slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
             tables.shape[1] * self.shape.block_size, window.slot_mapping.data_ptr(),
             window.decode_block_tables.data_ptr(), window.decode_block_tables.stride(0), torch.get_num_threads())
         if not done:

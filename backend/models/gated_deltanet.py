@@ -24,6 +24,7 @@ from backend.kernels import delta_rule
 from backend.kernels.attention import AttentionMetadata
 from backend.layer_spec import AttentionSpec
 from backend.model_config import ModelConfig
+from backend.quant.modules import QuantLinear, outputs_of
 
 
 class GatedDeltaNet(nn.Module):
@@ -71,7 +72,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        qkvz, ba = self._projections(x)
         if self.grouped:
             qkvz, ba = self._ungroup(qkvz, ba)
         mixed, z = qkvz[:, : self.conv_dim], qkvz[:, self.conv_dim :]
@@ -91,6 +92,13 @@ class GatedDeltaNet(nn.Module):
                 fresh = chunk.context_len == chunk.end - chunk.start
                 core[rows] = self._prefill(mixed[rows], g[rows], beta[rows], slot, fresh)
         return self.out_proj(self._gated_norm(core, z.reshape(t, self.num_v_heads, self.v_dim)).to(x.dtype))
+
+    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """in_proj_qkvz(x) and in_proj_ba(x); quantized, in one call (x quantized once for both, not once a part)."""
+        if isinstance(self.in_proj_qkvz, QuantLinear) and isinstance(self.in_proj_ba, QuantLinear):
+            qkvz, ba = outputs_of([self.in_proj_qkvz, self.in_proj_ba], x)
+            return qkvz, ba
+        return self.in_proj_qkvz(x), self.in_proj_ba(x)
 
     def _split(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t = mixed.shape[0]

@@ -21,16 +21,28 @@ class MLP(nn.Module):
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of [..., 2 * inter] (gate columns, then up): one call of our C kernel on the CPU."""
-    inter = gate_up.shape[-1] // 2
-    if gate_up.is_contiguous() and native.usable(gate_up):
-        out = gate_up.new_empty(*gate_up.shape[:-1], inter)
-        native.library().silu_mul_rows(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * inter), inter)
+    out = _c_rows("silu_mul_rows", gate_up)
+    if out is not None:
         return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
 def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gelu(gate) in its tanh approximation, times up (transformers' gelu_pytorch_tanh)."""
+    """gelu(gate) in its tanh approximation, times up (transformers' gelu_pytorch_tanh): our C kernel on the CPU,
+    which the one-call decode step calls too (the same bits)."""
+    out = _c_rows("gelu_tanh_mul_rows", gate_up)
+    if out is not None:
+        return out
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def _c_rows(kernel: str, gate_up: torch.Tensor) -> torch.Tensor | None:
+    """The C kernel's act(gate) * up where it takes these rows, else None."""
+    if not (gate_up.is_contiguous() and native.usable(gate_up)):
+        return None
+    inter = gate_up.shape[-1] // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], inter)
+    getattr(native.library(), kernel)(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * inter), inter)
+    return out

@@ -2,17 +2,19 @@
 
 Paths, by device: CUDA (or SCRIPTORIUM_TRITON=1) decodes the blocks inside Triton matmuls
 (backend/kernels/quant_triton.py); the CPU runs our kernel on weights repacked once at load
-(cpu_layout.py); otherwise, and as the oracle, the reference dequantizes and multiplies.
+(cpu_layout.py), a fused layer's parts in one call (cpu_parts.py); otherwise, and as the oracle, the reference
+dequantizes and multiplies.
 """
 
 import dataclasses
+import itertools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from backend.kernels import native, use_triton
-from backend.quant import cpu_layout
+from backend.quant import cpu_layout, cpu_parts
 from backend.quant.formats import Format, dequantize, row_bytes
 
 
@@ -78,6 +80,10 @@ class QuantWeight(nn.Module):
         if not self.keep_data:
             self.data = None
 
+    def c_matrix(self) -> cpu_parts.QuantMatrix:
+        """This repacked weight as the C kernels take it."""
+        return cpu_parts.quant_matrix(self.codes, self.scales, self.offsets, self.layout, self.rows, self.cols)
+
     def tensors(self) -> list[torch.Tensor]:
         """What one expert of a stack is made of, as stacks to slice (ExpertCache copies them)."""
         if self.layout is None:
@@ -129,11 +135,61 @@ class QuantLinear(nn.Module):
         self.out_features = sum(p.rows for p in parts)
         self.parts = nn.ModuleList(parts)
         self.bias = nn.Parameter(torch.empty(self.out_features, dtype=dtype, device="meta")) if bias else None
+        self.plan: _Plan | None = None  # outputs_of's, built at the first call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ys = [p.matmul(x) for p in self.parts]
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
-        return y if self.bias is None else y + self.bias
+        return outputs_of([self], x)[0]
+
+
+def outputs_of(linears: list[QuantLinear], x: torch.Tensor) -> list[torch.Tensor]:
+    """Each QuantLinear's y for the one input x (q|k|v's parts, or two layers of one input): on the CPU, every part
+    repacked for our kernel in one C call (cpu_parts.py: x quantized once, not once a part; no torch.cat), the ys
+    views of one [..., sum of out_features] tensor; elsewhere part by part."""
+    plan = None if x.is_cuda else _plan(linears)
+    if plan is None:
+        ys = [[p.matmul(x) for p in linear.parts] for linear in linears]
+        ys = [y[0] if len(y) == 1 else torch.cat(y, dim=-1) for y in ys]
+    else:
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        x2 = rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
+        y = torch.empty(x2.shape[0], plan.width)
+        cpu_parts.matmul_parts(x2, plan.call, y)
+        for p, at in plan.floats:
+            y[:, at : at + p.rows] = p.matmul(rows)
+        y = y.to(x.dtype) if x.dim() == 2 else y.to(x.dtype).reshape(*x.shape[:-1], plan.width)
+        ys = y.split(plan.widths, dim=-1) if len(linears) > 1 else [y]
+    return [y if linear.bias is None else y + linear.bias for y, linear in zip(ys, linears)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How outputs_of runs some QuantLinears of one input on the CPU (kept on the first of them): the C call for their
+    repacked parts, the parts in plain floats with their first columns, each linear's width and all of them."""
+
+    key: tuple[int, ...]  # the linears, and where their parts' codes lie
+    call: cpu_parts.PartsCall
+    floats: tuple[tuple[QuantWeight, int], ...]
+    widths: list[int]
+    width: int
+
+
+def _plan(linears: list[QuantLinear]) -> _Plan | None:
+    """None where the parts run one by one: a lone part (cpu_layout.matmul's one call), or none repacked."""
+    if len(linears) == 1 and len(linears[0].parts) == 1:
+        return None
+    parts = [p for linear in linears for p in linear.parts]
+    key = (*map(id, linears), *(p.codes.data_ptr() if p.layout is not None else 0 for p in parts))
+    plan = linears[0].plan
+    if plan is not None and plan.key == key:
+        return plan
+    at = list(itertools.accumulate((p.rows for p in parts), initial=0))
+    packed = [(p, a) for p, a in zip(parts, at) if p.layout is not None]
+    if not packed:
+        return None
+    call = cpu_parts.parts_call([p.c_matrix() for p, _ in packed], [a for _, a in packed])
+    floats = tuple((p, a) for p, a in zip(parts, at) if p.layout is None)
+    linears[0].plan = _Plan(key, call, floats, [linear.out_features for linear in linears], at[-1])
+    return linears[0].plan
 
 
 class QuantEmbedding(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from backend.model_config import ModelConfig
-from backend.quant.attention_sizes import attention_bytes, tensor_bytes
+from backend.quant.attention_sizes import NORMS, attention_bytes, small_float_bytes, tensor_bytes
 from backend.quant.formats import BY_NAME
 
 # recipe(kind, layer or None, config) -> format name; kinds are GGUF tensor kinds (attn_q, ffn_down_exps, ...)
@@ -37,8 +37,8 @@ def q4_k_m(kind: str, layer: int | None, cfg: ModelConfig) -> str:
         return "Q6_K" if _use_more_bits(layer, cfg.num_layers) else "Q4_K"
     if kind == "attn_output" and cfg.num_experts == 8:
         return "Q5_K"
-    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp"):
-        return "F32"  # routers are never quantized
+    if kind in ("ffn_gate_inp", "ffn_gate_inp_shexp", NORMS):
+        return "F32"  # routers, norms and biases are never quantized
     return "Q4_K"
 
 
@@ -70,14 +70,15 @@ class WeightBytes:
 
 def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
     h = cfg.hidden_size
-    dense = tensor_bytes(recipe("token_embd", None, cfg), cfg.vocab_size, h) + 4 * h
+    small = small_float_bytes(lambda kind: recipe(kind, None, cfg))  # an element of a norm, a bias or a sink
+    dense = tensor_bytes(recipe("token_embd", None, cfg), cfg.vocab_size, h) + small * h
     if not cfg.tie_word_embeddings:
         dense += tensor_bytes(recipe("output", None, cfg), cfg.vocab_size, h)
     experts, per_expert = 0, []
     for i in range(cfg.num_layers):
         fmt = lambda kind, i=i: recipe(kind, i, cfg)  # noqa: E731
         norms = 4 if cfg.sandwich_norms else 2  # Gemma's sandwich: each branch's input and output normed
-        dense += norms * 4 * h + attention_bytes(cfg, cfg.layers[i].attention, fmt)
+        dense += norms * small * h + attention_bytes(cfg, cfg.layers[i].attention, fmt)
         if cfg.layers[i].mlp.kind == "dense":
             inter = cfg.intermediate_size
             dense += sum(tensor_bytes(fmt(kind), inter, h) for kind in ("ffn_gate", "ffn_up"))  # mixes differ
@@ -93,15 +94,16 @@ def weight_bytes(cfg: ModelConfig, recipe: Recipe) -> WeightBytes:
         per_expert.append(one)
         experts += one * cfg.num_experts
         dense += tensor_bytes(fmt("ffn_gate_inp"), cfg.num_experts, h)
-        if cfg.layers[i].mlp.bias:  # gpt-oss's: the router's, and each expert's on gate, up and down (fp32)
-            dense += 4 * cfg.num_experts * (1 + 2 * inter + h)
+        if cfg.layers[i].mlp.bias:  # gpt-oss's: the router's, and each expert's on gate, up and down
+            dense += small * cfg.num_experts * (1 + 2 * inter + h)
         if cfg.layers[i].mlp.router == "sigmoid_bias":
-            dense += 4 * cfg.num_experts  # the router's selection bias (exp_probs_b)
+            dense += small * cfg.num_experts  # the router's selection bias (exp_probs_b)
         if cfg.shared_expert_intermediate_size:
             s = cfg.shared_expert_intermediate_size
             dense += sum(tensor_bytes(fmt(kind), s, h) for kind in ("ffn_gate_shexp", "ffn_up_shexp"))
             dense += tensor_bytes(fmt("ffn_down_shexp"), h, s)
-            dense += 4 * h if cfg.shared_expert_gated else 0  # its gate
+            if cfg.shared_expert_gated:  # its gate: one row
+                dense += tensor_bytes(fmt("ffn_gate_inp_shexp"), 1, h)
     return WeightBytes(dense, experts, per_expert)
 
 
@@ -126,11 +128,37 @@ def float_name(dtype: torch.dtype) -> str:
 
 
 def linear_recipe(fmt: str, dtype: torch.dtype) -> Recipe:
-    """The decoder's linear layers and experts in `fmt`; embeddings, output and routers in the compute dtype
-    (what hf_quantize.py and random_blocks.py build)."""
-    name = float_name(dtype)
-    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp", "attn_kv_b")
-    return lambda kind, layer, cfg: name if kind in kept else fmt
+    """The decoder's linear layers and experts in `fmt`; embeddings, output, routers, norms and biases in the compute
+    dtype, and so are the layers whose inputs are not whole blocks of `fmt` (what hf_quantize.replace_layers and
+    random_blocks.py build)."""
+    name, block = float_name(dtype), BY_NAME[fmt].block
+    kept = ("token_embd", "output", "ffn_gate_inp", "ffn_gate_inp_shexp", "attn_kv_b", NORMS)
+
+    def recipe(kind: str, layer: int | None, cfg: ModelConfig) -> str:
+        if kind in kept or any(width % block for width in input_widths(kind, layer, cfg)):
+            return name
+        return fmt
+
+    return recipe
+
+
+def input_widths(kind: str, layer: int | None, cfg: ModelConfig) -> tuple[int, ...]:
+    """The input widths of the layer a decoder tensor of `kind` belongs to: its weight's columns, and for an expert
+    stack both the hidden and the expert's width (replace_layers keeps a stack whole: gate, up and down)."""
+    attention = cfg.layers[layer].attention if layer is not None else None
+    if kind.endswith("_exps"):
+        return cfg.hidden_size, cfg.moe_intermediate_size
+    if kind == "ffn_down":
+        return (cfg.intermediate_size,)
+    if kind == "ffn_down_shexp":
+        return (cfg.shared_expert_intermediate_size,)
+    if kind == "attn_q_b":
+        return (attention.mla.q_lora_rank,)
+    if kind == "attn_output":
+        return (cfg.num_heads * (attention.mla.v_head_dim if attention.kind == "mla" else cfg.head_dim),)
+    if kind == "ssm_out":
+        return (attention.linear.num_value_heads * attention.linear.value_head_dim,)
+    return (cfg.hidden_size,)  # every other projection reads the hidden state
 
 
 def hf_recipe(mode: str, dtype: torch.dtype) -> Recipe:

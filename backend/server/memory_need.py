@@ -79,7 +79,7 @@ def model_need(name: str, config: EngineConfig) -> ModelNeed:
         config.model,
         weights,
         kv_cache,
-        activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype),
+        activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, dtype, shape.max_model_len),
         shape.max_model_len,
         host,
     )

@@ -1,5 +1,6 @@
 """Gemma 3 (text): its config read into per-layer kinds, and each of its pieces held to transformers: the sliding
-window, a rotary base per layer kind, the (1 + w) norms, the logits softcap; the CPU's one-call step left out."""
+window, a rotary base per layer kind, the (1 + w) norms, the logits softcap (its one-call C step:
+test_gemma3_one_call.py)."""
 
 import json
 
@@ -7,10 +8,7 @@ import pytest
 import torch
 
 from backend import LLM, SamplingParams
-from backend.config import EngineConfig
-from backend.engine.llm_engine import LLMEngine
 from backend.hf_config import from_hf_config
-from backend.kernels import native
 from backend.model_config import ModelLoadError
 from tests.backend.conftest import hf_greedy
 from tests.backend.test_models_vs_transformers import (
@@ -104,12 +102,3 @@ def test_gemma3_final_logit_softcap_matches_transformers(tmp_path, hf_model):
     llm = LLM(str(directory), block_size=8)
     for ours in assert_logits_match(llm, reference, PROMPTS):
         assert ours.abs().max() < 3.0  # capped: the uncapped logits of this model reach past 7
-
-
-@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
-def test_gemma3_decodes_through_the_modules_not_the_one_call_step(tiny_dir):
-    """Quantized at load, as models the C step takes are (SmolLM3's: test_layer_kinds.py): the runner keeps to
-    the modules for Gemma 3, whose (1 + w) norms around each branch, GELU and rotary bases the C loop does not
-    compute."""
-    engine = LLMEngine(EngineConfig(model=str(tiny_dir("gemma3")), block_size=8, quantization="int8"))
-    assert engine.runner.kernels.c and engine.runner.cpu_decoder is None
