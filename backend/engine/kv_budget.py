@@ -20,7 +20,6 @@ from backend.engine.state_pool import is_hybrid, state_pool_bytes
 from backend.kernels import step_paths
 from backend.model_config import ModelConfig
 from backend.quant.attention_sizes import attention_activation_bytes
-from backend.quant.weight_sizes import WeightBytes, fit_gpu_experts, module_bytes
 from backend.sampling_params import SamplingParams
 from backend.speculative.speculative_config import SpeculativeConfig
 
@@ -229,48 +228,6 @@ def min_kv_bytes(config: EngineConfig, per_block: int, max_model_len: int, slidi
     if blocks is None:
         blocks = (max_model_len + config.block_size - 1) // config.block_size
     return blocks * per_block + min(reserved, blocks) * sliding_block
-
-
-def expert_budget(config: EngineConfig, device: torch.device) -> int | None:
-    """The bytes experts may compete for: the gpu_memory_utilization budget (and no more than the card has
-    free). On the CPU the device is host memory, where offloading saves nothing: None (all resident),
-    unless the budget is given in bytes (a dry run of what a card of that size would get)."""
-    u = config.gpu_memory_utilization
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return min(allowed_bytes(u, total), free)
-    return u if isinstance(u, int) else None
-
-
-def auto_gpu_experts(config: EngineConfig, cfg: ModelConfig, weights: WeightBytes, budget: int | None,
-                     reserved: int) -> int | None:
-    """moe_gpu_experts="auto": the largest count per layer that fits `budget` once `reserved` (activations, the
-    minimum KV cache, a draft) is counted; None when every expert fits. Logs the choice."""
-    if budget is None:
-        log.info("moe_gpu_experts=auto: all %d experts per layer resident (no device budget to fit)", cfg.num_experts)
-        return None
-    n = fit_gpu_experts(weights, budget, reserved, cfg.num_experts)
-    chosen = cfg.num_experts if n is None else n
-    log.info("moe_gpu_experts=auto: %d of %d experts per layer on the device (%.2f GiB of weights there, %.2f GiB "
-             "in host memory) within a budget of %.2f GiB after %.2f GiB for activations and a minimum KV cache",
-             chosen, cfg.num_experts, weights.resident(n) / GIB,
-             weights.host(n, cfg.num_experts, cfg.num_experts_per_tok, config.moe_cpu_compute) / GIB,
-             budget / GIB, reserved / GIB)
-    return n
-
-
-def pick_gpu_experts(config: EngineConfig, shape: CacheShape, cfg: ModelConfig, weights: WeightBytes,
-                     draft=None) -> int | None:
-    """moe_gpu_experts="auto" for a model of these weights, before it is loaded (a draft already is)."""
-    if not cfg.is_moe:
-        return None
-    per_block, sliding_block, window_blocks = group_sizes(config, shape, [cfg] + ([draft.config] if draft else []))
-    reserved = activation_bytes(cfg, shape.max_num_batched_tokens, shape.logit_rows, shape.dtype, shape.max_model_len)
-    if draft is not None:
-        reserved += module_bytes(draft)
-    reserved += min_kv_bytes(config, per_block, shape.max_model_len, sliding_block, window_blocks) + state_pool_bytes(
-        cfg, config.max_num_seqs)
-    return auto_gpu_experts(config, cfg, weights, expert_budget(config, shape.device), reserved)
 
 
 def report_memory(config: EngineConfig, device: torch.device, num_blocks: int, weights: int = 0,

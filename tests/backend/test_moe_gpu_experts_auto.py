@@ -51,7 +51,7 @@ def test_auto_picks_the_largest_count_that_fits_and_gives_identical_tokens(famil
     ]
 
     budget = weights.resident(3) + reserved - 1  # one byte short of 3 experts per layer
-    with caplog.at_level(logging.INFO, logger="backend.engine.kv_budget"):
+    with caplog.at_level(logging.INFO, logger="backend.engine.residency"):
         auto = LLM(str(path), moe_gpu_experts="auto", gpu_memory_utilization=budget, **SETTINGS)
     assert auto.engine.moe_gpu_experts == 2 and set(slots(auto)) == {2}
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("moe_gpu_experts=auto")]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from backend.config import EngineConfig
-from backend.engine.kv_budget import activation_bytes, auto_gpu_experts, kv_bytes_per_block, min_kv_bytes
+from backend.engine.kv_budget import activation_bytes, kv_bytes_per_block, min_kv_bytes
+from backend.engine.residency import auto_gpu_experts
 from backend.hf_config import from_hf_config
 from backend.quant.weight_sizes import file_recipe, fit_gpu_experts, module_bytes, q4_k_m, weight_bytes
 
