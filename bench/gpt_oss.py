@@ -2,7 +2,8 @@
 (hidden 2880, 64 query and 8 key/value heads of 64, experts of 2880, top-4, a 201,088-token vocabulary, the sliding
 window of 128 on every other layer; fewer layers and experts than the real model's 24 and 32, by default 4 and 8),
 random weights: MXFP4 experts (their biases F32), Q8_0 attention, embeddings and output as llama.cpp's MXFP4_MOE mix
-keeps them. Ours with the experts kept in MXFP4 and, on the same values written as F16, held as floats; beside
+keeps them. Ours with the experts kept in MXFP4 (exact, and with int8 activations: x quantized per group to 8
+bits, as llama.cpp multiplies on the CPU) and, on the same values written as F16, held as floats; beside
 llama.cpp (llama-cpp-python, a benchmark peer in its own venv: --llama-cpp-python PATH or LLAMA_CPP_PYTHON) on the
 MXFP4 file: prompt tokens/s, decode tokens/s at batch 1 and 4 (llama-cpp-python runs the four one after another).
 
@@ -206,6 +207,7 @@ def row(args) -> dict:
         mxfp4, floats = converted_files(args.layers, args.experts, converter, args.llama_cpp_python)
     line = opening("gpt-oss", SHAPE, mxfp4, args, experts=args.experts, file=CONVERTED if converter else OURS)
     line["ours_mxfp4_experts"] = ours(mxfp4, prompt, args.new_tokens)
+    line["ours_mxfp4_experts_int8"] = ours(mxfp4, prompt, args.new_tokens, activations="int8")
     line["ours_float_experts"] = ours(floats, prompt, args.new_tokens)
     return with_peer(line, mxfp4, prompt, args)
 

@@ -5,7 +5,8 @@ layer, the 35B's widths), cut to fewer layers, experts and a smaller vocabulary 
 (tests/backend/tiny_gguf_qwen3_next.py; tiny files of it decode to llama.cpp's own greedy tokens). Q4_K_M as
 llama.cpp's quantizer picks it (bench/cut_checkpoint.py): Q4_K, Q6_K for ffn_down(_exps/_shexp), attn_v and the output.
 
-One JSON line: prompt tokens/s and decode at batch 1 and 4, ours and llama.cpp's (llama-cpp-python, a benchmark peer
+One JSON line: prompt tokens/s and decode at batch 1 and 4, ours ("ours": exact, fp32 activations; "ours_int8":
+activations quantized per group to 8 bits, as llama.cpp multiplies on the CPU) and llama.cpp's (llama-cpp-python, a benchmark peer
 in a venv of its own: --llama-cpp-python PATH or LLAMA_CPP_PYTHON; it serves one sequence at a time, so its batch-4
 figure is four sequences one after another), the state bytes a sequence (this model's and the full 35B's), and one
 linear layer's recurrent update at batch 1 (our C kernel against the torch step).
@@ -108,6 +109,28 @@ def rate(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
     return len(prompts) * (tokens - 1) / (time.perf_counter() - started - prefill)
 
 
+# ours in each activations mode: exact (fp32 activations) and int8 (x quantized per group to 8 bits, as llama.cpp
+# multiplies on the CPU: the like-for-like mode)
+MODES = {"exact": {}, "int8": {"activations": "int8"}}
+
+
+def ours(path: Path, prompt: list[int], short: list[list[int]], args, **engine) -> dict:
+    """Our prompt and decode rates on the file with these engine settings, and the LLM (its config for the line)."""
+    llm = LLM(
+        str(path), max_num_seqs=4, max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False, **engine
+    )
+    llm.generate([prompt[:16]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm up
+    started = time.perf_counter()
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    prompt_rate = args.prompt / (time.perf_counter() - started)
+    return {
+        "prompt_tokens_per_s": round(prompt_rate, 1),
+        "decode_tokens_per_s_batch1": round(rate(llm, short[:1], args.tokens), 2),
+        "decode_tokens_per_s_batch4": round(rate(llm, short, args.tokens), 2),
+        "llm": llm,
+    }
+
+
 def recurrent_update_ms(batch: int = 1) -> dict:
     """One 35B-shaped linear layer's recurrent update of `batch` rows on a pool of 8 slots: the least of 20 runs."""
     hk, hv, dk, dv = 16, 32, 128, 128
@@ -187,26 +210,19 @@ def main() -> None:
         path, shape = build(args.layers, args.experts, args.vocab)
     else:
         path, shape = build_converted(args.layers, args.experts, args.vocab, converter, args.llama_cpp_python)
-    llm = LLM(
-        str(path), max_num_seqs=4, max_model_len=args.prompt + args.tokens + 8, enable_prefix_caching=False
-    )
     prompt = [(i * 37) % 397 + 3 for i in range(args.prompt)]  # within the tokenizer's 400 tokens
-    llm.generate([prompt[:16]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm up
-    started = time.perf_counter()
-    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    prompt_rate = args.prompt / (time.perf_counter() - started)
     short = [prompt[i : i + 16] for i in range(0, 64, 16)]
+    rates = {mode: ours(path, prompt, short, args, **engine) for mode, engine in MODES.items()}
+    llm = rates["exact"].pop("llm")
+    del rates["int8"]["llm"]
     row = {
         "bench": "hybrid",
         "model": f"Qwen3.5-35B-A3B widths, {args.layers} layers, {args.experts} experts, "
         f"vocab {shape['vocab_size']}, random Q4_K_M GGUF (qwen35moe)",
         "file": llama_convert.CONVERTED if converter else llama_convert.OURS,
         "threads": torch.get_num_threads(),
-        "ours": {
-            "prompt_tokens_per_s": round(prompt_rate, 1),
-            "decode_tokens_per_s_batch1": round(rate(llm, short[:1], args.tokens), 2),
-            "decode_tokens_per_s_batch4": round(rate(llm, short, args.tokens), 2),
-        },
+        "ours": rates["exact"],
+        "ours_int8": rates["int8"],
         "llama_cpp": llama_cpp(path, prompt, short, args.tokens, args.llama_cpp_python),
         "state_bytes_a_sequence": state_bytes_per_sequence(llm.engine.model_config),
         "state_bytes_a_sequence_35b": state_bytes_per_sequence(

@@ -58,6 +58,8 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
     const int nibbles = code_bits(bits) == 4 || bits == 6; /* codes split in two units of nibbles */
     const i64 unit = code_bits(bits) == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
+    /* a group's sums kept in int16 lanes (PAIRS16: 4-bit codes, groups of at most 32 k's) */
+    const int wide = PAIRS16 && bits == 4;
     const int kind = bits == 4 || bits == 6                          ? NIBBLES
                      : (bits == 7 || tabled(bits)) && SEVEN_SIGNED ? SIGNED
                                                                    : BYTES;
@@ -65,7 +67,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
     RC(ACC)
 #undef ACC
     for (i64 g = 0; g < w->panel_groups; g++) {
-#define START(r, c) if (MR > r && NC > c) a_##r##_##c = (VI){0} + x->bias[(m0 + r) * x->groups + g];
+#define START(r, c) if (MR > r && NC > c) a_##r##_##c = (VI){0} + (wide ? 0 : x->bias[(m0 + r) * x->groups + g]);
         RC(START)
 #undef START
 #define CODES(c) const uint8_t *codes##c = w->codes + (p + c / HV) * w->panel_code_bytes + g * group_bytes \
@@ -85,7 +87,11 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 if (nibbles) memcpy(x1 + r, xq + r * x->K + 4, 4);
                 if (bits == 6) { memcpy(x2 + r, xq + r * x->K + 8, 4); memcpy(x3 + r, xq + r * x->K + 12, 4); }
             }
-#define DOT4(r, c) if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, u0, x0[r], kind);                       \
+#define DOT4(r, c) if (MR > r && wide) a_##r##_##c = pairs16(pairs16(a_##r##_##c, u0, x0[r]), u1, x1[r]);  \
+                   else if (MR > r && PAIRS16 && bits == 6) {                                               \
+                       a_##r##_##c += widened(pairs16(pairs16((VI){0}, u0, x0[r]), u1, x1[r]));             \
+                       a_##r##_##c += widened(pairs16(pairs16((VI){0}, u2, x2[r]), u3, x3[r])); }           \
+                   else if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, u0, x0[r], kind);                      \
                                  if (nibbles) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind);             \
                                  if (bits == 6) { a_##r##_##c = dot4(a_##r##_##c, u2, x2[r], kind);          \
                                                   a_##r##_##c = dot4(a_##r##_##c, u3, x3[r], kind); } }
@@ -112,6 +118,11 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
             C4(VECTOR_DOTS)
 #undef VECTOR_DOTS
 #undef DOT4
+        }
+        if (wide) { /* the group's int16 sums widened, its start added */
+#define WIDEN(r, c) if (MR > r && NC > c) a_##r##_##c = widened(a_##r##_##c) + x->bias[(m0 + r) * x->groups + g];
+            RC(WIDEN)
+#undef WIDEN
         }
 #define F(r, c) __builtin_convertvector(a_##r##_##c, VF)
 #define ADD(r, c, sum) if (MR > r && r % D == 0) {                                         \

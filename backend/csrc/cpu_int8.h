@@ -56,6 +56,36 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #endif
 }
 
+/* Where products of pairs may be summed in int16 lanes before vpmaddwd widens them (AVX2's two-step products, no
+ * VNNI): a pair of 4-bit codes (at most 15) times |x| <= 128 is at most 3,840, so a group's 32 k's (8 vpmaddubsw)
+ * sum to at most 30,720; a pair of 6-bit ones (at most 63) is at most 16,128, so two vpmaddubsw's fit. One widening
+ * a group (4-bit) or two a unit (6-bit) in place of one a product: half the multiplies, the same exact integers. */
+#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+#define PAIRS16 1
+/* acc's int16 lanes + the sums of u's unsigned bytes times x's signed ones in pairs */
+INLINE VI pairs16(VI acc, VI u, int32_t x) {
+    const __m256i xb = _mm256_set1_epi32(x);
+    __m256i half[IL / 8], sum[IL / 8];
+    memcpy(half, &u, sizeof half);
+    memcpy(sum, &acc, sizeof sum);
+    for (int i = 0; i < IL / 8; i++) sum[i] = _mm256_add_epi16(sum[i], _mm256_maddubs_epi16(half[i], xb));
+    memcpy(&acc, sum, sizeof acc);
+    return acc;
+}
+/* int16 lanes summed in adjacent pairs into int32 lanes */
+INLINE VI widened(VI acc16) {
+    __m256i sum[IL / 8];
+    memcpy(sum, &acc16, sizeof sum);
+    for (int i = 0; i < IL / 8; i++) sum[i] = _mm256_madd_epi16(sum[i], _mm256_set1_epi16(1));
+    memcpy(&acc16, sum, sizeof acc16);
+    return acc16;
+}
+#else
+#define PAIRS16 0
+INLINE VI pairs16(VI acc, VI u, int32_t x) { (void)u, (void)x; return acc; }
+INLINE VI widened(VI acc16) { return acc16; }
+#endif
+
 #if !((IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__)))
 /* the portable build's lookup, a byte at a time: one copy, not one inlined in each of the tiles (the build's compile
  * time) */

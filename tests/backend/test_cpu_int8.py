@@ -5,6 +5,7 @@ dequantized weights times x as quantized (float64), and the worst case of that q
 import argparse
 import re
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -110,6 +111,33 @@ def test_int8_products_at_the_extremes_of_8_bit_codes():
     ours = cpu_layout.matmul(x, *quads, 16).double()
     assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
     assert abs(ours[0, 0] - cols) < 0.1 and abs(ours[1, 0] + cols) < 0.1  # d is fp16: 127 d is not quite 1
+
+
+@pytest.mark.parametrize("build", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
+def test_int8_products_at_the_extremes_of_4_and_6_bit_codes(name, build, monkeypatch):
+    """Every code at its top (4-bit 15, 6-bit 63) times x quantized to +-127: the largest sums AVX2's kernel keeps
+    in 16-bit lanes (a 4-bit group's 16 k's a lane: 30,480; two 6-bit products of pairs: 32,004), exact in every
+    build against the float64 oracle."""
+    cols, rows = 256, 16
+    raw = np.zeros((rows, cols // BY_NAME[name].block, BY_NAME[name].block_bytes), dtype=np.uint8)
+    if name == "Q4_0":  # d = 1, every nibble 15: w = 15 - 8
+        raw[..., :2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+        raw[..., 2:] = 0xFF
+    else:  # Q6_K: every low nibble and high pair set (q = 63 - 32), scales 1, d = 1
+        raw[..., :192] = 0xFF
+        raw[..., 192:208] = 1
+        raw[..., 208:] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    _, quads = quad_ordered(name, rows, cols, seed=0, raw=raw)
+    x = torch.ones(3, cols)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    want = quantized_x(x, quads[3].group) @ gguf_dequant(raw, name).double().T
+    use_kernel_build(build, monkeypatch)
+    ours = cpu_layout.matmul(x, *quads, rows).double()
+    assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
+    assert abs(ours[0, 0] - cols * (7 if name == "Q4_0" else 31)) < 1e-3
 
 
 def test_int8_products_of_tiny_activations():
