@@ -3,7 +3,8 @@ slide over 1,024 positions (Gemma 3's 5:1 pattern and window), random weights at
 with the widths; the ratio depends only on the layer pattern, the window and the step).
 
 The prompt runs through the engine (2,048-token chunks, then decoding), and the block manager's own counts are
-read after every step: the full group's blocks, and the sliding group's held blocks (engine/cache_groups.py). The
+read after every step: the full group's blocks, and the sliding group's held blocks (engine/cache_groups.py), at
+the step that finished the prompt (its last chunk's reach still held) and at the last decoding step. The
 figure without window freeing is what the same blocks cost with every layer keeping every block (one pool, as
 before the sliding group). One JSON line.
 
@@ -67,6 +68,7 @@ def window_freeing(prompt_tokens: int, window: int, step: int, tokens: int) -> d
         seconds = time.perf_counter() - start
         # the step that finished the prompt
         prefilled = next(s for s in steps if s[0] * BLOCK >= prompt_tokens)
+        decoding = [s for s in steps if s[0]][-1]  # the last step before the sequence finished and gave all back
         return {
             "bench": "kv_window",
             "model": f"gemma3-shaped: 6 layers, 5 sliding over {window} positions, "
@@ -77,6 +79,10 @@ def window_freeing(prompt_tokens: int, window: int, step: int, tokens: int) -> d
             "kv_bytes_without_window_freeing": prefilled[0] * every_block,
             "kv_bytes_with_window_freeing": prefilled[2],
             "fraction": round(prefilled[2] / (prefilled[0] * every_block), 4),
+            # decoding after the prompt: the last chunk's reach given back, each window's blocks alone held
+            "kv_bytes_decoding": decoding[2],
+            "fraction_decoding": round(decoding[2] / (prefilled[0] * every_block), 4),
+            "sliding_blocks_held_decoding": decoding[1],
             "peak_kv_bytes_with_window_freeing": peak,
             "peak_fraction": round(peak / (prefilled[0] * every_block), 4),
             "full_blocks": prefilled[0],
