@@ -14,9 +14,10 @@
 typedef int32_t VI __attribute__((vector_size(IL * 4)));
 typedef float VF __attribute__((vector_size(IL * 4)));
 
-/* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), or 8-bit codes
- * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1) */
-enum { BYTES, NIBBLES, SIGNED };
+/* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), 8-bit codes
+ * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1), or a table's values themselves (signed bytes,
+ * none -128: AVX2's lookup, table_values) */
+enum { BYTES, NIBBLES, SIGNED, VALUES };
 
 /* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
  * of u - 128) */
@@ -37,8 +38,8 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
     for (int i = 0; i < IL / 8; i++) {
         if (kind == NIBBLES) {
             sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(_mm256_maddubs_epi16(half[i], xb), ones));
-        } else if (kind == SIGNED) {
-            __m256i q = _mm256_xor_si256(half[i], _mm256_set1_epi8((char)0x80));
+        } else if (kind == SIGNED || kind == VALUES) {
+            __m256i q = kind == VALUES ? half[i] : _mm256_xor_si256(half[i], _mm256_set1_epi8((char)0x80));
             __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb), _mm256_sign_epi8(q, xb));
             sum[i] = _mm256_add_epi32(sum[i], _mm256_madd_epi16(p, ones));
         } else {
@@ -110,5 +111,19 @@ INLINE VI table_bytes(VI u, int t) {
 #endif
 #else
     return table_bytes_of(u, t);
+#endif
+}
+
+/* u's bytes (each below 16) as their values in table t, signed (SEVEN_SIGNED builds: dot4's VALUES) */
+INLINE VI table_values(VI u, int t) {
+#if (IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__))
+    const __m128i table = _mm_load_si128((const __m128i *)CODE_TABLES[t]);
+#if IL == 16
+    return (VI)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), (__m512i)u);
+#else
+    return (VI)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), (__m256i)u);
+#endif
+#else
+    return table_bytes(u, t) ^ (int32_t)0x80808080;
 #endif
 }
