@@ -25,7 +25,8 @@
  * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
- * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_bytes), then sum as bits 7's do.
+ * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_bytes), then sum as bits 7's do
+ * (AVX2 looks up the signed values themselves, table_values, and multiplies them as it does bits 7's q).
  */
 #include <omp.h>
 
