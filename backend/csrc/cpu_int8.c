@@ -26,7 +26,7 @@
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
  * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_bytes), then sum as bits 7's do
- * (AVX2 looks up the signed values themselves, table_values, and multiplies them as it does bits 7's q).
+ * (AVX2 without VNNI looks up the signed values themselves, table_values, and multiplies them as bits 7's q).
  */
 #include <omp.h>
 
@@ -171,7 +171,8 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
 /* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
- * digits) against panels [p, p + PP), the panels' codes read from L1 after the first tile */
+ * digits, SIGNED_ROWS for signed products) against panels [p, p + PP), the panels' codes read from L1 after the
+ * first tile */
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
@@ -201,7 +202,7 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
 #undef CASE
 #undef CASE3
 #undef TILE
-        default: /* no such tile (int8_panels, MAX_ROWS and DIGIT_ROWS make none): say so in y, not leave it as is */
+        default: /* no such tile (int8_panels and the rows a tile takes make none): say so in y, not leave it as is */
             for (i64 r = m0; r < m0 + rows; r++)
                 for (i64 c = p * PANEL; c < (p + PP) * PANEL && c < N; c++) y[r * ldy + c] = __builtin_nanf("");
         }

@@ -20,7 +20,7 @@ typedef float VF __attribute__((vector_size(IL * 4)));
 enum { BYTES, NIBBLES, SIGNED, VALUES };
 
 /* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
- * of u - 128) */
+ * of u - 128; VALUES: of u's bytes read as signed) */
 INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     (void)kind;
@@ -58,9 +58,11 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
 }
 
 /* Where products of pairs may be summed in int16 lanes before vpmaddwd widens them (AVX2's two-step products, no
- * VNNI): a pair of 4-bit codes (at most 15) times |x| <= 128 is at most 3,840, so a group's 32 k's (8 vpmaddubsw)
- * sum to at most 30,720; a pair of 6-bit ones (at most 63) is at most 16,128, so two vpmaddubsw's fit. One widening
- * a group (4-bit) or two a unit (6-bit) in place of one a product: half the multiplies, the same exact integers. */
+ * VNNI): a pair of 4-bit codes (at most 15) times |x| <= 128 is at most 3,840, so a group's 32 k's (16 a lane, 8
+ * vpmaddubsw) sum to at most 30,720; a pair of 6-bit ones (at most 63) is at most 16,128, so two vpmaddubsw's fit.
+ * One widening a group (4-bit: half the multiplies) or two a unit of 16 k's (6-bit: two vpmaddwd of four saved) in
+ * place of one a product, the same exact integers. The bound holds for groups of at most 32 k's: cpu_layout's
+ * groups are 16 or 32 (a 4-bit format of longer groups would need a widening every 32 k's). */
 #if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
 #define PAIRS16 1
 /* acc's int16 lanes + the sums of u's unsigned bytes times x's signed ones in pairs */

@@ -148,7 +148,7 @@ KERNEL_BUILDS = {"native": None, "avx2": "haswell", "portable": "x86-64"}
 
 def use_kernel_build(build: str, monkeypatch) -> None:
     """Our C kernels as built for this CPU ("native"), or (on x86) as built for AVX2 alone (8-wide vectors, tiles
-    of 4 rows) where this CPU has AVX-512, or without AVX at all: GCC's portable vectors, the code ARM CPUs run."""
+    of 4 rows, 3 for signed products) where this CPU has AVX-512, or without AVX at all: GCC's portable vectors, the code ARM CPUs run."""
     from backend.kernels import native
 
     if native.library() is None:
