@@ -25,8 +25,8 @@
  * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
- * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_bytes), then sum as bits 7's do
- * (AVX2 without VNNI looks up the signed values themselves, table_values, and multiplies them as bits 7's q).
+ * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_lookup), then sum as bits 7's do
+ * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q).
  */
 #include <omp.h>
 
@@ -110,12 +110,9 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                 VI u0, u1, u2 = {0}, u3 = {0};                                                \
                 memcpy(&u0, codes##c + u, sizeof u0);                                         \
                 if (nibbles) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; }               \
-                if (tabled(bits) && kind == VALUES) {                                         \
-                    u0 = table_values(u0, bits - TABLE_BITS);                                 \
-                    u1 = table_values(u1, bits - TABLE_BITS);                                 \
-                } else if (tabled(bits)) {                                                    \
-                    u0 = table_bytes(u0, bits - TABLE_BITS);                                  \
-                    u1 = table_bytes(u1, bits - TABLE_BITS);                                  \
+                if (tabled(bits)) {                                                           \
+                    u0 = table_lookup(u0, bits - TABLE_BITS, kind == VALUES);                 \
+                    u1 = table_lookup(u1, bits - TABLE_BITS, kind == VALUES);                 \
                 }                                                                             \
                 if (bits == 6) {                                                              \
                     VI plane;                                                                 \

@@ -16,7 +16,7 @@ typedef float VF __attribute__((vector_size(IL * 4)));
 
 /* What a dot4 is handed: 4 or 6-bit codes (every byte of u below 64), 8-bit codes (u = q + 128), 8-bit codes
  * none of which is -128 (bits 7 in quad order: u = q + 128 >= 1), or a table's values themselves (signed bytes,
- * none -128: AVX2's lookup, table_values) */
+ * none -128: AVX2's lookup, table_lookup) */
 enum { BYTES, NIBBLES, SIGNED, VALUES };
 
 /* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
@@ -101,31 +101,19 @@ static __attribute__((noinline)) VI table_bytes_of(VI u, int t) {
 }
 #endif
 
-/* u's bytes (each below 16) as their values in table t plus 128 (a byte shuffle), for the codes of bits TABLE_BITS + t:
- * then read as bits 7's bytes are (no table value is -128) */
-INLINE VI table_bytes(VI u, int t) {
+/* u's bytes (each below 16) as their values in table t (one byte shuffle), for the codes of bits TABLE_BITS + t: plus
+ * 128, then read as bits 7's bytes are (no table value is -128); or, `values`, the signed values themselves
+ * (SEVEN_SIGNED builds: dot4's VALUES) */
+INLINE VI table_lookup(VI u, int t, const int values) {
 #if (IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__))
-    const __m128i table = _mm_xor_si128(_mm_load_si128((const __m128i *)CODE_TABLES[t]), _mm_set1_epi8((char)0x80));
+    const __m128i table = _mm_xor_si128(_mm_load_si128((const __m128i *)CODE_TABLES[t]),
+                                        _mm_set1_epi8(values ? 0 : (char)0x80));
 #if IL == 16
     return (VI)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), (__m512i)u);
 #else
     return (VI)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), (__m256i)u);
 #endif
 #else
-    return table_bytes_of(u, t);
-#endif
-}
-
-/* u's bytes (each below 16) as their values in table t, signed (SEVEN_SIGNED builds: dot4's VALUES) */
-INLINE VI table_values(VI u, int t) {
-#if (IL == 16 && defined(__AVX512BW__)) || (IL == 8 && defined(__AVX2__))
-    const __m128i table = _mm_load_si128((const __m128i *)CODE_TABLES[t]);
-#if IL == 16
-    return (VI)_mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), (__m512i)u);
-#else
-    return (VI)_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), (__m256i)u);
-#endif
-#else
-    return table_bytes(u, t) ^ (int32_t)0x80808080;
+    return table_bytes_of(u, t) ^ (values ? (int32_t)0x80808080 : 0);
 #endif
 }
