@@ -103,4 +103,5 @@ def llama_cpp(path: Path, prompt: list[int], new_tokens: int, python: str) -> di
         "prompt_tok_s": round(rates["prompt_tok_s"], 2),
         "decode_b1_tok_s": round(rates["decode_tok_s"], 2),
         "decode_b4_tok_s": round(batch["batch_tok_s"], 2),
+        **{k: v for k, v in rates.items() if k == "extra_buffers"},
     }

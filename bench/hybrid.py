@@ -188,6 +188,7 @@ def llama_cpp(path: Path, prompt: list[int], short: list[list[int]], tokens: int
         "prompt_tokens_per_s": round(rates["prompt_tok_s"], 1),
         "decode_tokens_per_s_batch1": round(max(rates["decode_tok_s"], served["single_tok_s"]), 2),
         "decode_tokens_per_s_batch4_one_at_a_time": round(served["batch_tok_s"], 2),
+        **{k: v for k, v in rates.items() if k == "extra_buffers"},
     }
 
 

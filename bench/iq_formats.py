@@ -135,6 +135,8 @@ def row(model: str, mix: str, path: Path, prompt: list[int], args) -> dict:
         )
         out["llama_cpp_prompt_tok_s"] = round(peer["prompt_tok_s"], 2)
         out["llama_cpp_decode_tok_s"] = round(peer["decode_tok_s"], 2)
+        if "extra_buffers" in peer:
+            out["llama_cpp_extra_buffers"] = peer["extra_buffers"]
         for rates in out["ours"].values():
             rates["prompt_vs_llama_cpp"] = round(rates["prompt_tok_s"] / out["llama_cpp_prompt_tok_s"], 2)
             rates["decode_vs_llama_cpp"] = round(rates["decode_tok_s"] / out["llama_cpp_decode_tok_s"], 2)

@@ -26,10 +26,10 @@ def quantize(job: dict) -> dict:
 
 
 def rates(job: dict) -> dict:
-    from llama_cpp import Llama
+    from llama_cpp_open import llama  # bench/, beside this script
 
     prompt, new_tokens = job["prompt"], job["new_tokens"]
-    llm = Llama(
+    llm = llama(
         model_path=job["model"],
         n_ctx=len(prompt) + new_tokens + 8,
         n_batch=len(prompt),

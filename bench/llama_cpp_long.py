@@ -11,10 +11,10 @@ import time
 
 
 def main() -> None:
-    from llama_cpp import Llama
+    from llama_cpp_open import llama  # bench/, beside this script
 
     job = json.load(sys.stdin)
-    llm = Llama(model_path=job["model"], n_ctx=job["n_ctx"], n_threads=job["threads"], n_threads_batch=job["threads"],
+    llm = llama(model_path=job["model"], n_ctx=job["n_ctx"], n_threads=job["threads"], n_threads_batch=job["threads"],
                 flash_attn=job["flash_attn"], verbose=False)
     llm.eval(job["prompt"])
     start = time.perf_counter()

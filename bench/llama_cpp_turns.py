@@ -14,7 +14,8 @@ import time
 
 
 def main() -> None:
-    from llama_cpp import LLAMA_ROPE_SCALING_TYPE_YARN, Llama
+    from llama_cpp import LLAMA_ROPE_SCALING_TYPE_YARN
+    from llama_cpp_open import llama  # bench/, beside this script
 
     job = json.load(sys.stdin)
     yarn = {}
@@ -26,7 +27,7 @@ def main() -> None:
         }
 
     def load():
-        return Llama(
+        return llama(
             model_path=job["model"],
             n_ctx=job["n_ctx"],
             n_threads=job["threads"],
