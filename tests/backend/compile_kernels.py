@@ -7,8 +7,10 @@ python -m tests.backend.compile_kernels   one JSON line per (case, kernel specia
 """
 
 import json
+import multiprocessing
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import triton
@@ -181,31 +183,45 @@ def quant_launches(dtype, model, formats, moe_formats):
 
 
 
+def case_rows(index: int, sizes: tuple) -> list[dict]:
+    """The rows of case `index` (CASES, QUANT): every kernel specialisation its launches make, compiled for its card,
+    the attention kernels for each block size in `sizes`."""
+    (capability, dtype, model), (formats, moe_formats) = CASES[index], QUANT[index]
+    case = f"sm_{capability}-{TYPES[dtype]}-{model}"
+    seen, rows = set(), []
+    for kernel, args, kwargs in launches(dtype, model, sizes) + quant_launches(dtype, model, formats, moe_formats):
+        sig, consts, options, attrs = signature(kernel, args, kwargs)
+        key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())), str(sorted(attrs)))
+        if key in seen:
+            continue
+        seen.add(key)
+        row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()},
+               "capability": capability}
+        try:
+            binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
+                                    target=GPUTarget("cuda", capability, 32), options=options or None)
+            row.update(cubin_bytes=len(binary.asm["cubin"]), shared=binary.metadata.shared,
+                       shared_limit=SHARED_LIMIT[capability], loads=global_loads(binary.asm["ptx"]))
+        except Exception as e:  # reported, the test names the kernel and the case
+            row["error"] = f"{type(e).__name__}: {e}"[-3000:]
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run without TRITON_INTERPRET"
-    capabilities = set()
-    for (capability, dtype, model), (formats, moe_formats) in zip(CASES, QUANT):
-        case = f"sm_{capability}-{TYPES[dtype]}-{model}"
-        # Every block size the engine accepts on CUDA, once per card (the first case of each).
-        sizes = (16,) if capability in capabilities else CUDA_BLOCK_SIZES
+    # Every block size the engine accepts on CUDA, once per card (the first case of each).
+    sizes, capabilities = [], set()
+    for capability, _, _ in CASES:
+        sizes.append((16,) if capability in capabilities else CUDA_BLOCK_SIZES)
         capabilities.add(capability)
-        seen = set()
-        for kernel, args, kwargs in launches(dtype, model, sizes) + quant_launches(dtype, model, formats, moe_formats):
-            sig, consts, options, attrs = signature(kernel, args, kwargs)
-            key = (kernel.fn.__name__, tuple(sorted(sig.items())), tuple(sorted(consts.items())), str(sorted(attrs)))
-            if key in seen:
-                continue
-            seen.add(key)
-            row = {"case": case, "kernel": kernel.fn.__name__, "constants": {k: str(v) for k, v in consts.items()},
-                   "capability": capability}
-            try:
-                binary = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
-                                        target=GPUTarget("cuda", capability, 32), options=options or None)
-                row.update(cubin_bytes=len(binary.asm["cubin"]), shared=binary.metadata.shared,
-                           shared_limit=SHARED_LIMIT[capability], loads=global_loads(binary.asm["ptx"]))
-            except Exception as e:  # reported, the test names the kernel and the case
-                row["error"] = f"{type(e).__name__}: {e}"[-3000:]
-            print(json.dumps(row), flush=True)
+    # The cases compile side by side, a process a core: Triton's passes and ptxas run on one thread, and the cold
+    # compile took 6 minutes one case after another on 2 cores. Spawned, not forked: torch's threads are running.
+    workers = min(len(CASES), os.cpu_count() or 1)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for rows in pool.map(case_rows, range(len(CASES)), sizes):
+            for row in rows:
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from backend.hf_config import from_hf_config
 from backend.layer_spec import DeltaNetShape
 from tests.backend.conftest import interpreted_only, prompts_of_lengths
 from tests.backend.cuda_emulation import cpu_tokens_then_emulated, greedy_tokens
+from tests.backend.test_models_vs_transformers import HYBRID_TOLERANCE
 
 HYBRIDS = ["qwen3_next", "qwen3_5_moe"]
 PROMPTS = prompts_of_lengths(1, 23, 41, 70)  # block_size 8, chunks of 12: across blocks, chunks and steps
@@ -51,14 +52,17 @@ def test_hybrid_families_read_into_layer_kinds(tiny_dir):
 
 
 def _hf_check(reference, prompt: list[int], out) -> None:
-    """Our greedy tokens are transformers' argmax at every step, and their logprobs its log-softmax (1e-4)."""
+    """Our greedy tokens are transformers' argmax at every step, and their logprobs its log-softmax, within the hybrids'
+    bound (test_models_vs_transformers.HYBRID_TOLERANCE): on an Intel Xeon (2026-12-07) the preemption test's 35-token
+    prompt and its 30 tokens came 1.12e-4 off at one position, with torch's kernels as with ours: fp32 rounding of
+    transformers' chunked delta rule over the whole sequence against our recurrent steps, carried over 65 positions."""
     tokens = out.outputs[0].token_ids
     with torch.no_grad():
         logits = reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
     assert tokens == logits.argmax(-1).tolist()
     expected = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), torch.tensor(tokens)]
     ours = torch.tensor([entry[t].logprob for entry, t in zip(out.outputs[0].logprobs, tokens)])
-    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours, expected, atol=HYBRID_TOLERANCE, rtol=0)
 
 
 def _assert_pool_free(llm: LLM) -> None:
