@@ -48,7 +48,7 @@ static void transpose_rows(const float *x, i64 rows, i64 K, float *xt) {
  * the fp32 kernel's panels or (quads: x's code rows a row, 1 or 3) the 8-bit one's; an expert's chunks side by side
  * for each of its panels, so that a panel read from memory for one is in cache for the next. cost[j]: the work of
  * the jobs before j, for share. */
-static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, int quads, i64 *jobs, i64 *cost) {
+static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, int quads, int amx, i64 *jobs, i64 *cost) {
     i64 n = 0;
     cost[0] = 0;
     for (i64 c0 = 0, c1; c0 < count; c0 = c1) {
@@ -56,7 +56,8 @@ static i64 tile_jobs(const Chunk *chunks, i64 count, i64 rows, i64 parts, int qu
         for (i64 part = 0; part < parts; part++)
             for (i64 p = 0; p < (rows + PANEL - 1) / PANEL; p++)
                 for (i64 c = c0; c < c1; c++) {
-                    const i64 step = quads ? int8_panels(chunks[c].rows, quads) : tile_panels(chunks[c].rows);
+                    const i64 step = !quads ? tile_panels(chunks[c].rows)
+                                     : amx && chunks[c].rows >= 16 ? 2 : int8_panels(chunks[c].rows, quads);
                     if (p % step) continue;
                     jobs[3 * n] = c, jobs[3 * n + 1] = part, jobs[3 * n + 2] = p;
                     cost[n + 1] = cost[n] + (chunks[c].rows + JOB_COST) * step;
@@ -93,11 +94,15 @@ static const uint8_t *job_codes(const i64 *jobs, i64 j, const Chunk *chunks, con
 
 /* an expert's matmul tile: rows [first, first + rows) against panels from p of w, into y; ahead (8-bit tiles): the
  * panels the thread meets next (the next job's, often another expert's), fetched while it computes */
-static void expert_tile(const Weight *w, int quads, const Rows *q, const float *xt, const Chunk *ch, i64 p,
+static void expert_tile(const Weight *w, int quads, int amx, const Rows *q, const float *xt, const Chunk *ch, i64 p,
                         float *y, i64 N, i64 ldy, const uint8_t *ahead) {
     if (quads) {
         Rows view = int8_rows_from(q, ch->first);
-        int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows, (int)q->digits), y, ldy, N, ahead);
+        const int tiles = amx && ch->rows >= 16; /* two panels a job (tile_jobs), on AMX tiles (cpu_amx_int8.c) */
+        if (tiles && int8_amx_rows(w, &view, NULL, p, ch->rows, y, ldy, N)) return;
+        for (i64 c = 0; c < (tiles ? 2 : 1); c++) /* where the tiles could not run, one panel at a time */
+            int8_panel_rows(w, &view, p + c, ch->rows, tiles ? 1 : int8_panels(ch->rows, (int)q->digits), y, ldy, N,
+                            ahead);
     } else {
         qmm_rows_tile(w, p, xt + ch->xt, ch->rows, y, N, ldy);
     }
@@ -174,6 +179,9 @@ static int moe_run(const float *x, i64 T, const int64_t *ids, const float *weigh
     for (i64 i = 0; i < P; i++)
         if (ids[i] < 0 || ids[i] >= experts) return -1;
     const int quads = quad_digits(gate->order); /* x's code rows a row, or 0: fp32 panels */
+    /* one digit's chunks of 16 rows or more on AMX tiles (three digits read from x's own rows there are slower
+     * than cpu_int8.c's tiles) */
+    const int amx = quads == 1 && int8_amx_usable();
     const int shared = gate->group == up->group && gate->bits == up->bits;
     const i64 most_rows = quads ? QUAD_CHUNK : ROWS_X, most_jobs = 2 * P * (widest / PANEL + 1);
     i64 *start = calloc((size_t)experts + 1, sizeof(i64)), *filled = calloc((size_t)T, sizeof(i64));
@@ -205,8 +213,8 @@ static int moe_run(const float *x, i64 T, const int64_t *ids, const float *weigh
     ok = ok && scratch(&s, T, k, I, H, quads, shared, gate, up, down);
     if (ok) {
         const ExpertStack *gate_up_stacks[2] = {gate, up};
-        const i64 n_up = tile_jobs(chunks, count, I, 2, quads, up_jobs, up_cost);
-        const i64 n_down = tile_jobs(chunks, count, H, 1, quads, down_jobs, down_cost);
+        const i64 n_up = tile_jobs(chunks, count, I, 2, quads, amx, up_jobs, up_cost);
+        const i64 n_down = tile_jobs(chunks, count, H, 1, quads, amx, down_jobs, down_cost);
         float *act = s.act, *gate_up = s.gate_up, *y = s.y;
 #pragma omp parallel num_threads(threads)
         {
@@ -236,7 +244,7 @@ static int moe_run(const float *x, i64 T, const int64_t *ids, const float *weigh
                 const Chunk *ch = chunks + up_jobs[3 * j];
                 const int part = (int)up_jobs[3 * j + 1];
                 Weight w = expert(part ? up : gate, ch->expert);
-                expert_tile(&w, quads, part ? &s.qu : &s.qg, xt, ch, up_jobs[3 * j + 2],
+                expert_tile(&w, quads, amx, part ? &s.qu : &s.qg, xt, ch, up_jobs[3 * j + 2],
                             gate_up + ch->first * 2 * I + part * I, I, 2 * I,
                             quads ? job_codes(up_jobs, j + 1 < end ? j + 1 : j, chunks, gate_up_stacks) : NULL);
             }
@@ -259,7 +267,7 @@ static int moe_run(const float *x, i64 T, const int64_t *ids, const float *weigh
             for (i64 j = first; j < end; j++) {
                 const Chunk *ch = chunks + down_jobs[3 * j];
                 Weight w = expert(down, ch->expert);
-                expert_tile(&w, quads, &s.qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H,
+                expert_tile(&w, quads, amx, &s.qd, xt, ch, down_jobs[3 * j + 2], y + ch->first * H, H, H,
                             quads ? job_codes(down_jobs, j + 1 < end ? j + 1 : j, chunks, &down) : NULL);
             }
 #pragma omp barrier

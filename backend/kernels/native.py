@@ -1,6 +1,6 @@
 """Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
-matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c,
-cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c (its router and shared expert's rows cpu_moe_route.c); the small ops, attention and the one-call decode step
+matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c (its
+blocks of 16 rows on AMX tiles: cpu_amx_int8.c), cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c (its router and shared expert's rows cpu_moe_route.c); the small ops, attention and the one-call decode step
 cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c; an embedding's rows
 from the packed weights cpu_packed_rows.c; latent attention's decode rows cpu_mla.c), built into one library.
 
@@ -30,7 +30,7 @@ log = logging.getLogger("backend")
 
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
-                                                 "moe", "moe_route", "int8", "int8_rows", "nibbles", "delta_rule",
+                                                 "moe", "moe_route", "int8", "int8_rows", "amx_int8", "nibbles", "delta_rule",
                                                  "packed_rows", "mla", "chunk_attention")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
