@@ -177,16 +177,20 @@ int int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i6
     static __thread void *spread_buf;
     static __thread size_t spread_size;
     const int D = (int)x->digits, spread = code_bits(w->bits) != 8;
+    /* codes the spread knows (4 and 6-bit, a table's, bytes) in groups a tile holds; anything else: the caller's tiles */
+    if (!(code_bits(w->bits) == 4 || w->bits == 6 || code_bits(w->bits) == 8) || (w->group != 16 && w->group != 32))
+        return 0;
+    const int panels = (p + 1) * PANEL < N ? 2 : 1; /* the second panel only where it holds columns of y */
     const uint8_t *wb[2];
     uint8_t *room = spread ? grown(&spread_buf, &spread_size, (size_t)(2 * w->K * 16)) : NULL;
     if (spread && !room) return 0;
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < panels; c++) {
         if (spread) spread_codes(w, p + c, room + c * w->K * 16);
         wb[c] = spread ? room + c * w->K * 16 : w->codes + (p + c) * w->panel_code_bytes;
     }
     const i64 blocks = M / 16;
     configure(w->group, D);
-    for (int c = 0; c < 2; c++)
+    for (int c = 0; c < panels; c++)
         for (i64 b = 0; b < blocks; b++) {
             if (D == 1) block(w, x, tiled, p + c, 16 * b, wb[c], y, ldy, N, 1);
             else block(w, x, tiled, p + c, 16 * b, wb[c], y, ldy, N, 3);
@@ -194,7 +198,7 @@ int int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i6
     _tile_release();
     if (M > 16 * blocks) { /* the rest, fewer than 16 rows */
         const Rows rest = int8_rows_from(x, 16 * blocks);
-        for (int c = 0; c < 2; c++)
+        for (int c = 0; c < panels; c++)
             int8_panel_rows(w, &rest, p + c, M - 16 * blocks, 1, y + 16 * blocks * ldy, ldy, N,
                             w->codes + (p + 2) * w->panel_code_bytes);
     }

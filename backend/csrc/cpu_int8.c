@@ -271,8 +271,11 @@ int qmm_int8_parts(const float *x, i64 M, const QuantMatrix *parts, const i64 *c
     static __thread void *tiled_buf;
     static __thread size_t tiled_size;
     const i64 blocks = M / 16, block_bytes = 16 * digits * K;
-    const int tiles = blocks && int8_amx_usable(), PP = tiles ? 2 : int8_panels(M, digits);
-    /* NULL where memory ran out: the tiles then read x's own rows (three digits 20-25% slower, one the same) */
+    i64 all_panels = 0; /* two a task halves the tasks: only where every thread still gets two or more */
+    for (i64 i = 0; i < count; i++) all_panels += (parts[i].rows + PANEL - 1) / PANEL;
+    const int tiles = blocks && all_panels >= 4 * threads && int8_amx_usable();
+    const int PP = tiles ? 2 : int8_panels(M, digits);
+    /* NULL where memory ran out: the tiles then read x's own rows (one digit as fast, three 20-25% slower) */
     int8_t *tiled = tiles ? grown(&tiled_buf, &tiled_size, (size_t)(n * blocks * block_bytes)) : NULL;
     for (i64 i = 0; i < count; i++) /* each part's tasks from first[i], PP panels a task */
         first[i + 1] = first[i] + ((parts[i].rows + PANEL - 1) / PANEL + PP - 1) / PP;

@@ -25,11 +25,12 @@ def test_the_tiles_run_where_the_cpu_has_them():
 
 @pytest.mark.parametrize("order", ["quads", "digits"])
 @pytest.mark.parametrize("name", FORMATS)
-def test_rows_in_blocks_of_16_have_each_rows_own_bits(name, order):
-    """53 rows (three blocks of 16 and 5 past them) by 101 weight rows (six panels and a part): every row equal to its
-    own one-row matmul, bit for bit, and the whole within fp32's rounding of x as quantized times gguf-py's weights
-    (one digit) or of x itself (three)."""
-    cols, rows = 512, 101
+def test_rows_in_blocks_of_16_have_each_rows_own_bits(name, order, monkeypatch):
+    """53 rows (three blocks of 16 and 5 past them) by 309 weight rows (19 panels and a part; on 2 threads, enough
+    panels for the tiles' tasks of two): every row equal to its own one-row matmul, bit for bit, and the whole within
+    fp32's rounding of x as quantized times gguf-py's weights (one digit) or of x itself (three)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the threads the matmuls are given
+    cols, rows = 512, 309
     raw, quads = quad_ordered(name, rows, cols, seed=31)
     layout = dataclasses.replace(quads[3], order=order)
     w_codes = (*quads[:3], layout)
