@@ -169,21 +169,37 @@ void int8_amx_tile_rows(const Rows *x, i64 b, i64 group, int8_t *out) {
             for (i64 r = 0; r < 16; r++, o += group) memcpy(o, x->q + ((16 * b + r) * D + j) * K + g * group, (size_t)group);
 }
 
+#endif
+
+/* rows [first, M) of x against panels p and p + 1 (the second only where it holds columns of y) by cpu_int8.c's
+ * tiles, one panel at a time: the rows past the tiles' blocks, or all of them where the tiles do not run */
+static void vector_rows(const Weight *w, const Rows *x, i64 p, i64 first, i64 M, float *y, i64 ldy, i64 N) {
+    if (first >= M) return;
+    const Rows rest = int8_rows_from(x, first);
+    for (i64 c = 0; c < ((p + 1) * PANEL < N ? 2 : 1); c++)
+        int8_panel_rows(w, &rest, p + c, M - first, 1, y + first * ldy, ldy, N, w->codes + (p + 2) * w->panel_code_bytes);
+}
+
+#if HAVE_AMX && defined(__AMX_INT8__)
 int int8_amx_usable(void) { return amx_ready(); }
 
 /* Every row of x (M of them) against panels p and p + 1 on the tiles, on the calling thread; the rows past the last
- * whole block of 16 by cpu_int8.c's tiles. 0 where it did not run (no memory for the spread codes). */
-int int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N) {
+ * whole block of 16, and every row where the tiles cannot take the codes or there is no memory to spread them, by
+ * cpu_int8.c's tiles (the same bits either way). */
+void int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N) {
     static __thread void *spread_buf;
     static __thread size_t spread_size;
     const int D = (int)x->digits, spread = code_bits(w->bits) != 8;
-    /* codes the spread knows (4 and 6-bit, a table's, bytes) in groups a tile holds; anything else: the caller's tiles */
-    if (!(code_bits(w->bits) == 4 || w->bits == 6 || code_bits(w->bits) == 8) || (w->group != 16 && w->group != 32))
-        return 0;
     const int panels = (p + 1) * PANEL < N ? 2 : 1; /* the second panel only where it holds columns of y */
+    /* codes the spread knows (4 and 6-bit, a table's, bytes) in groups a tile holds */
+    const int known = (code_bits(w->bits) == 4 || w->bits == 6 || code_bits(w->bits) == 8) &&
+                      (w->group == 16 || w->group == 32);
+    uint8_t *room = known && spread ? grown(&spread_buf, &spread_size, (size_t)(2 * w->K * 16)) : NULL;
+    if (!known || (spread && !room)) {
+        vector_rows(w, x, p, 0, M, y, ldy, N);
+        return;
+    }
     const uint8_t *wb[2];
-    uint8_t *room = spread ? grown(&spread_buf, &spread_size, (size_t)(2 * w->K * 16)) : NULL;
-    if (spread && !room) return 0;
     for (int c = 0; c < panels; c++) {
         if (spread) spread_codes(w, p + c, room + c * w->K * 16);
         wb[c] = spread ? room + c * w->K * 16 : w->codes + (p + c) * w->panel_code_bytes;
@@ -196,19 +212,13 @@ int int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i6
             else block(w, x, tiled, p + c, 16 * b, wb[c], y, ldy, N, 3);
         }
     _tile_release();
-    if (M > 16 * blocks) { /* the rest, fewer than 16 rows */
-        const Rows rest = int8_rows_from(x, 16 * blocks);
-        for (int c = 0; c < panels; c++)
-            int8_panel_rows(w, &rest, p + c, M - 16 * blocks, 1, y + 16 * blocks * ldy, ldy, N,
-                            w->codes + (p + 2) * w->panel_code_bytes);
-    }
-    return 1;
+    vector_rows(w, x, p, 16 * blocks, M, y, ldy, N);
 }
 #else
 int int8_amx_usable(void) { return 0; }
 void int8_amx_tile_rows(const Rows *x, i64 b, i64 group, int8_t *out) { (void)x, (void)b, (void)group, (void)out; }
-int int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N) {
-    (void)w, (void)x, (void)tiled, (void)p, (void)M, (void)y, (void)ldy, (void)N;
-    return 0;
+void int8_amx_rows(const Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N) {
+    (void)tiled;
+    vector_rows(w, x, p, 0, M, y, ldy, N);
 }
 #endif

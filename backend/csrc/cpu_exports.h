@@ -139,10 +139,10 @@ int int8_panels(i64 M, int digits);
 int int8_vnni(void);
 void int8_panel_rows(const struct Weight *w, const Rows *x, i64 p, i64 M, int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead);
-/* the 8-bit kernel's rows past a block of 16 on AMX tiles (cpu_amx_int8.c): panels p and p + 1, the same bits */
+/* the 8-bit kernel's blocks of 16 rows on AMX tiles (cpu_amx_int8.c): panels p and p + 1, the same bits */
 int int8_amx_usable(void);
 void int8_amx_tile_rows(const Rows *x, i64 b, i64 group, int8_t *out);
-int int8_amx_rows(const struct Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N);
+void int8_amx_rows(const struct Weight *w, const Rows *x, const int8_t *tiled, i64 p, i64 M, float *y, i64 ldy, i64 N);
 /* token rows of an embedding table in the fp32 kernel's panels or the int8 kernel's quads (order: Layout.order_code),
  * as gguf-py dequantizes them; 0: an id past it, or AMX's pairs */
 int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets, i64 rows, i64 K, i64 group,

@@ -306,12 +306,11 @@ int qmm_int8_parts(const float *x, i64 M, const QuantMatrix *parts, const i64 *c
             i64 i = 0;
             while (t >= first[i + 1]) i++;
             const i64 p = (t - first[i]) * PP;
-            const int8_t *its = tiled ? tiled + kind_of[i] * blocks * block_bytes : NULL;
-            if (!rows || (tiles && int8_amx_rows(w + i, rows + kind_of[i], its, p, M, y + columns[i], ldy, parts[i].rows)))
-                continue;
-            /* the tiles' two panels one at a time where they could not run (no memory for the spread codes) */
-            for (i64 c = 0; c < PP; c += tiles ? 1 : PP)
-                int8_panel_rows(w + i, rows + kind_of[i], p + c, M, tiles ? 1 : PP, y + columns[i], ldy, parts[i].rows,
+            if (rows && tiles)
+                int8_amx_rows(w + i, rows + kind_of[i], tiled ? tiled + kind_of[i] * blocks * block_bytes : NULL, p, M,
+                              y + columns[i], ldy, parts[i].rows);
+            else if (rows)
+                int8_panel_rows(w + i, rows + kind_of[i], p, M, PP, y + columns[i], ldy, parts[i].rows,
                                 parts[i].codes + (p + PP) * w[i].panel_code_bytes);
         }
     }

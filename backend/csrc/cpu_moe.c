@@ -98,11 +98,10 @@ static void expert_tile(const Weight *w, int quads, int amx, const Rows *q, cons
                         float *y, i64 N, i64 ldy, const uint8_t *ahead) {
     if (quads) {
         Rows view = int8_rows_from(q, ch->first);
-        const int tiles = amx && ch->rows >= 16; /* two panels a job (tile_jobs), on AMX tiles (cpu_amx_int8.c) */
-        if (tiles && int8_amx_rows(w, &view, NULL, p, ch->rows, y, ldy, N)) return;
-        for (i64 c = 0; c < (tiles ? 2 : 1); c++) /* where the tiles could not run, one panel at a time */
-            int8_panel_rows(w, &view, p + c, ch->rows, tiles ? 1 : int8_panels(ch->rows, (int)q->digits), y, ldy, N,
-                            ahead);
+        if (amx && ch->rows >= 16) /* two panels a job (tile_jobs), on AMX tiles (cpu_amx_int8.c) */
+            int8_amx_rows(w, &view, NULL, p, ch->rows, y, ldy, N);
+        else
+            int8_panel_rows(w, &view, p, ch->rows, int8_panels(ch->rows, (int)q->digits), y, ldy, N, ahead);
     } else {
         qmm_rows_tile(w, p, xt + ch->xt, ch->rows, y, N, ldy);
     }
