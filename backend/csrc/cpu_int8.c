@@ -207,15 +207,11 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     }
 }
 
-/* Whether this build sums with AVX-512 VNNI (vpdpbusd), where x in three digits is an exact fp32 matmul's faster
- * way (1.5-1.8x the fp32 kernel's one-row matmuls, measured on Zen 4; with AVX2's two-step products, 0.4-1.2x) */
-int int8_vnni(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    return 1;
-#else
-    return 0;
-#endif
-}
+/* Whether an exact (fp32) engine's matmuls take x in three digits here: where this build sums with AVX-512 VNNI
+ * (vpdpbusd; 1.5-1.8x the fp32 kernel's one-row matmuls, measured on Zen 4). Not with AVX-VNNI's 8 lanes (Alder
+ * Lake's): there the digits decoded 15-25% faster than the fp32 kernel but prompts ran 20-35% slower (a Xeon's
+ * cores built for Alder Lake, SmolLM2 and a MoE file in IQ4_XS), nor with AVX2's two-step products (0.4-1.2x) */
+int int8_vnni(void) { return VNNI && IL == 16; }
 
 /* panels a tile reads for M rows of x in `digits` code rows each */
 int int8_panels(i64 M, int digits) {

@@ -22,9 +22,12 @@ enum { BYTES, NIBBLES, SIGNED, VALUES };
 /* acc + the dot products of u's 4 unsigned bytes and x's 4 signed ones per 32-bit lane (SIGNED where SEVEN_SIGNED:
  * of u - 128; VALUES: of u's bytes read as signed) */
 INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#if VNNI && IL == 16
     (void)kind;
     return (VI)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)u, _mm512_set1_epi32(x));
+#elif VNNI
+    (void)kind;
+    return (VI)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)u, _mm256_set1_epi32(x));
 #elif defined(__AVX2__)
     /* vpmaddubsw sums two products of unsigned and signed bytes into an int16, which saturates past 32767: 4 and
      * 6-bit codes times |x| <= 128 (a digit may be -128) stay under it (2 * 63 * 128); 8-bit codes go in as their
@@ -63,7 +66,7 @@ INLINE VI dot4(VI acc, VI u, int32_t x, const int kind) {
  * One widening a group (4-bit: half the multiplies) or two a unit of 16 k's (6-bit: two vpmaddwd of four saved) in
  * place of one a product, the same exact integers. The bound holds for groups of at most 32 k's: cpu_layout's
  * groups are 16 or 32 (a 4-bit format of longer groups would need a widening every 32 k's). */
-#if defined(__AVX2__) && !(defined(__AVX512VNNI__) && defined(__AVX512F__))
+#if defined(__AVX2__) && !VNNI
 #define PAIRS16 1
 /* acc's int16 lanes + the sums of u's unsigned bytes times x's signed ones in pairs */
 INLINE VI pairs16(VI acc, VI u, int32_t x) {

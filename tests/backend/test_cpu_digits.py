@@ -81,7 +81,7 @@ def test_each_x_is_taken_to_24_bits_of_its_groups_max():
     assert int8_err.max() > 2.0**-9
 
 
-@pytest.mark.parametrize("build", ["avx2", "portable"])
+@pytest.mark.parametrize("build", ["avx2", "avx_vnni", "portable"])
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q8_0 with -128", "IQ4_XS", "MXFP4"])
 def test_digits_are_the_same_bits_in_every_build(name, build, monkeypatch):
     """The native build's digits and sums (AVX-512 VNNI here) against AVX2's two-step products and GCC's portable

@@ -71,7 +71,7 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
         assert torch.equal(cpu_layout.matmul(x[40 - m:], *quads, rows), ours[40 - m:]), m
 
 
-@pytest.mark.parametrize("build", ["avx2", "portable"])
+@pytest.mark.parametrize("build", ["avx2", "avx_vnni", "portable"])
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128", "IQ4_XS", "MXFP4"])
 def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch):
     """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
@@ -113,7 +113,7 @@ def test_int8_products_at_the_extremes_of_8_bit_codes():
     assert abs(ours[0, 0] - cols) < 0.1 and abs(ours[1, 0] + cols) < 0.1  # d is fp16: 127 d is not quite 1
 
 
-@pytest.mark.parametrize("build", ["native", "avx2", "portable"])
+@pytest.mark.parametrize("build", ["native", "avx2", "avx_vnni", "portable"])
 @pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
 def test_int8_products_at_the_extremes_of_4_and_6_bit_codes(name, build, monkeypatch):
     """Every code at its top (4-bit 15, 6-bit 63) times x quantized to +-127: the largest sums AVX2's kernel keeps
