@@ -5,7 +5,9 @@ cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update c
 from the packed weights cpu_packed_rows.c; latent attention's decode rows cpu_mla.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
-(-march=native), and cached under $SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
+(-march=native; SCRIPTORIUM_CPU_MARCH names another x86 or ARM -march this CPU runs, as GCC spells it: haswell for
+AVX2 alone, alderlake for AVX2 with AVX-VNNI, to run or measure another CPU's code paths here), and cached under
+$SCRIPTORIUM_HOME/cache/native, keyed by the sources, the flags and the CPU.
 AVX-512 or AVX2 intrinsics on x86, GCC's portable vectors elsewhere (ARM). Without a compiler library() is None
 (with one warning) and every caller takes its torch reference instead; SCRIPTORIUM_CPU_KERNELS=torch asks for
 that.
@@ -80,7 +82,7 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None (logged once) where it cannot be built here."""
     with _building:
         try:
-            return load(build())
+            return load(build(os.environ.get("SCRIPTORIUM_CPU_MARCH") or "native"))
         except (OSError, RuntimeError) as e:
             log.warning("no CPU kernels: quantized layers dequantize on every matmul (slow) and the small ops run "
                         "as several PyTorch ops: %s", e)
@@ -166,7 +168,9 @@ def build(march: str = "native") -> Path:
         proc = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True,
                               text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"{compiler} could not build the CPU kernels: {proc.stderr.strip()[-400:]}")
+            errors = "; ".join(line for line in proc.stderr.splitlines() if "error" in line)[:400]
+            raise RuntimeError(f"{compiler} could not build the CPU kernels with -march={march}: "
+                               f"{errors or proc.stderr.strip()[-400:]}")
         built.replace(out)  # atomic: a concurrent process sees the whole library or none
     return out
 

@@ -1,6 +1,10 @@
 """The torch reference kernels against plain dense computations and transformers' formulas."""
 
 import math
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -248,3 +252,22 @@ def test_cpu_rotary_matches_rotate_half_bit_for_bit(c_kernels):
 def test_cpu_silu_mul_matches_torch(c_kernels):
     gate_up = torch.randn(3, 2 * 100, generator=torch.Generator().manual_seed(1)) * 4
     torch.testing.assert_close(silu_mul(gate_up), F.silu(gate_up[:, :100]) * gate_up[:, 100:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or native.library() is None,
+                    reason="the -march names below are x86's; needs a C compiler")
+def test_the_kernels_build_for_the_cpu_named_in_scriptorium_cpu_march():
+    """SCRIPTORIUM_CPU_MARCH=x86-64 builds the portable vectors (tiles of 4 rows, no VNNI) on any x86 CPU; a name the
+    compiler does not know leaves the kernels off with one warning saying why, not a crash."""
+    probe = ("import logging; logging.basicConfig(); from backend.kernels import native; "
+             "print(native.library() is not None and (native.tile_rows(), native.vnni()))")
+
+    def run(march: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "SCRIPTORIUM_CPU_MARCH": march}
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+
+    portable = run("x86-64")
+    assert portable.stdout.strip() == "(4, False)", portable.stderr
+    unknown = run("no-such-cpu")
+    assert unknown.stdout.strip() == "False"
+    assert "no CPU kernels" in unknown.stderr and "no-such-cpu" in unknown.stderr
