@@ -21,8 +21,9 @@
  * 16 k's (6-bit, where every q fits -32 .. 31: Q6_K and the Q5's, as u = q + 32: two 4-bit units of the low bits,
  * then a plane of the high 2, composed into bytes in registers). One AVX-512 VNNI
  * instruction (vpdpbusd) then multiplies 16 rows' 4 codes by 4 of xq and adds them into the 16 rows' sums: 64
- * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX2 has vpmaddubsw and vpmaddwd,
- * two instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
+ * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX-VNNI's 8-lane vpdpbusd (AVX2
+ * CPUs without AVX-512, Intel's since Alder Lake) does 32 in one; AVX2 alone has vpmaddubsw and vpmaddwd, two
+ * instructions for 32 (see dot4). vpdpbusd's codes are unsigned: 8-bit codes are stored plus 128 (6-bit plus 32),
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
  * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_lookup), then sum as bits 7's do

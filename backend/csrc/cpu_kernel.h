@@ -22,7 +22,8 @@
 
 /* Whether this build's 8-bit products are VNNI's vpdpbusd: AVX-512's, or, without AVX-512, AVX-VNNI's on 8 lanes
  * (Intel's client cores since Alder Lake: AVX2 and AVX-VNNI, no AVX-512) */
-#if (defined(__AVX512VNNI__) && defined(__AVX512F__)) || (defined(__AVXVNNI__) && defined(__AVX2__) && !defined(__AVX512F__))
+#if (defined(__AVX512VNNI__) && defined(__AVX512F__)) \
+    || (defined(__AVXVNNI__) && defined(__AVX2__) && !defined(__AVX512F__))
 #define VNNI 1
 #else
 #define VNNI 0
