@@ -144,9 +144,9 @@ def tiny(qwen_server):
 
 # Our C kernels' builds: for this CPU, and on an x86 CPU its other code paths too.
 KERNEL_BUILDS = {"native": None, "avx2": "haswell", "portable": "x86-64"}
-# AVX2 with AVX-VNNI's 8-lane vpdpbusd and no AVX-512 (Intel's client cores since Alder Lake): the 8-bit kernel's
-# products, run where this CPU has AVX-VNNI; only the tests of the 8-bit kernel's bits take it
-AVX_VNNI_BUILD = {"avx_vnni": "alderlake"}
+# and AVX2 with AVX-VNNI's 8-lane vpdpbusd, no AVX-512 (Intel's client cores since Alder Lake), where this CPU has
+# AVX-VNNI: only the tests of the 8-bit kernel's bits take it
+MARCHES = {**KERNEL_BUILDS, "avx_vnni": "alderlake"}
 
 
 def use_kernel_build(build: str, monkeypatch) -> None:
@@ -157,17 +157,16 @@ def use_kernel_build(build: str, monkeypatch) -> None:
 
     if native.library() is None:
         pytest.skip("no C compiler for the CPU kernels")
-    march = {**KERNEL_BUILDS, **AVX_VNNI_BUILD}[build]
+    march = MARCHES[build]
     if march is not None:
         if platform.machine() != "x86_64":
             pytest.skip("the native build is this CPU's only one")
         flags = native._cpu_key().split()
         if build == "avx_vnni" and "avx_vnni" not in flags:
             pytest.skip("this CPU has no AVX-VNNI")
-        if build == "avx_vnni" and "avx512f" not in flags:
-            pytest.skip("this CPU has no AVX-512: the native build is the AVX-VNNI one")
-        if build == "avx2" and "avx512f" not in flags and "avx_vnni" not in flags:
-            pytest.skip("this CPU has no AVX-512 nor AVX-VNNI: the native build is the AVX2 one")
+        native_build = None if "avx512f" in flags else "avx_vnni" if "avx_vnni" in flags else "avx2"
+        if build == native_build:
+            pytest.skip(f"this CPU has no AVX-512: the native build is the {build} one")
         lib = native.load(native.build(march))
         monkeypatch.setattr(native, "library", lambda: lib)
 

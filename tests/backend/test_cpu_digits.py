@@ -84,8 +84,8 @@ def test_each_x_is_taken_to_24_bits_of_its_groups_max():
 @pytest.mark.parametrize("build", ["avx2", "avx_vnni", "portable"])
 @pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q8_0 with -128", "IQ4_XS", "MXFP4"])
 def test_digits_are_the_same_bits_in_every_build(name, build, monkeypatch):
-    """The native build's digits and sums (AVX-512 VNNI here) against AVX2's two-step products and GCC's portable
-    vectors, which compute each digit element by element: the same bits, at 1 to 20 rows."""
+    """The native build's digits and sums (AVX-512 VNNI here) against AVX2's two-step products, AVX-VNNI's 8 lanes
+    and GCC's portable vectors, which compute each digit element by element: the same bits, at 1 to 20 rows."""
     raw = None
     if name == "Q8_0 with -128":
         name, raw = "Q8_0", quantize(torch.randn(70, 256, generator=torch.Generator().manual_seed(4)).numpy(), T.Q8_0)
