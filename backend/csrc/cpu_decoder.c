@@ -17,7 +17,12 @@
  * mla_decode_rows (cpu_mla.c), as the module does for up to mla_attention.C_ROWS rows. Gemma 3: its (1 + w) norms
  * are weights (1 + w taken at build, as the module takes it each call), a sandwich of norms around each branch
  * (Layer's pre_ff_norm, post_ff_norm), GELU's tanh form, and its local layers' own rotary table (rope_offset); its
- * embeddings' scale is the caller's (models/cpu_decoder.py embeds the rows as the module does).
+ * embeddings' scale is the caller's (models/cpu_decoder.py embeds the rows as the module does). Partial rotary
+ * (Shape's rotary_dim below head_dim: Phi-4-mini, Qwen3.5) rotates each head's leading dimensions. Hybrid models
+ * (Qwen3-Next, Qwen3.5-MoE): a linear-attention layer (Layer's linear) projects q|k|v|z and b|a in one call, runs
+ * its rows through deltanet_rows (cpu_deltanet.c, the module's own decode rows) on each row's state slot, then o;
+ * a gated full-attention layer (output_gate) splits each head's query from its gate and multiplies attention's
+ * output by sigmoid(gate) before o. Each row is then one token of its own sequence (kernels/step_paths.py).
  */
 #include <omp.h>
 
@@ -34,7 +39,9 @@ void struct_layouts(int64_t *out) {
                          offsetof(Shape, eps),
                          offsetof(Shape, final_norm), offsetof(Shape, kv_kind), offsetof(Layer, mla),
                          sizeof(Latent), offsetof(Latent, kv_a), offsetof(Latent, lora), offsetof(Latent, eps),
-                         offsetof(Layer, pre_ff_norm), offsetof(Layer, rope_offset), offsetof(Shape, gelu)};
+                         offsetof(Layer, pre_ff_norm), offsetof(Layer, rope_offset), offsetof(Shape, gelu),
+                         sizeof(DeltaNet), offsetof(DeltaNet, hk), offsetof(DeltaNet, eps), offsetof(Layer, linear),
+                         offsetof(Layer, ba), offsetof(Shape, rotary_dim), offsetof(Shape, attn_width)};
     memcpy(out, v, sizeof v);
 }
 
@@ -49,6 +56,36 @@ static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads
         for (i64 r = 0; r < M; r++)
             for (i64 c = 0; c < w->rows; c++) y[r * w->rows + c] = y[r * w->rows + c] + w->bias[c];
     matmul_seconds += omp_get_wtime() - start;
+}
+
+/* A linear-attention layer's q|k|v|z and b|a of one input in one call, x quantized once: the module's outputs_of;
+ * y [M, a's rows + b's rows] */
+static void matmul_pair(const Linear *a, const Linear *b, const float *x, i64 M, float *y, int threads) {
+    double start = omp_get_wtime();
+    QuantMatrix parts[6];
+    i64 columns[6], n = 0, col = 0;
+    for (const Linear *w = a; w; w = w == a ? b : NULL)
+        for (i64 i = 0; i < w->count; col += w->parts[i].rows, i++, n++) {
+            parts[n] = w->parts[i];
+            columns[n] = col;
+        }
+    qmm_parts(x, M, parts, columns, n, y, col, threads);
+    matmul_seconds += omp_get_wtime() - start;
+}
+
+/* q and k [M, heads, D] rows ld apart: the leading `rot` dimensions of each head rotated, the rest as they are
+ * (the module's partial rotary: rotary_rows over those dimensions gathered, then put back); tmp [2 * M * heads *
+ * rot] */
+static void rotate_part(float *qk, i64 M, i64 heads, i64 D, i64 rot, i64 ld, const float *cos, const float *sin,
+                        i64 ldc, float *tmp) {
+    float *rotated = tmp + M * heads * rot;
+    for (i64 r = 0; r < M; r++)
+        for (i64 j = 0; j < heads; j++)
+            memcpy(tmp + (r * heads + j) * rot, qk + r * ld + j * D, (size_t)rot * sizeof(float));
+    rotary_rows(tmp, rotated, M, heads, rot, heads * rot, cos, sin, ldc);
+    for (i64 r = 0; r < M; r++)
+        for (i64 j = 0; j < heads; j++)
+            memcpy(qk + r * ld + j * D, rotated + (r * heads + j) * rot, (size_t)rot * sizeof(float));
 }
 
 /* Granite's residual_multiplier on an attention or feed-forward output, as the module multiplies it */
@@ -107,24 +144,31 @@ static int latent_attention(const Latent *A, const float *h, i64 M, i64 heads, v
  * ldc. slots [M]: each row's cache slot; tables [M, table_stride] and lens [M] as decode_attention_rows reads
  * them (max_len: the longest context a table can hold); window_slots and window_tables [M, window_stride]: the
  * same for sliding layers, whose cache is the sliding group's own pool (engine/cache_groups.py; the full group's
- * pointers where there is none). Returns 1; 0 where memory ran out (x is then not the step's). */
+ * pointers where there is none); state_slots [M] and fresh [M]: linear-attention layers' state slot of each row, and
+ * whether it starts its sequence (its states read as zeros). Returns 1; 0 where memory ran out (x is then not the
+ * step's). */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                    const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
-                   const int64_t *window_slots, const int64_t *window_tables, i64 window_stride, int threads) {
+                   const int64_t *window_slots, const int64_t *window_tables, i64 window_stride,
+                   const int64_t *state_slots, const uint8_t *fresh, int threads) {
     static __thread float *work;
     static __thread size_t work_floats;
     const i64 H = s->hidden, D = s->head_dim, hq = s->heads, hkv = s->kv_heads;
     const i64 qkv_cols = (hq + 2 * hkv) * D, qk_cols = (hq + hkv) * D;
+    const i64 proj_cols = s->proj_width > qkv_cols ? s->proj_width : qkv_cols;
+    const i64 attn_cols = s->attn_width > hq * D ? s->attn_width : hq * D;
     const int kind = (int)s->kv_kind;
-    size_t need = (size_t)M * (4 * H + qkv_cols + qk_cols + hq * D + 3 * s->inter + 3 * s->top_k) + 2;
+    size_t need = (size_t)M * (4 * H + proj_cols + qkv_cols + 3 * qk_cols + 2 * attn_cols + 3 * s->inter +
+                               3 * s->top_k) + 2;
     if (work_floats < need) {
         free(work);
         work = malloc(need * sizeof(float));
         work_floats = work ? need : 0;
         if (!work) return 0;
     }
-    float *residual = work, *h = residual + M * H, *out = h + M * H, *qkv = out + M * H, *qk = qkv + M * qkv_cols;
-    float *attn = qk + M * qk_cols, *gate_up = attn + M * hq * D, *act = gate_up + M * 2 * s->inter;
+    float *residual = work, *h = residual + M * H, *out = h + M * H, *proj = out + M * H, *qkv = proj + M * proj_cols;
+    float *qk = qkv + M * qkv_cols, *rot = qk + M * qk_cols, *attn = rot + 2 * M * qk_cols, *gate = attn + M * attn_cols;
+    float *gate_up = gate + M * attn_cols, *act = gate_up + M * 2 * s->inter;
     float *shared = act + M * s->inter, *weights = shared + M * H;
     int64_t *ids = (int64_t *)(((uintptr_t)(weights + M * s->top_k) + 7) & ~(uintptr_t)7);
     for (i64 l = 0; l < s->layers; l++) {
@@ -139,19 +183,40 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             if (!latent_attention(L->mla, h, M, hq, L->k_cache, kind, s->block_size, slots, tables, table_stride, lens,
                                   max_len, s->scale, cos, sin, ldc, attn, threads))
                 return 0;
+        } else if (L->linear) {
+            const i64 width = L->qkv.rows + L->ba.rows;
+            matmul_pair(&L->qkv, &L->ba, h, M, proj, threads);
+            if (!deltanet_rows(L->linear, proj, width, proj + L->qkv.rows, width, M, state_slots, fresh, attn, threads))
+                return 0;
         } else {
-            matmul(&L->qkv, h, M, qkv, threads);
+            if (L->output_gate) { /* each head's query, then its gate: the query to q|k|v's place, the gate apart */
+                matmul(&L->qkv, h, M, proj, threads);
+                for (i64 r = 0; r < M; r++) {
+                    const float *from = proj + r * L->qkv.rows;
+                    for (i64 j = 0; j < hq; j++) {
+                        memcpy(qkv + r * qkv_cols + j * D, from + 2 * j * D, (size_t)D * sizeof(float));
+                        memcpy(gate + r * hq * D + j * D, from + (2 * j + 1) * D, (size_t)D * sizeof(float));
+                    }
+                    memcpy(qkv + r * qkv_cols + hq * D, from + 2 * hq * D, (size_t)(2 * hkv * D) * sizeof(float));
+                }
+            } else {
+                matmul(&L->qkv, h, M, qkv, threads);
+            }
             for (i64 r = 0; L->q_norm && r < M; r++) {  /* in place, a head (or all of q, of k) at a time */
                 float *row = qkv + r * qkv_cols;
                 const i64 q_rows = L->qk_norm_full ? 1 : hq, k_rows = L->qk_norm_full ? 1 : hkv;
                 rms_norm_rows(row, NULL, L->q_norm, NULL, row, q_rows, hq * D / q_rows, s->eps);
                 rms_norm_rows(row + hq * D, NULL, L->k_norm, NULL, row + hq * D, k_rows, hkv * D / k_rows, s->eps);
             }
-            if (L->rope)
+            if (L->rope && s->rotary_dim == D) {
                 rotary_rows(qkv, qk, M, hq + hkv, D, qkv_cols, cos + L->rope_offset, sin + L->rope_offset, ldc);
-            else  /* q and k as projected, packed as rotary_rows would leave them */
+            } else { /* q and k as projected, packed as rotary_rows would leave them; then a partial rotary */
                 for (i64 r = 0; r < M; r++)
                     memcpy(qk + r * qk_cols, qkv + r * qkv_cols, (size_t)qk_cols * sizeof(float));
+                if (L->rope)
+                    rotate_part(qk, M, hq + hkv, D, s->rotary_dim, qk_cols, cos + L->rope_offset,
+                                sin + L->rope_offset, ldc, rot);
+            }
             const int64_t *at = L->window ? window_slots : slots, *table = L->window ? window_tables : tables;
             for (i64 r = 0; r < M; r++) {
                 if (at[r] < 0) continue;
@@ -161,6 +226,7 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
             decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
                                   table, L->window ? window_stride : table_stride, lens, L->window, s->scale, NULL,
                                   max_len, threads);
+            if (L->output_gate) sigmoid_mul_rows(attn, gate, M, hq * D, hq * D);
         }
         matmul(&L->o, attn, M, out, threads);
         scale_branch(out, M * H, s->residual_scale);

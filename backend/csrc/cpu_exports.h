@@ -70,6 +70,18 @@ typedef struct {
     float eps;       /* the latent norms' */
 } Latent;
 
+/* A Gated DeltaNet layer (cpu_deltanet.c): its convolution's weights [conv_dim, kernel], dt_bias and A_log [hv],
+ * its output norm's weight [dv], and the state pool's tensors (models/gated_deltanet.py's conv_state [slots,
+ * conv_dim, kernel - 1] and delta_state [slots, hv, dk, dv]) */
+typedef struct {
+    const float *conv_weight, *dt_bias, *a_log, *norm;
+    float *conv_state, *delta_state;
+    i64 hk, hv, dk, dv, kernel;
+    i64 grouped; /* q|k|v|z and b|a grouped by key head (Qwen3-Next's checkpoints) */
+    i64 tiled;   /* value head h reads key head h % hk (llama.cpp's qwen35moe files), not h / (hv / hk) */
+    float eps;   /* the output norm's */
+} DeltaNet;
+
 typedef struct {
     const float *input_norm, *post_norm, *q_norm, *k_norm; /* the q/k norms: NULL where the model has none */
     Linear qkv, o, gate_up, down;
@@ -83,6 +95,10 @@ typedef struct {
      * norms the feed-forward's input and post_ff_norm its output; NULL: post_norm norms the feed-forward's input */
     const float *pre_ff_norm, *post_ff_norm;
     i64 rope_offset; /* its rotary table's cos and sin this many floats past the model's (Gemma 3's local base) */
+    i64 output_gate; /* 1: q's projection holds each head's query then its gate's columns; attention's output is
+                      * multiplied by sigmoid(gate) before o (Qwen3-Next, Qwen3.5) */
+    const DeltaNet *linear; /* a linear-attention layer's (qkv: its q|k|v|z, o: its out_proj); NULL: attention */
+    Linear ba;              /* a linear-attention layer's b|a projection */
 } Layer;
 
 typedef struct {
@@ -93,6 +109,10 @@ typedef struct {
     i64 kv_kind; /* the KV cache's elements: KV_F32, KV_F16 or KV_BF16 (cpu_vectors.h) */
     float residual_scale; /* each branch's output times this before it joins the residual stream (Granite); 1 */
     i64 gelu;             /* 1: the dense feed-forward's GELU in its tanh form (Gemma); 0: SiLU */
+    i64 rotary_dim;       /* the leading dimensions of each head that rotate (Phi-4-mini, Qwen3.5: partial rotary) */
+    /* the widest first projection of any layer (q|k|v, q and gate|k|v, a linear layer's q|k|v|z and b|a), and the
+     * widest attention output (heads * head_dim, a linear layer's value heads, its b|a) */
+    i64 proj_width, attn_width;
 } Shape;
 
 /* A layout's bits TABLE_BITS + t: 4-bit codes, laid out as bits 4's, that index table t of 16 int8 values (the
@@ -173,6 +193,11 @@ void delta_rule_rows(const float *q, const float *k, const float *v, const float
                      i64 hv, i64 dk, i64 dv, int threads);
 void delta_rule_run(const float *q, const float *k, const float *v, const float *g, const float *beta,
                     float *state, float *out, i64 t, i64 hk, i64 hv, i64 dk, i64 dv, int threads);
+/* cpu_deltanet.c: a Gated DeltaNet layer's decode rows between its projections and out_proj; the attention output's
+ * sigmoid gate */
+int deltanet_rows(const DeltaNet *n, const float *qkvz, i64 ld_qkvz, const float *ba, i64 ld_ba, i64 M,
+                  const int64_t *slots, const uint8_t *fresh, float *out, int threads);
+void sigmoid_mul_rows(float *x, const float *gate, i64 rows, i64 cols, i64 ld_gate);
 void kv_store(void *cache, const float *x, i64 n, int kind);
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,
@@ -192,5 +217,6 @@ int mla_decode_rows(const float *q_nope, i64 ld_nope, i64 hs_nope, const float *
 /* --- the one-call decode step (cpu_decoder.c) */
 int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const float *cos, const float *sin, i64 ldc,
                   const int64_t *slots, const int64_t *tables, i64 table_stride, const int64_t *lens, i64 max_len,
-                  const int64_t *window_slots, const int64_t *window_tables, i64 window_stride, int threads);
+                  const int64_t *window_slots, const int64_t *window_tables, i64 window_stride,
+                  const int64_t *state_slots, const uint8_t *fresh, int threads);
 void struct_layouts(int64_t *out);

@@ -1,8 +1,10 @@
 """Our C kernels for the CPU (backend/csrc/: every entry point and struct declared in cpu_exports.h; the quantized
 matmuls behind qmm in cpu_dispatch.c: cpu_kernel.c (its 4-bit panels with AVX-512: cpu_nibbles.c), cpu_int8.c (its
-blocks of 16 rows on AMX tiles: cpu_amx_int8.c), cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c (its router and shared expert's rows cpu_moe_route.c); the small ops, attention and the one-call decode step
-cpu_ops.c, cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c; an embedding's rows
-from the packed weights cpu_packed_rows.c; latent attention's decode rows cpu_mla.c), built into one library.
+blocks of 16 rows on AMX tiles: cpu_amx_int8.c), cpu_amx.c, cpu_amx_codes.c; the MoE call cpu_moe.c (its router and
+shared expert's rows cpu_moe_route.c); the small ops, attention and the one-call decode step cpu_ops.c,
+cpu_attention.c, cpu_decoder.c; linear attention's recurrent update cpu_delta_rule.c, and a Gated DeltaNet layer's
+decode rows around it cpu_deltanet.c; an embedding's rows from the packed weights cpu_packed_rows.c; latent
+attention's decode rows cpu_mla.c), built into one library.
 
 Compiled at first use with the machine's C compiler (the one Triton needs on CUDA too) for this CPU
 (-march=native; SCRIPTORIUM_CPU_MARCH names another x86 or ARM -march this CPU runs, as GCC spells it: haswell for
@@ -33,7 +35,7 @@ log = logging.getLogger("backend")
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
                                                  "moe", "moe_route", "int8", "int8_rows", "amx_int8", "nibbles", "delta_rule",
-                                                 "packed_rows", "mla", "chunk_attention")]
+                                                 "packed_rows", "mla", "chunk_attention", "deltanet")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
@@ -122,6 +124,10 @@ def load(path: Path) -> ctypes.CDLL:
     lib.delta_rule_rows.restype = None
     lib.delta_rule_run.argtypes = [ptr] * 7 + [i64] * 5 + [i32]
     lib.delta_rule_run.restype = None
+    lib.deltanet_rows.argtypes = [ptr, ptr, i64, ptr, i64, i64, ptr, ptr, ptr, i32]
+    lib.deltanet_rows.restype = i32
+    lib.sigmoid_mul_rows.argtypes = [ptr, ptr, i64, i64, i64]
+    lib.sigmoid_mul_rows.restype = None
     f32 = ctypes.c_float
     lib.decode_attention_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i32, i64, ptr, i64, ptr, i64, f32,
                                           ptr, i64, i32]
@@ -131,7 +137,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.mla_decode_rows.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr,
                                     i64, ptr, i32, i64, ptr, i64, ptr, f32, i64, ptr, i32]
     lib.mla_decode_rows.restype = i32
-    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, i32]
+    lib.decode_layers.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, ptr, ptr, i64, ptr, ptr,
+                                  i32]
     lib.decode_layers.restype = i32
     lib.struct_layouts.argtypes = [ptr]
     lib.int8_vnni.restype = i32

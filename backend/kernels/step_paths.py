@@ -88,7 +88,8 @@ def attends_as_decode(parts: RunnerParts, rows: int, drafts: int, computed: int)
     its own position, rather than as one prompt chunk. With our C kernels or the Triton ones a verification is
     decode rows too (each row attends exactly as it would decoding, so greedy speculation keeps plain decoding's
     tokens), and so is a short prompt chunk with a one-call step of any rows: the step stays a decode step. A hybrid
-    model's verification is a run of its own (GatedDeltaNet keeps its state apart until commit). Plain numbers,
+    model's verification and prompt chunks are runs of their own (a linear layer's rows of one sequence follow one
+    another through its state; GatedDeltaNet keeps a verification's apart until commit). Plain numbers,
     not an Item: asked for every item of every step."""
     verifies = drafts > 0 and not parts.hybrid
     k = parts.kernels
@@ -96,7 +97,8 @@ def attends_as_decode(parts: RunnerParts, rows: int, drafts: int, computed: int)
         rows == 1
         or (k.c and verifies)
         or (k.triton and verifies and computed <= DECODE_ROWS_CONTEXT)
-        or (parts.one_call and parts.one_call_rows is None and computed + rows / 2 <= SHORT_CONTEXT)
+        or (parts.one_call and parts.one_call_rows is None and not parts.hybrid
+            and computed + rows / 2 <= SHORT_CONTEXT)
     )
 
 

@@ -10,10 +10,14 @@ ungated shared experts), and latent attention layers (DeepSeek-V2's MLA, their k
 read it, up to its C_ROWS rows) with V2's softmax router, and Gemma 3: its (1 + w) norms (1 + w taken here once, the
 same fp32 sum the module takes each call), the sandwich of norms around each branch, GELU's tanh form (the C kernel
 the module calls too) and a rotary table per layer kind (the step's rows carry every table, each layer reads its
-own). Partial rotary (Phi-4-mini, GLM-4.5) stays with the modules, and so do DeepSeek-V3's and GLM's routers (their
-logits are torch's matmul in the modules).
-The runner builds one per KV cache (the cache's addresses are in it) and uses it for steps whose rows all attend
-as decode rows, up to max_rows of them.
+own); partial rotary (Phi-4-mini: each head's leading dimensions rotated as the module rotates them); and the
+hybrid Qwen3-Next and Qwen3.5-MoE: their Gated DeltaNet layers (cpu_deltanet.c, which the module's decode rows call
+too, on the state pool's slots the step's metadata names) and their full-attention layers' output gate. Attention
+sinks (gpt-oss) stay with the modules, and so do DeepSeek-V3's and GLM's routers (their logits are torch's matmul
+in the modules).
+The runner builds one per KV cache (the cache's and the state pool's addresses are in it) and uses it for steps
+whose rows all attend as decode rows, up to max_rows of them (kernels/step_paths.py: a hybrid's rows are then each
+one token of its own sequence).
 """
 
 import ctypes
@@ -24,6 +28,7 @@ from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata
 from backend.kernels.mla_attention import C_ROWS, c_rows_fit
 from backend.kernels.moe_torch import c_reads
+from backend.models.gated_deltanet import DeltaNetWeights, GatedDeltaNet
 from backend.models.mla import LatentAttention
 from backend.models.mlp import MLP
 from backend.models.moe import SparseMoE
@@ -55,14 +60,15 @@ class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr), ("qkv", _Linear),
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
                 ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64), ("mla", ptr),
-                ("pre_ff_norm", ptr), ("post_ff_norm", ptr), ("rope_offset", i64)]
+                ("pre_ff_norm", ptr), ("post_ff_norm", ptr), ("rope_offset", i64), ("output_gate", i64),
+                ("linear", ptr), ("ba", _Linear)]
 
 
 class _Shape(ctypes.Structure):
     _fields_ = [("layers", i64), ("hidden", i64), ("heads", i64), ("kv_heads", i64), ("head_dim", i64),
                 ("inter", i64), ("top_k", i64), ("block_size", i64), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("final_norm", ptr), ("kv_kind", i64), ("residual_scale", ctypes.c_float),
-                ("gelu", i64)]
+                ("gelu", i64), ("rotary_dim", i64), ("proj_width", i64), ("attn_width", i64)]
 
 
 def _linear(linear) -> _Linear | None:
@@ -125,13 +131,23 @@ def _latent(attn: LatentAttention) -> tuple[_Latent, list[torch.Tensor]] | None:
                    int(attn.pairs_adjacent), attn.kv_a_layernorm.eps), keep
 
 
+def _deltanet(attn: GatedDeltaNet) -> tuple[DeltaNetWeights, _Linear, _Linear, _Linear] | None:
+    """A linear-attention layer whose projections were repacked for our kernel (no biases) and whose weights and
+    states cpu_deltanet.c takes: its weights' struct, q|k|v|z, b|a and out_proj; or None."""
+    weights = attn.c_weights()
+    linears = [_linear(attn.in_proj_qkvz), _linear(attn.in_proj_ba), _linear(attn.out_proj)]
+    if weights is None or any(w is None or w.bias for w in linears):
+        return None
+    return weights, *linears
+
+
 def _norms(layer) -> list[RMSNorm | None]:
     """The layer's norms in _Layer's order: input, post-attention, q, k (None without q/k norms), pre- and
     post-feedforward (None without Gemma's sandwich); then a latent attention's (q_a's where q has its low-rank
     path, kv_a's)."""
     attn, latent = layer.self_attn, isinstance(layer.self_attn, LatentAttention)
     norms = [layer.input_layernorm, layer.post_attention_layernorm]
-    norms += [attn.q_norm, attn.k_norm] if not latent and attn.qk_norm else [None, None]
+    norms += [attn.q_norm, attn.k_norm] if isinstance(attn, Attention) and attn.qk_norm else [None, None]
     norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm] if layer.sandwich else [None, None]
     return norms + ([attn.q_a_layernorm if attn.q_lora else None, attn.kv_a_layernorm] if latent else [])
 
@@ -157,22 +173,19 @@ class CpuDecoder:
     @classmethod
     def build(cls, model: CausalLM) -> "CpuDecoder | None":
         """For a model on the CPU whose layers the C loop covers, with its KV cache allocated; else None."""
-        cfg = model.config
-        if not all(isinstance(layer.self_attn, (Attention, LatentAttention)) for layer in model.model.layers):
-            return None  # the C loop runs full, sliding and latent attention; the modules run the other kinds
-        final_norm, scales = _scale(model.model.norm), [[_scale(n) for n in _norms(layer)] for layer in model.model.layers]
+        cfg, modules = model.config, model.model.layers
+        if not all(isinstance(layer.self_attn, (Attention, LatentAttention, GatedDeltaNet)) for layer in modules):
+            return None  # the C loop runs full, sliding, latent and linear attention; the modules any other kind
+        attention = [layer.self_attn for layer in modules if not isinstance(layer.self_attn, GatedDeltaNet)]
+        final_norm, scales = _scale(model.model.norm), [[_scale(n) for n in _norms(layer)] for layer in modules]
         held = [final_norm] + [w for layer in scales for w in layer if w is not None]
-        if not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in held):
+        if not attention or not native.enabled() or not all(native.usable(w) and w.is_contiguous() for w in held):
             return None
-        latent = isinstance(model.model.layers[0].self_attn, LatentAttention)  # rotating qk_rope_head_dim of each head
-        if cfg.rotary_dim != cfg.head_dim and not latent:  # partial rotary (Phi-4-mini): the modules rotate part
-            return None
-        layers, top_k, inter = [], 0, cfg.intermediate_size
-        for layer, norms in zip(model.model.layers, scales):
+        layers, top_k, inter, proj_width, attn_width = [], 0, cfg.intermediate_size, 0, 0
+        for layer, norms in zip(modules, scales):
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.k_cache.numel() == 0 or (isinstance(attn, Attention) and (attn.sinks is not None
-                                                                               or attn.output_gate)):
-                return None  # the C loop runs attention without sinks or gate; the modules the rest
+            if isinstance(attn, Attention) and (attn.k_cache.numel() == 0 or attn.sinks is not None):
+                return None  # the C loop runs attention without sinks; the modules the rest
             mla = _latent(attn) if isinstance(attn, LatentAttention) else None
             if isinstance(attn, LatentAttention) and mla is None:
                 return None
@@ -186,24 +199,39 @@ class CpuDecoder:
                 inter = max(inter, moe.shared_inter if moe is not None else 0)
             else:
                 return None
-            parts = [_Linear() if mla is not None else _linear(attn.qkv_proj), _linear(attn.o_proj), *ffn]
-            if moe is None or any(p is None for p in parts):
+            if moe is None or any(p is None for p in ffn):
                 return None
             norms = [w.data_ptr() if w is not None else None for w in norms[:6]]
+            if isinstance(attn, GatedDeltaNet):
+                linear = _deltanet(attn)
+                if linear is None:
+                    return None
+                weights, qkvz, ba, out = linear
+                held.append(weights)
+                proj_width = max(proj_width, qkvz.rows + ba.rows)
+                attn_width = max(attn_width, attn.value_size)
+                layers.append(_Layer(*norms[:4], qkvz, out, *ffn, moe, None, None, 0, 0, 0, None, *norms[4:], 0, 0,
+                                     ctypes.addressof(weights), ba))
+                continue
+            parts = [_Linear() if mla is not None else _linear(attn.qkv_proj), _linear(attn.o_proj)]
+            if any(p is None for p in parts):
+                return None
             if mla is not None:
-                layers.append(_Layer(*norms[:4], *parts, moe, attn.k_cache.data_ptr(), None, 0, 1, 0,
+                layers.append(_Layer(*norms[:4], *parts, *ffn, moe, attn.k_cache.data_ptr(), None, 0, 1, 0,
                                      ctypes.addressof(mla[0]), *norms[4:], 0))
                 continue
-            layers.append(_Layer(*norms[:4], *parts, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
+            proj_width = max(proj_width, parts[0].rows)
+            layers.append(_Layer(*norms[:4], *parts, *ffn, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
                                  attn.sliding_window or 0, int(attn.rope), int(attn.qk_norm == "full"), None,
-                                 *norms[4:], attn.rope_table * 2 * cfg.head_dim))  # __call__'s rows of tables
-        first = model.model.layers[0].self_attn
+                                 *norms[4:], attn.rope_table * 2 * cfg.rotary_dim,  # __call__'s rows of tables
+                                 int(attn.output_gate)))
+        first = attention[0]
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,
                        final_norm.data_ptr(), native.KV_KINDS[first.k_cache.dtype], cfg.residual_multiplier,
-                       int(cfg.hidden_act == "gelu_pytorch_tanh"))
+                       int(cfg.hidden_act == "gelu_pytorch_tanh"), cfg.rotary_dim, proj_width, attn_width)
         max_rows = one_call_tokens() if top_k else None
-        if latent:  # the module's latent rows run in cpu_mla.c up to C_ROWS, in torch beyond
+        if isinstance(first, LatentAttention):  # the module's latent rows run in cpu_mla.c up to C_ROWS, in torch beyond
             max_rows = min(max_rows or C_ROWS, C_ROWS)
         return cls(model, layers, shape, max_rows, held)
 
@@ -218,12 +246,16 @@ class CpuDecoder:
             cos_sin = torch.cat([cos_sin[:, None], self.model.own_cos_sin[:, positions].transpose(0, 1)], dim=1)
         tables, lens, slots = meta.decode_block_tables, meta.decode_context_lens, meta.slot_mapping
         window = meta.sliding or meta  # sliding layers' slots and tables (engine/cache_groups.py)
-        d = cos_sin.shape[-1]  # the rotary dimensions: each head's, or a latent layer's qk_rope_head_dim
+        d = cos_sin.shape[-1]  # the rotary dimensions: each head's (or its leading part's), a latent layer's rope
+        states = meta.states  # a hybrid model's linear layers: each row's state slot, and whether it starts fresh
+        fresh = (lens == 1).to(torch.uint8) if states is not None else None
         done = native.library().decode_layers(
             self.layers, ctypes.byref(self.shape), x.data_ptr(), x.shape[0], cos_sin.data_ptr(),
             cos_sin.data_ptr() + 4 * d, cos_sin.stride(0), slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
             tables.shape[1] * self.shape.block_size, window.slot_mapping.data_ptr(),
-            window.decode_block_tables.data_ptr(), window.decode_block_tables.stride(0), torch.get_num_threads())
+            window.decode_block_tables.data_ptr(), window.decode_block_tables.stride(0),
+            states.slots.data_ptr() if states is not None else None,
+            fresh.data_ptr() if fresh is not None else None, torch.get_num_threads())
         if not done:
             raise MemoryError(f"no memory for the scratch of a {x.shape[0]}-row decode step: lower --max-num-seqs")
         return x

@@ -14,6 +14,7 @@ store them).
 import torch
 from torch import nn
 
+from backend.kernels import native
 from backend.kernels.attention import AttentionMetadata, paged_attention, store_kv
 from backend.kernels.norm import add_rms_norm, rms_norm
 from backend.kernels.rotary import apply_rotary, model_cos_sin
@@ -112,13 +113,22 @@ class Attention(nn.Module):
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window, self.sinks)
         out = out.reshape(t, self.q_size)
-        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
+        return self.o_proj(out if gate is None else sigmoid_gate(out, gate))
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.rotary_dim == self.head_dim:
             return apply_rotary(qk, cos, sin)
         rot = self.rotary_dim  # the leading dimensions rotate as a head of their own, the rest pass through
         return torch.cat([apply_rotary(qk[..., :rot].contiguous(), cos, sin), qk[..., rot:]], dim=-1)
+
+
+def sigmoid_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """out * sigmoid(gate), rows [t, width]: in place by our C kernel on the CPU (the one-call step's, so both
+    compute the same bits), else torch's."""
+    if native.usable(out, gate) and out.is_contiguous() and gate.stride(1) == 1:
+        native.library().sigmoid_mul_rows(out.data_ptr(), gate.data_ptr(), out.shape[0], out.shape[1], gate.stride(0))
+        return out
+    return out * torch.sigmoid(gate)
 
 
 def attention_module(cfg: ModelConfig, spec: AttentionSpec) -> nn.Module:

@@ -6,13 +6,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from backend import SamplingParams
+from backend import LLM, SamplingParams
 from backend.config import EngineConfig
 from backend.engine.llm_engine import LLMEngine
 from backend.kernels import native
 from backend.models.cpu_decoder import CpuDecoder
+from backend.models.gated_deltanet import GatedDeltaNet
 from backend.quant.experts import one_call_tokens
 from tests.backend.conftest import fp32_order, prompts_of_lengths
+from tests.backend.tiny_gguf_qwen3_next import write_gguf
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
 
@@ -47,6 +49,71 @@ def test_moe_layers_in_the_one_call_step_are_the_modules_bit_for_bit(tiny_gguf, 
     assert decoder is not None and decoder.max_rows == one_call_tokens()
     assert decoder.takes(decoder.max_rows) and not decoder.takes(decoder.max_rows + 1)
     assert_one_call_is_the_modules(engine)
+
+
+@pytest.fixture(scope="module")
+def hybrid_files(tmp_path_factory):
+    root, built = tmp_path_factory.mktemp("hybrid-gguf"), {}
+
+    def get(arch: str):
+        if arch not in built:
+            built[arch] = write_gguf(arch, root, quantized=True)[0]
+        return built[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_hybrid_layers_in_the_one_call_step_are_the_modules_bit_for_bit(hybrid_files, arch, activations):
+    """Qwen3-Next's and Qwen3.5's linear-attention layers (cpu_deltanet.c, which the modules' decode rows call too:
+    qwen3next's projections grouped by key head, qwen35moe's value heads tiled) and their full-attention layers
+    (the output gate, per-head (1 + w) q/k norms, partial rotary) in one C call: the same logits, and the same
+    convolution and delta-rule states after the step, as the modules; a sequence's first token (its states read as
+    zeros, whatever its slot held) beside decode rows."""
+    engine = LLMEngine(EngineConfig(model=str(hybrid_files(arch)), block_size=8, activations=activations))
+    runner, greedy = engine.runner, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    assert runner.cpu_decoder is not None and runner.model.config.rotary_dim < runner.model.config.head_dim
+    for rid, prompt in zip("abc", prompts_of_lengths(5, 11, 19)):
+        engine.add_request(rid, prompt, greedy)
+    for _ in range(4):
+        engine.step_deltas()
+    engine.add_request("d", [7], greedy)  # its slot last held nothing of it
+    plan = engine.scheduler.schedule({})
+    assert [i.num_scheduled_tokens for i in plan] == [1] * 4 and plan[-1].seq.num_computed_tokens == 0
+    linear = [m for m in runner._attention_modules() if isinstance(m, GatedDeltaNet)]
+    before = [(m.conv_state.clone(), m.delta_state.clone()) for m in linear]
+    decoder = runner.cpu_decoder
+    runner.cpu_decoder = spy = Spy(decoder)
+    fused = runner.execute(plan)
+    assert spy.calls == [4]
+    after = [(m.conv_state.clone(), m.delta_state.clone()) for m in linear]
+    for m, (conv, delta) in zip(linear, before):
+        m.conv_state.copy_(conv)
+        m.delta_state.copy_(delta)
+    runner.cpu_decoder = None
+    modules = runner.execute(plan)
+    assert torch.equal(fused.logits, modules.logits)
+    for m, (conv, delta) in zip(linear, after):
+        assert torch.equal(m.conv_state, conv) and torch.equal(m.delta_state, delta)
+    runner.cpu_decoder = decoder
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_hybrid_speculation_beside_the_one_call_step_keeps_plain_decodings_tokens(hybrid_files, arch):
+    """Plain decoding runs in the one-call step; n-gram drafts are verified by the modules (a hybrid's runs are its
+    own), their rows through the same C rows, rejected drafts' rows undone: the same greedy tokens."""
+    path = str(hybrid_files(arch))
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompts = [p * 2 for p in prompts_of_lengths(9, 14)]  # the n-gram lookup finds drafts in them
+    plain = LLM(path, block_size=8, max_num_seqs=4)
+    spec = LLM(path, block_size=8, max_num_seqs=4, speculative={"method": "ngram", "num_tokens": 4,
+                                                                 "prompt_lookup_min": 1})
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    assert plain.engine.runner.steps["one_call"] > 0
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, greedy, use_tqdm=False)] == want
+    stats = spec.engine.stats()
+    assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] and stats["spec_verifications"] > 0
 
 
 def one_call_engine(directory) -> LLMEngine:

@@ -112,13 +112,16 @@ def test_the_one_call_step_keeps_nope_layers_and_each_layers_window(tmp_path):
     assert_one_call_is_the_modules(engine)
 
 
-def test_partial_rotary_stays_with_the_modules(tiny_gguf):
-    """The C loop rotates whole heads; Phi-4-mini's half-rotated heads go through the modules (and match
-    transformers there: test_gguf_layouts)."""
+@pytest.mark.skipif(native.library() is None, reason="no C compiler for the CPU kernels")
+def test_partial_rotary_runs_in_the_one_call_step(tiny_gguf):
+    """Phi-4-mini's half-rotated heads: the C loop rotates each head's leading half and keeps the rest, the
+    modules' bits (the modules match transformers: test_gguf_layouts)."""
     path, _ = tiny_gguf("phi4_partial_rotary")
-    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, max_model_len=128))
+    engine = LLMEngine(EngineConfig(model=str(path), block_size=8, max_model_len=128,
+                                    speculative={"method": "ngram", "num_tokens": 3}))
     assert engine.model_config.rotary_dim * 2 == engine.model_config.head_dim
-    assert engine.runner.cpu_decoder is None
+    assert engine.runner.cpu_decoder is not None and engine.runner.cpu_decoder.shape.rotary_dim == engine.model_config.rotary_dim
+    assert_one_call_is_the_modules(engine)
 
 
 @interpreted_only

@@ -8,6 +8,7 @@ import pytest
 
 from backend.kernels import native
 from backend.models import cpu_decoder
+from backend.models.gated_deltanet import DeltaNetWeights
 from backend.quant.cpu_parts import QuantMatrix
 from backend.quant.experts import ExpertStack
 
@@ -24,7 +25,9 @@ def test_the_ctypes_mirrors_have_the_c_layouts():
             cpu_decoder._Shape.kv_kind.offset, cpu_decoder._Layer.mla.offset, ctypes.sizeof(cpu_decoder._Latent),
             cpu_decoder._Latent.kv_a.offset, cpu_decoder._Latent.lora.offset, cpu_decoder._Latent.eps.offset,
             cpu_decoder._Layer.pre_ff_norm.offset, cpu_decoder._Layer.rope_offset.offset,
-            cpu_decoder._Shape.gelu.offset]
+            cpu_decoder._Shape.gelu.offset, ctypes.sizeof(DeltaNetWeights), DeltaNetWeights.hk.offset,
+            DeltaNetWeights.eps.offset, cpu_decoder._Layer.linear.offset, cpu_decoder._Layer.ba.offset,
+            cpu_decoder._Shape.rotary_dim.offset, cpu_decoder._Shape.attn_width.offset]
     got = (ctypes.c_int64 * len(want))()
     native.library().struct_layouts(got)
     assert list(got) == want
