@@ -54,8 +54,14 @@ void delta_rule_rows(const float *q, const float *k, const float *v, const float
  * prediction, write and output), and a block [dk, COLS] stays in L1 through the run. One pass over the block a token
  * does the last token's write and read, then this token's decay and prediction: delta_step's arithmetic in its
  * order, so a run's outputs and state are those of its tokens decoded one at a time, to the bit. */
+#if defined(__AVX512F__)
 typedef float vec __attribute__((vector_size(64), aligned(4))); /* 16 lanes at any alignment */
-enum { LANES = 16, VECS = 2, COLS = LANES * VECS };
+enum { LANES = 16 };
+#else /* a register's 8 lanes: GCC's 16-lane vectors on AVX2 went through memory, 3.7x slower (Qwen3.5's widths) */
+typedef float vec __attribute__((vector_size(32), aligned(4)));
+enum { LANES = 8 };
+#endif
+enum { COLS = 32, VECS = COLS / LANES };
 
 /* A run's inputs for one value head h: key and query rows hk * dk apart, v, g and beta rows hv apart (v and out
  * offset to the block's first column). */
