@@ -60,6 +60,12 @@ DECODE, FAR = 100, DECODE_ROWS_CONTEXT + 1  # tokens already computed
         (ONE_CALL_CPU, Item(20, 0, SHORT_CONTEXT - 9), False),
         (ONE_CALL_CPU, Item(2 * SHORT_CONTEXT, 0, 0), True),  # a fresh prompt of twice that breaks even
         (
+            replace(ONE_CALL_CPU, hybrid=True),
+            Item(20, 0, 0),
+            False,
+        ),  # a hybrid's prompt chunk runs through its state, not as rows of sequences of their own
+        (replace(ONE_CALL_CPU, hybrid=True, one_call_rows=16), Item(1, 0, DECODE), True),
+        (
             replace(ONE_CALL_CPU, one_call_rows=16),
             Item(20, 0, 0),
             False,
