@@ -116,7 +116,7 @@ def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_out
 
     prompts = prompts_of_lengths(5, 23, 40)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    for family in ("mixtral", "qwen2_moe"):
+    for family in ("mixtral", "qwen2_moe", "qwen3_5_moe"):  # and a hybrid's MoE layers beside its linear ones
         expected = [o.outputs[0].token_ids for o in LLM(str(tiny_dir(family)), block_size=8).generate(
             prompts, params, use_tqdm=False)]
         offloaded = LLM(str(tiny_dir(family)), block_size=8, moe_gpu_experts=2)  # 2 of 4 experts resident
@@ -124,7 +124,7 @@ def test_expert_offload_with_a_budget_smaller_than_the_model_gives_identical_out
         caches = [m.expert_cache for m in offloaded.engine.model.modules() if isinstance(m, SparseMoE)]
         assert caches and all(c.slots == 2 and c.misses > 2 and c.hits > 0 for c in caches)  # evictions happened
         assert all(c.next is not None for c in caches[:-1])  # each MoE layer copies ahead for the next one
-        if family == "mixtral":  # (the tiny Qwen2-MoE has one MoE layer)
+        if family != "qwen2_moe":  # (the tiny Qwen2-MoE has one MoE layer)
             assert len(caches) > 1 and sum(c.prefetched for c in caches) > 0
         assert not any("w_gate_up" in name for name, _ in offloaded.engine.model.named_parameters())
     with pytest.raises(ValueError, match="moe_gpu_experts is set but the model has no MoE layers"):
