@@ -23,6 +23,8 @@
  * its rows through deltanet_rows (cpu_deltanet.c, the module's own decode rows) on each row's state slot, then o;
  * a gated full-attention layer (output_gate) splits each head's query from its gate and multiplies attention's
  * output by sigmoid(gate) before o. Each row is then one token of its own sequence (kernels/step_paths.py).
+ * gpt-oss: attention sinks (Layer's sinks, decode_attention_rows's), q/k/v and o biases, the router's bias and the
+ * experts' biases and clamped SwiGLU (Experts' router_bias .. limit: moe_tokens_biased, the module's call).
  */
 #include <omp.h>
 
@@ -41,7 +43,8 @@ void struct_layouts(int64_t *out) {
                          sizeof(Latent), offsetof(Latent, kv_a), offsetof(Latent, lora), offsetof(Latent, eps),
                          offsetof(Layer, pre_ff_norm), offsetof(Layer, rope_offset), offsetof(Shape, gelu),
                          sizeof(DeltaNet), offsetof(DeltaNet, hk), offsetof(DeltaNet, eps), offsetof(Layer, linear),
-                         offsetof(Layer, ba), offsetof(Shape, rotary_dim), offsetof(Shape, attn_width)};
+                         offsetof(Layer, ba), offsetof(Shape, rotary_dim), offsetof(Shape, attn_width),
+                         offsetof(Experts, router_bias), offsetof(Experts, limit), offsetof(Layer, sinks)};
     memcpy(out, v, sizeof v);
 }
 
@@ -224,8 +227,8 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
                 store_kv_elements(L->v_cache, at[r] * hkv * D, qkv + r * qkv_cols + qk_cols, hkv * D, kind);
             }
             decode_attention_rows(qk, qk_cols, attn, M, hq, hkv, D, L->k_cache, L->v_cache, kind, s->block_size,
-                                  table, L->window ? window_stride : table_stride, lens, L->window, s->scale, NULL,
-                                  max_len, threads);
+                                  table, L->window ? window_stride : table_stride, lens, L->window, s->scale,
+                                  L->sinks, max_len, threads);
             if (L->output_gate) sigmoid_mul_rows(attn, gate, M, hq * D, hq * D);
         }
         matmul(&L->o, attn, M, out, threads);
@@ -238,10 +241,14 @@ int decode_layers(const Layer *layers, const Shape *s, float *x, i64 M, const fl
         }
         if (L->moe.router) {
             const Experts *E = &L->moe;
-            if (!moe_route_rows(h, M, E->router, E->experts, H, E->top_k, (int)E->renormalize, ids, weights, threads))
+            if (!moe_route_rows(h, M, E->router, E->router_bias, E->experts, H, E->top_k, (int)E->renormalize, ids,
+                                weights, threads))
                 return 0;
-            if (moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads) != 1)
-                return 0;
+            const int done = E->bias_gate_up || E->bias_down || E->limit > 0.0f
+                ? moe_tokens_biased(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down,
+                                    E->bias_gate_up, E->bias_down, E->alpha, E->limit, out, threads)
+                : moe_tokens(h, M, ids, weights, E->top_k, E->experts, &E->gate, &E->up, &E->down, out, threads);
+            if (done != 1) return 0;
             if (E->shared_inter) { /* the module's order: the routed experts' sum, then the shared expert */
                 matmul(&E->shared_gate_up, h, M, gate_up, threads);
                 silu_mul_rows(gate_up, act, M, E->shared_inter);

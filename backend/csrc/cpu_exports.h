@@ -46,7 +46,8 @@ typedef struct {
 
 /* A MoE layer's feed-forward: router [experts, hidden] fp32 and the experts' stacks; a shared expert (a dense
  * feed-forward of shared_inter) where shared_inter is not 0: weighted by sigmoid(x . shared_gate) where shared_gate
- * is not NULL (Qwen2-MoE), else added as it is (Granite-MoE) */
+ * is not NULL (Qwen2-MoE), else added as it is (Granite-MoE); gpt-oss's router bias, experts' biases and clamped
+ * SwiGLU (limit > 0) as moe_tokens_biased takes them */
 typedef struct {
     const float *router; /* NULL: a dense layer (gate_up and down) */
     i64 experts, top_k, renormalize;
@@ -54,6 +55,8 @@ typedef struct {
     const float *shared_gate;
     Linear shared_gate_up, shared_down;
     i64 shared_inter;
+    const float *router_bias, *bias_gate_up, *bias_down; /* NULL where the model has none */
+    float alpha, limit;
 } Experts;
 
 /* Multi-head latent attention's weights (models/mla.py, kernels/mla_attention.py): q through q_a, its norm and q
@@ -99,6 +102,7 @@ typedef struct {
                       * multiplied by sigmoid(gate) before o (Qwen3-Next, Qwen3.5) */
     const DeltaNet *linear; /* a linear-attention layer's (qkv: its q|k|v|z, o: its out_proj); NULL: attention */
     Linear ba;              /* a linear-attention layer's b|a projection */
+    const float *sinks;     /* gpt-oss's learned logit a query head in its softmax's denominator; NULL: none */
 } Layer;
 
 typedef struct {
@@ -169,8 +173,8 @@ int rows_of_packed(const uint8_t *codes, const void *scales, const void *offsets
                    int bits, int scale_kind, int order, const int64_t *ids, i64 count, float *out);
 
 /* --- MoE (cpu_moe.c; the router and the shared expert's rows cpu_moe_route.c) */
-int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
-                   int64_t *ids, float *weights, int threads);
+int moe_route_rows(const float *x, i64 M, const float *router, const float *bias, i64 experts, i64 H, i64 k,
+                   int renormalize, int64_t *ids, float *weights, int threads);
 void moe_add_shared_rows(const float *x, i64 M, const float *gate, i64 H, const float *shared, float *out);
 int moe_tokens(const float *x, i64 T, const int64_t *ids, const float *weights, i64 k, i64 experts,
                const ExpertStack *gate, const ExpertStack *up, const ExpertStack *down, float *out, int threads);

@@ -17,15 +17,19 @@ static float dot_row(const float *a, const float *b, i64 n) {
 }
 
 /* The router of M rows x [M, H]: for each row, the k experts with the largest softmax probabilities of its logits
- * (router [experts, H] fp32, each logit a dot_row), the largest first (the lower id on a tie), with those
- * probabilities as weights, renormalised to sum to one where asked (Qwen3-MoE's norm_topk_prob; Mixtral's softmax
- * over its top k logits is the same numbers). Returns 1; 0 where memory ran out. */
-int moe_route_rows(const float *x, i64 M, const float *router, i64 experts, i64 H, i64 k, int renormalize,
-                   int64_t *ids, float *weights, int threads) {
+ * (router [experts, H] fp32, each logit a dot_row, plus the router's bias where it has one: gpt-oss's), the largest
+ * first (the lower id on a tie), with those probabilities as weights, renormalised to sum to one where asked
+ * (Qwen3-MoE's norm_topk_prob; Mixtral's and gpt-oss's softmax over the top k logits is the same numbers).
+ * Returns 1; 0 where memory ran out. */
+int moe_route_rows(const float *x, i64 M, const float *router, const float *bias, i64 experts, i64 H, i64 k,
+                   int renormalize, int64_t *ids, float *weights, int threads) {
     float *logits = malloc((size_t)(M * experts) * sizeof(float));
     if (!logits) return 0;
 #pragma omp parallel for num_threads(threads) schedule(static) if (M * experts * H >= (1 << 18))
-    for (i64 j = 0; j < M * experts; j++) logits[j] = dot_row(x + j / experts * H, router + j % experts * H, H);
+    for (i64 j = 0; j < M * experts; j++) {
+        logits[j] = dot_row(x + j / experts * H, router + j % experts * H, H);
+        if (bias) logits[j] = logits[j] + bias[j % experts];
+    }
     for (i64 r = 0; r < M; r++) {
         float *p = logits + r * experts, most = p[0], total = 0.0f, kept = 0.0f;
         for (i64 e = 1; e < experts; e++) most = p[e] > most ? p[e] : most;

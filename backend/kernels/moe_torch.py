@@ -42,23 +42,25 @@ def route_groups(router_logits: torch.Tensor, top_k: int, renormalize: bool, rou
     return weights, ids
 
 
-def c_reads(linear: nn.Module, rows: int | None = None) -> bool:
+def c_reads(linear: nn.Module, rows: int | None = None, bias: bool = False) -> bool:
     """Whether cpu_moe.c (and the one-call step) can read this router or shared-expert gate as it is: a plain
-    nn.Linear without bias, its weight fp32, contiguous, on the CPU (and of `rows` rows)."""
-    w = linear.weight
-    return type(linear) is nn.Linear and linear.bias is None and native.usable(w) and w.is_contiguous() \
-        and (rows is None or w.shape[0] == rows)
+    nn.Linear, its weight fp32, contiguous, on the CPU (and of `rows` rows), without a bias (or with an fp32 one
+    where the caller passes it on: a router's, gpt-oss's)."""
+    w, b = linear.weight, linear.bias
+    return type(linear) is nn.Linear and native.usable(w) and w.is_contiguous() \
+        and (b is None or (bias and native.usable(b) and b.is_contiguous())) and (rows is None or w.shape[0] == rows)
 
 
 def route_rows(x: torch.Tensor, gate: nn.Module, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """route() of the router's logits for x [T, H]; with our CPU kernels, in one C call (cpu_moe.c's
     moe_route_rows: the one-call decode step's router, so both give the same bits, each row's whatever the rows
     beside it)."""
-    w = gate.weight
-    if c_reads(gate) and native.usable(x) and x.is_contiguous() and 0 < top_k <= w.shape[0]:
+    w, b = gate.weight, gate.bias
+    if c_reads(gate, bias=True) and native.usable(x) and x.is_contiguous() and 0 < top_k <= w.shape[0]:
         ids = torch.empty(x.shape[0], top_k, dtype=torch.int64)
         weights = torch.empty(x.shape[0], top_k)
-        if not native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[0], w.shape[1],
+        if not native.library().moe_route_rows(x.data_ptr(), x.shape[0], w.data_ptr(),
+                                               b.data_ptr() if b is not None else None, w.shape[0], w.shape[1],
                                                top_k, int(renormalize), ids.data_ptr(), weights.data_ptr(),
                                                torch.get_num_threads()):
             raise MemoryError(f"no memory for the router logits of {x.shape[0]} tokens")

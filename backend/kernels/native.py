@@ -112,7 +112,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.moe_tokens_biased.restype = i32
     lib.rows_of_packed.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32, i32, i32, ptr, i64, ptr]
     lib.rows_of_packed.restype = i32
-    lib.moe_route_rows.argtypes = [ptr, i64, ptr, i64, i64, i64, i32, ptr, ptr, i32]
+    lib.moe_route_rows.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, i32, ptr, ptr, i32]
     lib.moe_route_rows.restype = i32
     lib.moe_add_shared_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
     lib.moe_add_shared_rows.restype = None

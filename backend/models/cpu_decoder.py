@@ -12,9 +12,9 @@ same fp32 sum the module takes each call), the sandwich of norms around each bra
 the module calls too) and a rotary table per layer kind (the step's rows carry every table, each layer reads its
 own); partial rotary (Phi-4-mini: each head's leading dimensions rotated as the module rotates them); and the
 hybrid Qwen3-Next and Qwen3.5-MoE: their Gated DeltaNet layers (cpu_deltanet.c, which the module's decode rows call
-too, on the state pool's slots the step's metadata names) and their full-attention layers' output gate. Attention
-sinks (gpt-oss) stay with the modules, and so do DeepSeek-V3's and GLM's routers (their logits are torch's matmul
-in the modules).
+too, on the state pool's slots the step's metadata names) and their full-attention layers' output gate; and
+gpt-oss: attention sinks, the router's bias, the experts' biases and clamped SwiGLU (the module's C calls).
+DeepSeek-V3's and GLM's routers stay with the modules (their logits are torch's matmul there).
 The runner builds one per KV cache (the cache's and the state pool's addresses are in it) and uses it for steps
 whose rows all attend as decode rows, up to max_rows of them (kernels/step_paths.py: a hybrid's rows are then each
 one token of its own sequence).
@@ -47,7 +47,8 @@ class _Linear(ctypes.Structure):
 class _Experts(ctypes.Structure):
     _fields_ = [("router", ptr), ("experts", i64), ("top_k", i64), ("renormalize", i64), ("gate", ExpertStack),
                 ("up", ExpertStack), ("down", ExpertStack), ("shared_gate", ptr), ("shared_gate_up", _Linear),
-                ("shared_down", _Linear), ("shared_inter", i64)]
+                ("shared_down", _Linear), ("shared_inter", i64), ("router_bias", ptr), ("bias_gate_up", ptr),
+                ("bias_down", ptr), ("alpha", ctypes.c_float), ("limit", ctypes.c_float)]
 
 
 class _Latent(ctypes.Structure):
@@ -61,7 +62,7 @@ class _Layer(ctypes.Structure):
                 ("o", _Linear), ("gate_up", _Linear), ("down", _Linear), ("moe", _Experts), ("k_cache", ptr),
                 ("v_cache", ptr), ("window", i64), ("rope", i64), ("qk_norm_full", i64), ("mla", ptr),
                 ("pre_ff_norm", ptr), ("post_ff_norm", ptr), ("rope_offset", i64), ("output_gate", i64),
-                ("linear", ptr), ("ba", _Linear)]
+                ("linear", ptr), ("ba", _Linear), ("sinks", ptr)]
 
 
 class _Shape(ctypes.Structure):
@@ -94,7 +95,11 @@ def _experts(moe: SparseMoE) -> _Experts | None:
     """A MoE layer the C loop computes as its modules do (route_rows, moe_tokens, then add_shared), or None."""
     experts = moe.experts
     if moe.expert_cache is not None or not isinstance(experts, QuantExperts) or not experts.packed() \
-            or not c_reads(moe.gate) or moe.router != "softmax_topk" or moe.spec.routed_scaling_factor != 1.0:
+            or not c_reads(moe.gate, bias=True) or moe.router != "softmax_topk" \
+            or moe.spec.routed_scaling_factor != 1.0:
+        return None
+    biases = [moe.gate.bias, moe.w_gate_up_bias, moe.w_down_bias]  # gpt-oss's (fp32 as the module's C call takes them)
+    if any(b is not None and not (native.usable(b) and b.is_contiguous()) for b in biases):
         return None
     shared = [None, _Linear(), _Linear(), 0]
     if moe.shared_expert is not None:
@@ -103,8 +108,10 @@ def _experts(moe: SparseMoE) -> _Experts | None:
                   _linear(mlp.down_proj), mlp.down_proj.in_features]
         if (gate is not None and not c_reads(gate, 1)) or None in shared[1:3]:
             return None
+    alpha, limit = moe.spec.clamped_swiglu or (0.0, 0.0)
     return _Experts(moe.gate.weight.data_ptr(), moe.gate.weight.shape[0], moe.top_k, int(moe.renormalize),
-                    *experts.stacks(), *shared)
+                    *experts.stacks(), *shared, *(b.data_ptr() if b is not None else None for b in biases), alpha,
+                    limit)
 
 
 def _latent(attn: LatentAttention) -> tuple[_Latent, list[torch.Tensor]] | None:
@@ -184,8 +191,9 @@ class CpuDecoder:
         layers, top_k, inter, proj_width, attn_width = [], 0, cfg.intermediate_size, 0, 0
         for layer, norms in zip(modules, scales):
             attn, mlp = layer.self_attn, layer.mlp
-            if isinstance(attn, Attention) and (attn.k_cache.numel() == 0 or attn.sinks is not None):
-                return None  # the C loop runs attention without sinks; the modules the rest
+            if isinstance(attn, Attention) and (attn.k_cache.numel() == 0
+                                                 or not (attn.sinks is None or native.usable(attn.sinks))):
+                return None
             mla = _latent(attn) if isinstance(attn, LatentAttention) else None
             if isinstance(attn, LatentAttention) and mla is None:
                 return None
@@ -224,7 +232,8 @@ class CpuDecoder:
             layers.append(_Layer(*norms[:4], *parts, *ffn, moe, attn.k_cache.data_ptr(), attn.v_cache.data_ptr(),
                                  attn.sliding_window or 0, int(attn.rope), int(attn.qk_norm == "full"), None,
                                  *norms[4:], attn.rope_table * 2 * cfg.rotary_dim,  # __call__'s rows of tables
-                                 int(attn.output_gate)))
+                                 int(attn.output_gate), None, _Linear(),
+                                 attn.sinks.data_ptr() if attn.sinks is not None else None))
         first = attention[0]
         shape = _Shape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        inter, top_k, first.k_cache.shape[1], cfg.rms_norm_eps, first.scale,

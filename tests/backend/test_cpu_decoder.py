@@ -116,6 +116,18 @@ def test_hybrid_speculation_beside_the_one_call_step_keeps_plain_decodings_token
     assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] and stats["spec_verifications"] > 0
 
 
+def test_gpt_oss_in_the_one_call_step_is_the_modules_bit_for_bit(tiny_dir):
+    """gpt-oss quantized at load: attention sinks in every layer, alternating 12-token windows and full layers,
+    q/k/v and o biases, the router's bias (moe_route_rows), the experts' biases and clamped SwiGLU
+    (moe_tokens_biased) in one C call: the modules' logits bit for bit, decode rows and a verification run's rows
+    past the window."""
+    engine = one_call_engine(tiny_dir("gpt_oss"))
+    layer = engine.runner.cpu_decoder.layers[0]
+    assert layer.sinks and layer.moe.router_bias and layer.moe.bias_gate_up and layer.moe.limit > 0
+    assert {engine.runner.cpu_decoder.layers[i].window for i in range(2)} == {0, 12}
+    assert_one_call_is_the_modules(engine)
+
+
 def one_call_engine(directory) -> LLMEngine:
     """An engine quantized at load (int8) with n-gram drafts, as assert_one_call_is_the_modules runs it."""
     return LLMEngine(EngineConfig(model=str(directory), block_size=8, quantization="int8",

@@ -27,7 +27,8 @@ def test_the_ctypes_mirrors_have_the_c_layouts():
             cpu_decoder._Layer.pre_ff_norm.offset, cpu_decoder._Layer.rope_offset.offset,
             cpu_decoder._Shape.gelu.offset, ctypes.sizeof(DeltaNetWeights), DeltaNetWeights.hk.offset,
             DeltaNetWeights.eps.offset, cpu_decoder._Layer.linear.offset, cpu_decoder._Layer.ba.offset,
-            cpu_decoder._Shape.rotary_dim.offset, cpu_decoder._Shape.attn_width.offset]
+            cpu_decoder._Shape.rotary_dim.offset, cpu_decoder._Shape.attn_width.offset,
+            cpu_decoder._Experts.router_bias.offset, cpu_decoder._Experts.limit.offset, cpu_decoder._Layer.sinks.offset]
     got = (ctypes.c_int64 * len(want))()
     native.library().struct_layouts(got)
     assert list(got) == want
