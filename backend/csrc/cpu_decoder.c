@@ -50,30 +50,29 @@ void struct_layouts(int64_t *out) {
 
 double matmul_seconds; /* wall time in the matmuls, for bench/engine_vs_peers.py's split of a step */
 
-static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
-    double start = omp_get_wtime();
-    i64 columns[3];
-    for (i64 i = 0, col = 0; i < w->count; col += w->parts[i].rows, i++) columns[i] = col;
-    qmm_parts(x, M, w->parts, columns, w->count, y, w->rows, threads); /* x quantized once for the parts */
-    if (w->bias)  /* added after the matmul, as the module adds it */
-        for (i64 r = 0; r < M; r++)
-            for (i64 c = 0; c < w->rows; c++) y[r * w->rows + c] = y[r * w->rows + c] + w->bias[c];
-    matmul_seconds += omp_get_wtime() - start;
-}
-
-/* A linear-attention layer's q|k|v|z and b|a of one input in one call, x quantized once: the module's outputs_of;
- * y [M, a's rows + b's rows] */
+/* y = x @ a.T, then x @ b.T in the columns after (b NULL: a alone), every part of both in one call (x quantized
+ * once, as the module's outputs_of does for two layers of one input); each layer's bias added after, as the module
+ * adds it */
 static void matmul_pair(const Linear *a, const Linear *b, const float *x, i64 M, float *y, int threads) {
     double start = omp_get_wtime();
     QuantMatrix parts[6];
-    i64 columns[6], n = 0, col = 0;
+    i64 columns[6], n = 0, width = 0;
     for (const Linear *w = a; w; w = w == a ? b : NULL)
-        for (i64 i = 0; i < w->count; col += w->parts[i].rows, i++, n++) {
+        for (i64 i = 0; i < w->count; width += w->parts[i].rows, i++, n++) {
             parts[n] = w->parts[i];
-            columns[n] = col;
+            columns[n] = width;
         }
-    qmm_parts(x, M, parts, columns, n, y, col, threads);
+    qmm_parts(x, M, parts, columns, n, y, width, threads);
+    for (i64 at = 0, j = 0; j < 2; at += a->rows, j++) {
+        const Linear *w = j ? b : a;
+        for (i64 r = 0; w && w->bias && r < M; r++)
+            for (i64 c = 0; c < w->rows; c++) y[r * width + at + c] = y[r * width + at + c] + w->bias[c];
+    }
     matmul_seconds += omp_get_wtime() - start;
+}
+
+static void matmul(const Linear *w, const float *x, i64 M, float *y, int threads) {
+    matmul_pair(w, NULL, x, M, y, threads);
 }
 
 /* q and k [M, heads, D] rows ld apart: the leading `rot` dimensions of each head rotated, the rest as they are

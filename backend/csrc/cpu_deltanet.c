@@ -98,10 +98,3 @@ int deltanet_rows(const DeltaNet *n, const float *qkvz, i64 ld_qkvz, const float
     free(mem);
     return 1;
 }
-
-/* x [rows, cols] times sigmoid(gate) in place, gate's rows ld_gate apart (Qwen3-Next's attention output gate; the
- * module calls it too) */
-void sigmoid_mul_rows(float *x, const float *gate, i64 rows, i64 cols, i64 ld_gate) {
-    for (i64 r = 0; r < rows; r++)
-        for (i64 c = 0; c < cols; c++) x[r * cols + c] = x[r * cols + c] * (1.0f / (1.0f + expf(-gate[r * ld_gate + c])));
-}

@@ -190,6 +190,7 @@ void rotary_rows(const float *x, float *out, i64 tokens, i64 heads, i64 dim, i64
                  const float *sin, i64 ldc);
 void silu_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter);
 void gelu_tanh_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter); /* Gemma's feed-forward */
+void sigmoid_mul_rows(float *x, const float *gate, i64 rows, i64 cols, i64 ld_gate); /* Qwen3-Next's output gate */
 /* cpu_delta_rule.c: the gated delta rule's recurrent update of decode rows, on the state pool in place, and of a
  * prompt run of one sequence on its state */
 void delta_rule_rows(const float *q, const float *k, const float *v, const float *g, const float *beta,
@@ -197,11 +198,9 @@ void delta_rule_rows(const float *q, const float *k, const float *v, const float
                      i64 hv, i64 dk, i64 dv, int threads);
 void delta_rule_run(const float *q, const float *k, const float *v, const float *g, const float *beta,
                     float *state, float *out, i64 t, i64 hk, i64 hv, i64 dk, i64 dv, int threads);
-/* cpu_deltanet.c: a Gated DeltaNet layer's decode rows between its projections and out_proj; the attention output's
- * sigmoid gate */
+/* cpu_deltanet.c: a Gated DeltaNet layer's decode rows between its projections and out_proj */
 int deltanet_rows(const DeltaNet *n, const float *qkvz, i64 ld_qkvz, const float *ba, i64 ld_ba, i64 M,
                   const int64_t *slots, const uint8_t *fresh, float *out, int threads);
-void sigmoid_mul_rows(float *x, const float *gate, i64 rows, i64 cols, i64 ld_gate);
 void kv_store(void *cache, const float *x, i64 n, int kind);
 void decode_attention_rows(const float *q, i64 ldq, float *out, i64 rows, i64 hq, i64 hkv, i64 dim,
                            const void *k_cache, const void *v_cache, int kind, i64 block_size,

@@ -73,6 +73,14 @@ void gelu_tanh_mul_rows(const float *gate_up, float *out, i64 rows, i64 inter) {
     gated_rows(gate_up, out, rows, inter, 1);
 }
 
+/* x [rows, cols] times sigmoid(gate) in place, gate's rows ld_gate apart (Qwen3-Next's attention output gate; the
+ * module calls it too) */
+void sigmoid_mul_rows(float *x, const float *gate, i64 rows, i64 cols, i64 ld_gate) {
+    for (i64 r = 0; r < rows; r++)
+        for (i64 c = 0; c < cols; c++)
+            x[r * cols + c] = x[r * cols + c] * (1.0f / (1.0f + expf(-gate[r * ld_gate + c])));
+}
+
 /* x [n] stored as a KV cache of `kind` stores keys and values (cpu_decoder.c): its tests compare it with PyTorch's
  * rounding. */
 void kv_store(void *cache, const float *x, i64 n, int kind) { store_kv_elements(cache, 0, x, n, kind); }

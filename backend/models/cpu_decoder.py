@@ -191,8 +191,9 @@ class CpuDecoder:
         layers, top_k, inter, proj_width, attn_width = [], 0, cfg.intermediate_size, 0, 0
         for layer, norms in zip(modules, scales):
             attn, mlp = layer.self_attn, layer.mlp
-            if isinstance(attn, Attention) and (attn.k_cache.numel() == 0
-                                                 or not (attn.sinks is None or native.usable(attn.sinks))):
+            if not isinstance(attn, GatedDeltaNet) and attn.k_cache.numel() == 0:
+                return None  # a cache not yet bound
+            if isinstance(attn, Attention) and not (attn.sinks is None or native.usable(attn.sinks)):
                 return None
             mla = _latent(attn) if isinstance(attn, LatentAttention) else None
             if isinstance(attn, LatentAttention) and mla is None:
