@@ -27,7 +27,8 @@
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
  * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_lookup), then sum as bits 7's do
- * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q).
+ * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q, once a call where
+ * it has rows enough: looked_up).
  */
 #include <omp.h>
 
@@ -81,7 +82,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 #define START(r, c) if (MR > r && NC > c) a_##r##_##c = (VI){0} + (wide ? 0 : x->bias[(m0 + r) * x->groups + g]);
         RC(START)
 #undef START
-#define CODES(c) const uint8_t *codes##c = w->codes + (p + c / HV) * w->panel_code_bytes + g * group_bytes \
+#define CODES(c) const uint8_t *codes##c = w->codes + (p - w->codes_from + c / HV) * w->panel_code_bytes + g * group_bytes \
                                            + (c % HV) * IL * 4;
         C4(CODES)
 #undef CODES
@@ -171,8 +172,47 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 /* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
  * digits, SIGNED_ROWS for signed products) against panels [p, p + PP), the panels' codes read from L1 after the
  * first tile */
+#if SEVEN_SIGNED && IL == 8
+/* Rows from which a table's codes (IQ4_NL, IQ4_XS, MXFP4) are looked up once a call on AVX2 without VNNI: their
+ * values then go through the tiles as 8-bit codes without -128 do (bits 7: the same integer products, so the same
+ * bits), where each tile of 3 rows would otherwise look up the panel again (two byte shuffles and the nibbles'
+ * split a vector of codes). 8-bit codes read twice the bytes, from L1 or L2: worth it from two tiles up. */
+#define LOOKUP_ROWS 6
+
+/* panels [p, p + PP) of w (those that exist below N's columns) with their table's values in place of the codes
+ * (bits 7's bytes: value + 128, quad order), in the thread's scratch: e, or w itself where memory ran out */
+static const Weight *looked_up(const Weight *w, i64 p, int PP, i64 N, Weight *e) {
+    static __thread void *buf;
+    static __thread size_t size;
+    const i64 bytes = w->K * PANEL; /* a panel's: one byte a code */
+    uint8_t *out = grown(&buf, &size, (size_t)(PP * bytes));
+    if (!out) return w;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_xor_si128(
+        _mm_load_si128((const __m128i *)CODE_TABLES[w->bits - TABLE_BITS]), _mm_set1_epi8((char)0x80)));
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (i64 c = 0; c < PP && (p + c) * PANEL < N; c++) {
+        const uint8_t *codes = w->codes + (p + c) * w->panel_code_bytes;
+        uint8_t *o = out + c * bytes;
+        for (i64 k = 0; k < w->K; k += 8, codes += 64, o += 128) /* 8 k's: k + i in low nibbles, k + 4 + i high */
+            for (int h = 0; h < 64; h += 32) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + h));
+                _mm256_storeu_si256((__m256i *)(o + h), _mm256_shuffle_epi8(table, _mm256_and_si256(v, low)));
+                _mm256_storeu_si256((__m256i *)(o + 64 + h),
+                                    _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)));
+            }
+    }
+    *e = *w;
+    e->codes = out, e->codes_from = p, e->bits = 7, e->panel_code_bytes = bytes;
+    return e;
+}
+#endif
+
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
+#if SEVEN_SIGNED && IL == 8
+    Weight e;
+    if (tabled(w->bits) && M * x->digits >= LOOKUP_ROWS) w = looked_up(w, p, PP, N, &e);
+#endif
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products); a row's digits in one tile */
     const int D = (int)x->digits;

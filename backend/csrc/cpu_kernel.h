@@ -224,6 +224,7 @@ typedef struct Weight {
     const void *scales, *offsets;
     i64 K, group, panel_code_bytes, panel_groups;
     int bits, scale_kind;
+    i64 codes_from; /* the panel `codes` starts at (0; a call's panels laid out again: cpu_int8.c's looked_up) */
 } Weight;
 
 /* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale.
