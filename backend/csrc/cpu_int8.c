@@ -27,8 +27,8 @@
  * and a group's sum starts at -128 (-32) sum xq to take it back out (AVX2 multiplies bits 7's q itself, from 0).
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
  * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_lookup), then sum as bits 7's do
- * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q, once a call where
- * it has rows enough: looked_up).
+ * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q). On 8 lanes a call with
+ * rows enough looks them up once (looked_up).
  */
 #include <omp.h>
 
@@ -169,15 +169,13 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
  * several in flight), fewer as rows fill the registers; at most 4 vectors */
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
-/* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
- * digits, SIGNED_ROWS for signed products) against panels [p, p + PP), the panels' codes read from L1 after the
- * first tile */
-#if SEVEN_SIGNED && IL == 8
-/* Rows from which a table's codes (IQ4_NL, IQ4_XS, MXFP4) are looked up once a call on AVX2 without VNNI: their
- * values then go through the tiles as 8-bit codes without -128 do (bits 7: the same integer products, so the same
- * bits), where each tile of 3 rows would otherwise look up the panel again (two byte shuffles and the nibbles'
- * split a vector of codes). 8-bit codes read twice the bytes, from L1 or L2: worth it from two tiles up. */
-#define LOOKUP_ROWS 6
+#if defined(__AVX2__) && IL == 8
+/* 8 lanes (AVX2, and AVX-VNNI's vpdpbusd): a table's codes (IQ4_NL, IQ4_XS, MXFP4) are looked up once a call where
+ * it has two tiles of rows or more, their values then multiplied as 8-bit codes without -128 are (bits 7: the same
+ * integer products and group sums, so the same bits), where each tile of 3 or 4 rows looked the panel up again (the
+ * nibbles' split and two byte shuffles a vector of codes). The 8-bit codes are twice the bytes, read from L1 or L2.
+ * One core, 64 rows of 768 x 2048, billions of multiply-adds a second: AVX2 IQ4_XS 37.5 -> 43; AVX-VNNI IQ4_XS 58-65
+ * -> 75, MXFP4 67-68 -> 78-83. With AVX-512's 16 lanes (tiles of 8 rows, 16-lane shuffles) it gained nothing. */
 
 /* panels [p, p + PP) of w (those that exist below N's columns) with their table's values in place of the codes
  * (bits 7's bytes: value + 128, quad order), in the thread's scratch: e, or w itself where memory ran out */
@@ -207,11 +205,15 @@ static const Weight *looked_up(const Weight *w, i64 p, int PP, i64 N, Weight *e)
 }
 #endif
 
+/* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
+ * digits, SIGNED_ROWS for signed products) against panels [p, p + PP), the panels' codes read from L1 after the
+ * first tile */
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
-#if SEVEN_SIGNED && IL == 8
+#if defined(__AVX2__) && IL == 8
     Weight e;
-    if (tabled(w->bits) && M * x->digits >= LOOKUP_ROWS) w = looked_up(w, p, PP, N, &e);
+    const int tile_rows = SEVEN_SIGNED ? SIGNED_ROWS : x->digits == 3 ? DIGIT_ROWS : MAX_ROWS;
+    if (tabled(w->bits) && M * x->digits >= 2 * tile_rows) w = looked_up(w, p, PP, N, &e);
 #endif
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products); a row's digits in one tile */

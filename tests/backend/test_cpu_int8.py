@@ -76,8 +76,8 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
 def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch):
     """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
     nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128, a table's
-    values looked up from 4-bit places, a tile at a time below 6 rows and once a call from 6) against AVX2's and GCC's
-    portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
+    values looked up from 4-bit places, a tile at a time or, on 8 lanes from two tiles of rows, once a call) against
+    AVX2's and GCC's portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
     raw = None
     if name == "Q8_0 with -128":
         name, raw = "Q8_0", random_raw("Q8_0", 70, 256, seed=21)
