@@ -71,7 +71,9 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
     /* a group's sums kept in int16 lanes (PAIRS16: 4-bit codes, groups of at most 32 k's) */
     const int wide = PAIRS16 && bits == 4;
-    const int kind = bits == 4 || bits == 6                          ? NIBBLES
+    /* bits 5 here only in SEVEN_SIGNED builds (others take bits 7's tiles for them): q + 64 below 128 as unsigned
+     * bytes, whose two products times |x| <= 127 stay under vpmaddubsw's 32767 (2 * 127 * 127), no sign step */
+    const int kind = bits == 4 || bits == 6 || bits == 5             ? NIBBLES
                      : tabled(bits) && SEVEN_SIGNED                  ? VALUES
                      : bits == 7 && SEVEN_SIGNED                     ? SIGNED
                                                                    : BYTES;
@@ -111,6 +113,7 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 #define VECTOR_DOTS(c) if (NC > c) {                                                          \
                 VI u0, u1, u2 = {0}, u3 = {0};                                                \
                 memcpy(&u0, codes##c + u, sizeof u0);                                         \
+                if (bits == 5) u0 -= 0x40404040; /* q + 64 in each byte (>= 0: no borrow) */  \
                 if (nibbles) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; }               \
                 if (tabled(bits)) {                                                           \
                     u0 = table_lookup(u0, bits - TABLE_BITS, kind == VALUES);                 \
@@ -222,14 +225,20 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     const i64 per = D == 3 ? DIGIT_ROWS / 3 : signed_products ? SIGNED_ROWS : MAX_ROWS, count = (M + per - 1) / per;
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
-        const int B = w->bits == 4 ? 1 : w->bits == 7 ? 2 : w->bits == 6 ? 3 : w->bits == 8 ? 0
-                    : w->bits == TABLE_BITS ? 4 : w->bits == TABLE_BITS + 1 ? 5 : 7; /* 7: none (NaN below) */
+        const int B = w->bits == 4 ? 1 : w->bits == 7 || (w->bits == 5 && !SEVEN_SIGNED) ? 2 : w->bits == 6 ? 3
+                    : w->bits == 8 ? 0 : w->bits == TABLE_BITS ? 4 : w->bits == TABLE_BITS + 1 ? 5
+                    : w->bits == 5 ? 6 : 7; /* 7: none (NaN below) */
         switch ((D == 3) * 4096 + MR * 64 + B * 4 + PP / 2) {
 #define TILE(D_, MR_, PP_, B_, bits) case (D_ == 3) * 4096 + MR_ * 64 + B_ * 4 + PP_ / 2:                    \
             tile(w, x, p, m0 * D_, MR_, PP_ * HV, bits, D_, y, ldy, N, ahead); break;
 #define CASE3(D_, MR_, PP_) TILE(D_, MR_, PP_, 1, 4) TILE(D_, MR_, PP_, 2, 7) TILE(D_, MR_, PP_, 3, 6)      \
                             TILE(D_, MR_, PP_, 0, 8) TILE(D_, MR_, PP_, 4, TABLE_BITS)                     \
-                            TILE(D_, MR_, PP_, 5, TABLE_BITS + 1)
+                            TILE(D_, MR_, PP_, 5, TABLE_BITS + 1) NEAR7(D_, MR_, PP_)
+#if SEVEN_SIGNED
+#define NEAR7(D_, MR_, PP_) TILE(D_, MR_, PP_, 6, 5)
+#else
+#define NEAR7(D_, MR_, PP_)
+#endif
 #define CASE(MR_, PP_) CASE3(1, MR_, PP_)
 #if IL == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 2) CASE(4, 2)
@@ -241,6 +250,7 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
 #endif
 #undef CASE
 #undef CASE3
+#undef NEAR7
 #undef TILE
         default: /* no such tile (int8_panels and the rows a tile takes make none): say so in y, not leave it as is */
             for (i64 r = m0; r < m0 + rows; r++)

@@ -112,9 +112,10 @@ void int8_quantize_row(const float *x, i64 m, i64 group, int bits, const Rows *r
         r->dsum[at] = r->d[at] * units;
         for (int j = 0; j < D; j++)
             r->bias[(m * D + j) * r->groups + g] =
-                bits == 8 || ((bits == 7 || tabled(bits)) && !SEVEN_SIGNED) ? -128 * total[j]
-                : bits == 6                                                 ? -32 * total[j]
-                                                                            : 0;
+                bits == 8 || ((bits == 7 || tabled(bits) || bits == 5) && !SEVEN_SIGNED) ? -128 * total[j]
+                : bits == 5                                                              ? -64 * total[j]
+                : bits == 6                                                              ? -32 * total[j]
+                                                                                         : 0;
     }
 }
 

@@ -46,7 +46,7 @@ static const int8_t CODE_TABLES[2][16] __attribute__((aligned(16), unused)) = {
     {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
     {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}};
 /* bits each code takes in the codes (bits 7: bytes) */
-INLINE int code_bits(int bits) { return tabled(bits) ? 4 : bits == 7 ? 8 : bits; }
+INLINE int code_bits(int bits) { return tabled(bits) ? 4 : bits == 7 || bits == 5 ? 8 : bits; }
 
 /* Scales and offsets, per panel and group, 16 rows' values, in one of three kinds (scale_kind): 0 fp32, 1 fp16, or
  * S > 1 (8 or 16, a power of two) a K-quant's parts: per panel and superblock of S groups, 32 bytes of the 16 rows'
@@ -229,6 +229,7 @@ typedef struct Weight {
 
 /* A [rows, K] weight in the packed layout: its codes, scales and offsets (NULL: none), K's group of one scale.
  * bits 7: bytes of codes in AMX tiles' pair order that fit 7 bits (cpu_amx_codes.c), or quads' bytes with no -128;
+ * bits 5: quads' bytes (q + 128, as 7's) every q of which fits -64 .. 63 (IQ3_XXS's and IQ2's grids);
  * TABLE_BITS + t: 4-bit codes into table t (cpu_exports.h). */
 INLINE Weight weight_of(const uint8_t *codes, const void *scales, const void *offsets, i64 K, i64 group, int bits,
                         int scale_kind) {

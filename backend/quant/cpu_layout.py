@@ -48,7 +48,7 @@ _FOUR_BIT_LO = {"Q4_0": -8, "Q4_1": 0, "Q4_K": 0, "Q2_K": 0, "Q3_K": -4}
 TABLES = ("IQ4_NL", "MXFP4")
 TABLE_BITS = 16
 _TABLE_OF = {"IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_NL", "MXFP4": "MXFP4"}
-CODE_BITS = {4: 4, 6: 6, 7: 8, 8: 8, TABLE_BITS: 4, TABLE_BITS + 1: 4}  # a layout's bits -> a code's in `codes`
+CODE_BITS = {4: 4, 5: 8, 6: 6, 7: 8, 8: 8, TABLE_BITS: 4, TABLE_BITS + 1: 4}  # a layout's bits -> a code's in `codes`
 
 
 PANEL = 16  # weight rows interleaved
@@ -214,13 +214,16 @@ def pair_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def quad_bits(codes: list[torch.Tensor], bits: int) -> int:
     """The bits of pack's codes (of one matrix or a stack's) in quad order: 4-bit (and a table's) stay; 8-bit take 6 where
-    every q fits -32 .. 31 (Q6_K, Q5_*: a weight in 6 bits, not 8), else 7 where no q is -128 (AVX2 then multiplies
-    q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
+    every q fits -32 .. 31 (Q6_K, Q5_*: a weight in 6 bits, not 8), else 5 where every q fits -64 .. 63 (IQ3_XXS's
+    and IQ2's grids: bytes as 7's, which AVX2 multiplies as q + 64, unsigned, with no sign step), else 7 where no q is
+    -128 (AVX2 then multiplies q by x's sign and |x| with no 16-bit sum saturating, cpu_int8.c), else 8."""
     if bits == 4 or tabled(bits):
         return bits
     q = [c.view(torch.int8) for c in codes if c.numel()]
     if all(int(c.min()) >= -32 and int(c.max()) <= 31 for c in q):
         return 6
+    if all(int(c.min()) >= -64 and int(c.max()) <= 63 for c in q):
+        return 5
     return 7 if all(int(c.min()) > -128 for c in q) else 8
 
 
@@ -231,7 +234,7 @@ def quad_order(codes: torch.Tensor, bits: int) -> torch.Tensor:
     6-bit (u = q + 32, 0 .. 63): 192 bytes for each 16 k's: their low 4 bits as two 4-bit units (k .. k + 7, then
     k + 8 .. k + 15), then 64 bytes of their high 2 bits, byte 4r + i holding those of k + i, k + 4 + i, k + 8 + i
     and k + 12 + i from its low bits up: [panels, K, 16] -> [panels, K / 16, 192].
-    7 or 8-bit: 64 bytes for each 4 k's, byte 4r + i row r's q at k + i plus 128: [panels, K, 16] -> [panels,
+    5, 7 or 8-bit: 64 bytes for each 4 k's, byte 4r + i row r's q at k + i plus 128: [panels, K, 16] -> [panels,
     K / 4, 64]."""
     panels, cols = codes.shape[0], codes.shape[1]
     if bits == 4 or tabled(bits):

@@ -3,6 +3,7 @@
 dequantized weights times x as quantized (float64), and the worst case of that quantization against x itself."""
 
 import argparse
+import dataclasses
 import re
 
 import numpy as np
@@ -72,10 +73,12 @@ def test_int8_products_are_gguf_weights_times_x_quantized(name):
 
 
 @pytest.mark.parametrize("build", ["avx2", "avx_vnni", "portable"])
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize(
+    "name", ["Q4_K", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q8_0 with -128", "IQ4_XS", "MXFP4", "IQ3_XXS", "IQ2_XS"])
 def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch):
     """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
-    nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128, a table's
+    nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128, or q + 64
+    unsigned where every code fits -64 .. 63 (IQ3_XXS's and IQ2's grids), a table's
     values looked up from 4-bit places, a tile at a time or, on 8 lanes from two tiles of rows, once a call) against
     AVX2's and GCC's portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
     raw = None
@@ -84,7 +87,7 @@ def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch
         raw[5, 2 + 7] = 0x80  # block 0's code 7 of row 5: q = -128
     raw, quads = quad_ordered(name, 70, 256, seed=21, raw=raw)
     tables = {"IQ4_XS": cpu_layout.TABLE_BITS, "MXFP4": cpu_layout.TABLE_BITS + 1}  # 4-bit places in a table
-    assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6, **tables}.get(
+    assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6, "IQ3_XXS": 5, "IQ2_XS": 5, **tables}.get(
         name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
     native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 6, 20)]
@@ -111,6 +114,36 @@ def test_int8_products_at_the_extremes_of_8_bit_codes():
     ours = cpu_layout.matmul(x, *quads, 16).double()
     assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
     assert abs(ours[0, 0] - cols) < 0.1 and abs(ours[1, 0] + cols) < 0.1  # d is fp16: 127 d is not quite 1
+
+
+@pytest.mark.parametrize("build", ["native", "avx2", "avx_vnni", "portable"])
+@pytest.mark.parametrize("digits", [False, True])
+def test_int8_products_at_the_extremes_of_codes_within_64(digits, build, monkeypatch):
+    """8-bit codes at -64 and 63, the ends of bits 5 (AVX2 multiplies q + 64 <= 127 as unsigned bytes), times x at
+    +-127 (one digit: two products of a pair reach 32,258, just under vpmaddubsw's 32,767) or random x in three
+    digits (a digit may be -128: 32,512); exact in every build against the float64 oracle (digits: to fp32's
+    precision)."""
+    cols, rows = 256, 16
+    w = torch.full((rows, cols), 63.0)
+    w[1::2] = -64.0
+    w[2, ::3] = -64.0
+    raw = np.zeros((rows, cols // 32, 34), dtype=np.uint8)  # Q8_0 blocks: d = 1, codes the weights themselves
+    raw[..., :2] = np.array([1.0], dtype=np.float16).view(np.uint8)
+    raw[..., 2:] = w.numpy().reshape(rows, cols // 32, 32).astype(np.int8).view(np.uint8)
+    raw = raw.reshape(rows, -1)
+    _, quads = quad_ordered("Q8_0", rows, cols, seed=0, raw=raw)
+    assert quads[3].bits == 5
+    if digits:
+        quads = (*quads[:3], dataclasses.replace(quads[3], order="digits"))
+    x = torch.ones(3, cols)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    if digits:
+        x = torch.randn(3, cols, generator=torch.Generator().manual_seed(5))
+    want = (quantized_x(x, 32) if not digits else x.double()) @ gguf_dequant(raw, "Q8_0").double().T
+    use_kernel_build(build, monkeypatch)
+    ours = cpu_layout.matmul(x, *quads, rows).double()
+    assert (ours - want).abs().max() <= 1e-6 * want.abs().max()
 
 
 @pytest.mark.parametrize("build", ["native", "avx2", "avx_vnni", "portable"])
@@ -168,11 +201,11 @@ def test_quad_order_puts_four_ks_of_a_row_in_a_lane():
     """Byte 4r + i of a panel's 64 bytes: 8-bit, row r's q at k = 4j + i plus 128; 4-bit, row r's q at k = 8j + i
     in the low nibble and at 8j + 4 + i in the high one; 6-bit, per 16 k's (192 bytes), u = q + 32's low 4 bits
     as two 4-bit units, then byte 128 + 4r + i holding the high 2 bits of k = 16j + i, + 4, + 8, + 12."""
-    for name, bits in (("Q4_1", 4), ("Q8_0", 8), ("Q6_K", 6)):
+    for name, bits in (("Q4_1", 4), ("Q8_0", 8), ("Q6_K", 6), ("IQ3_XXS", 8)):
         cols = 256
         codes, *_ = cpu_layout.pack(torch.from_numpy(random_raw(name, 32, cols, seed=3)), BY_NAME[name], cols)
         q = torch.cat([codes & 15, codes >> 4], dim=-1).int() if bits == 4 else codes.view(torch.int8).int()
-        assert cpu_layout.quad_bits([codes], 4 if bits == 4 else 8) in ((bits,) if bits != 8 else (7, 8))
+        assert cpu_layout.quad_bits([codes], 4 if bits == 4 else 8) in ((bits,) if bits != 8 else (5, 7, 8))
         quads = cpu_layout.quad_order(codes, bits)
         ks, size = {4: (8, 64), 6: (16, 192), 8: (4, 64)}[bits]  # k's per unit, its bytes
         assert quads.dtype == torch.uint8 and quads.shape == (codes.shape[0], cols // ks, size)
