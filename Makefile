@@ -33,6 +33,9 @@ tools:
 	@if command -v npm >/dev/null 2>&1; then $(MAKE) -s .tools/npm/bin/claude .tools/npm/bin/codex; \
 	else echo "npm not found: the Claude Code and Codex CLI tests will be skipped"; fi
 
+# The tests keep models and caches under .home (tests/conftest.py's default, as .ci/run sets it): the model they
+# read is pulled there too, not into the user's home that `make up` uses.
+test: export SCRIPTORIUM_HOME ?= $(CURDIR)/.home
 test: $(VENV)/.installed model tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q tests
