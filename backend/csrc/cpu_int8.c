@@ -213,16 +213,15 @@ static const Weight *looked_up(const Weight *w, i64 p, int PP, i64 N, Weight *e)
  * first tile */
 void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP, float *y, i64 ldy, i64 N,
                      const uint8_t *ahead) {
-#if defined(__AVX2__) && IL == 8
-    Weight e;
-    const int tile_rows = SEVEN_SIGNED ? SIGNED_ROWS : x->digits == 3 ? DIGIT_ROWS : MAX_ROWS;
-    if (tabled(w->bits) && M * x->digits >= 2 * tile_rows) w = looked_up(w, p, PP, N, &e);
-#endif
     /* rows split evenly between the tiles (9 as 5 and 4, not 8 and 1: a tile of one row and one panel would
      * wait on its one chain of dependent products); a row's digits in one tile */
     const int D = (int)x->digits;
-    const int signed_products = SEVEN_SIGNED && (w->bits == 7 || tabled(w->bits));
+    const int signed_products = SEVEN_SIGNED && (w->bits == 7 || tabled(w->bits)); /* a table's looked up: 7's */
     const i64 per = D == 3 ? DIGIT_ROWS / 3 : signed_products ? SIGNED_ROWS : MAX_ROWS, count = (M + per - 1) / per;
+#if defined(__AVX2__) && IL == 8
+    Weight e;
+    if (tabled(w->bits) && M >= 2 * per) w = looked_up(w, p, PP, N, &e); /* two tiles or more */
+#endif
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
         const int B = w->bits == 4 ? 1 : w->bits == 7 || (w->bits == 5 && !SEVEN_SIGNED) ? 2 : w->bits == 6 ? 3
