@@ -19,7 +19,8 @@
  * 4r + i is row r's q at k + i, plus 128; "bits 7" where no q is -128, cpu_layout.quad_bits) or each 8 k's (4-bit:
  * byte 4r + i holds row r's q at k + i in its low nibble and at k + 4 + i in its high one), or 192 bytes for each
  * 16 k's (6-bit, where every q fits -32 .. 31: Q6_K and the Q5's, as u = q + 32: two 4-bit units of the low bits,
- * then a plane of the high 2, composed into bytes in registers). One AVX-512 VNNI
+ * then a plane of the high 2, composed into bytes in registers; on 8 lanes from two tiles of rows, once a call:
+ * in_bytes). One AVX-512 VNNI
  * instruction (vpdpbusd) then multiplies 16 rows' 4 codes by 4 of xq and adds them into the 16 rows' sums: 64
  * multiply-adds where an fp32 fma does 16, at the same rate (measured on Zen 4); AVX-VNNI's 8-lane vpdpbusd (AVX2
  * CPUs without AVX-512, Intel's since Alder Lake) does 32 in one; AVX2 alone has vpmaddubsw and vpmaddwd, two
@@ -28,7 +29,7 @@
  * A table's codes (IQ4_NL, IQ4_XS, MXFP4: bits TABLE_BITS + t, 4-bit places laid out as the 4-bit codes) become
  * their values plus 128 by one byte shuffle a unit of nibbles (cpu_int8.h's table_lookup), then sum as bits 7's do
  * (AVX2 without VNNI looks up the signed values themselves and multiplies them as bits 7's q). On 8 lanes a call with
- * rows enough looks them up once (looked_up).
+ * rows enough looks them up once (in_bytes).
  */
 #include <omp.h>
 
@@ -57,7 +58,22 @@
 #else
 #define SIGNED_ROWS MAX_ROWS
 #endif
+/* bits of a call's 6-bit codes laid out again as bytes (u = q + 32, below 64: quad order as 8-bit codes; in_bytes) */
+#define SIX_BYTES 9
 _Static_assert(MAX_ROWS <= TILE_ROWS && DIGIT_ROWS <= TILE_ROWS, "a tile's code rows are named up to TILE_ROWS");
+
+/* The composition of a 6-bit unit of 16 k's (192 bytes a panel: two nibble units, then the plane of the high 2 bits)
+ * for the vector of rows at `half`: its k + 0 .. 3, 4 .. 7, 8 .. 11 and 12 .. 15 as u = q + 32 bytes */
+INLINE void six_bit_bytes(const uint8_t *codes, i64 half, VI *u0, VI *u1, VI *u2, VI *u3) {
+    VI plane;
+    memcpy(u0, codes + half, sizeof *u0);
+    memcpy(u2, codes + 64 + half, sizeof *u2);
+    memcpy(&plane, codes + 128 + half, sizeof plane);
+    *u1 = ((*u0 >> 4) & 0x0F0F0F0F) | ((plane << 2) & 0x30303030);
+    *u0 = (*u0 & 0x0F0F0F0F) | ((plane << 4) & 0x30303030);
+    *u3 = ((*u2 >> 4) & 0x0F0F0F0F) | ((plane >> 2) & 0x30303030);
+    *u2 = (*u2 & 0x0F0F0F0F) | (plane & 0x30303030);
+}
 
 /* code rows [m0, m0 + MR) of x (D to a row of x: D 3, its digits) against NC column vectors from panel p on
  * (vector c: panel p + c / HV, rows (c % HV) * IL ..): y's columns p * 16 ... Accumulators named, one int32 per
@@ -67,13 +83,15 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
                  const int D, float *y, i64 ldy, i64 N, const uint8_t *ahead) {
     /* k's and bytes a step of the loop below reads: 8 in 64 bytes (4-bit), 16 in 192 (6-bit), 4 in 64 (8-bit) */
     const int nibbles = code_bits(bits) == 4 || bits == 6; /* codes split in two units of nibbles */
-    const i64 unit = code_bits(bits) == 4 ? 8 : bits == 6 ? 16 : 4, step = bits == 6 ? 192 : 64;
+    const int six_bytes = bits == SIX_BYTES; /* two units of 4 k's a step, 64 bytes apart */
+    const i64 unit = code_bits(bits) == 4 || six_bytes ? 8 : bits == 6 ? 16 : 4;
+    const i64 step = bits == 6 ? 192 : six_bytes ? 128 : 64;
     const i64 group_bytes = w->group / unit * step, panels = (NC + HV - 1) / HV;
     /* a group's sums kept in int16 lanes (PAIRS16: 4-bit codes, groups of at most 32 k's) */
     const int wide = PAIRS16 && bits == 4;
     /* bits 5 here only in SEVEN_SIGNED builds (others take bits 7's tiles for them): q + 64 below 128 as unsigned
      * bytes, whose two products times |x| <= 127 stay under vpmaddubsw's 32767 (2 * 127 * 127), no sign step */
-    const int kind = bits == 4 || bits == 6 || bits == 5             ? NIBBLES
+    const int kind = bits == 4 || bits == 6 || bits == 5 || six_bytes ? NIBBLES
                      : tabled(bits) && SEVEN_SIGNED                  ? VALUES
                      : bits == 7 && SEVEN_SIGNED                     ? SIGNED
                                                                    : BYTES;
@@ -98,35 +116,29 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
             int32_t x0[TILE_ROWS], x1[TILE_ROWS], x2[TILE_ROWS], x3[TILE_ROWS]; /* xq at k + 0, 4, 8, 12 */
             for (int r = 0; r < MR; r++) {
                 memcpy(x0 + r, xq + r * x->K, 4);
-                if (nibbles) memcpy(x1 + r, xq + r * x->K + 4, 4);
+                if (nibbles || six_bytes) memcpy(x1 + r, xq + r * x->K + 4, 4);
                 if (bits == 6) { memcpy(x2 + r, xq + r * x->K + 8, 4); memcpy(x3 + r, xq + r * x->K + 12, 4); }
             }
 #define DOT4(r, c) if (MR > r && wide) a_##r##_##c = pairs16(pairs16(a_##r##_##c, u0, x0[r]), u1, x1[r]);  \
-                   else if (MR > r && PAIRS16 && bits == 6) {                                               \
+                   else if (MR > r && PAIRS16 && (bits == 6 || six_bytes)) {                                \
                        a_##r##_##c += widened(pairs16(pairs16((VI){0}, u0, x0[r]), u1, x1[r]));             \
-                       a_##r##_##c += widened(pairs16(pairs16((VI){0}, u2, x2[r]), u3, x3[r])); }           \
+                       if (bits == 6) a_##r##_##c += widened(pairs16(pairs16((VI){0}, u2, x2[r]), u3, x3[r])); } \
                    else if (MR > r) { a_##r##_##c = dot4(a_##r##_##c, u0, x0[r], kind);                      \
-                                 if (nibbles) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind);             \
+                                 if (nibbles || six_bytes) a_##r##_##c = dot4(a_##r##_##c, u1, x1[r], kind); \
                                  if (bits == 6) { a_##r##_##c = dot4(a_##r##_##c, u2, x2[r], kind);          \
                                                   a_##r##_##c = dot4(a_##r##_##c, u3, x3[r], kind); } }
-            /* 6-bit: each byte's low 4 bits from the two nibble units, its high 2 from the plane after them */
 #define VECTOR_DOTS(c) if (NC > c) {                                                          \
                 VI u0, u1, u2 = {0}, u3 = {0};                                                \
-                memcpy(&u0, codes##c + u, sizeof u0);                                         \
-                if (bits == 5) u0 -= 0x40404040; /* q + 64 in each byte (>= 0: no borrow) */  \
-                if (nibbles) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; }               \
-                if (tabled(bits)) {                                                           \
-                    u0 = table_lookup(u0, bits - TABLE_BITS, kind == VALUES);                 \
-                    u1 = table_lookup(u1, bits - TABLE_BITS, kind == VALUES);                 \
-                }                                                                             \
-                if (bits == 6) {                                                              \
-                    VI plane;                                                                 \
-                    memcpy(&u2, codes##c + u + 64, sizeof u2);                                \
-                    memcpy(&plane, codes##c + u + 128, sizeof plane);                         \
-                    u3 = ((u2 >> 4) & 0x0F0F0F0F) | ((plane >> 2) & 0x30303030);              \
-                    u2 = (u2 & 0x0F0F0F0F) | (plane & 0x30303030);                            \
-                    u1 |= (plane << 2) & 0x30303030;                                          \
-                    u0 |= (plane << 4) & 0x30303030;                                          \
+                if (bits == 6) six_bit_bytes(codes##c + u, 0, &u0, &u1, &u2, &u3);            \
+                else {                                                                        \
+                    memcpy(&u0, codes##c + u, sizeof u0);                                     \
+                    if (bits == 5) u0 -= 0x40404040; /* q + 64 in each byte (no borrow) */    \
+                    if (six_bytes) memcpy(&u1, codes##c + u + 64, sizeof u1);                 \
+                    if (nibbles) { u1 = (u0 >> 4) & 0x0F0F0F0F; u0 &= 0x0F0F0F0F; }           \
+                    if (tabled(bits)) {                                                       \
+                        u0 = table_lookup(u0, bits - TABLE_BITS, kind == VALUES);             \
+                        u1 = table_lookup(u1, bits - TABLE_BITS, kind == VALUES);             \
+                    }                                                                         \
                 }                                                                             \
                 R12(DOT4, c)                                                                  \
             }
@@ -173,37 +185,49 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
 
 #if defined(__AVX2__) && IL == 8
-/* 8 lanes (AVX2, and AVX-VNNI's vpdpbusd): a table's codes (IQ4_NL, IQ4_XS, MXFP4) are looked up once a call where
- * it has two tiles of rows or more, their values then multiplied as 8-bit codes without -128 are (bits 7: the same
- * integer products and group sums, so the same bits), where each tile of 3 or 4 rows looked the panel up again (the
- * nibbles' split and two byte shuffles a vector of codes). The 8-bit codes are twice the bytes, read from L1 or L2.
- * One core, 64 rows of 768 x 2048, billions of multiply-adds a second: AVX2 IQ4_XS 37.5 -> 43; AVX-VNNI IQ4_XS 58-65
- * -> 75, MXFP4 67-68 -> 78-83. With AVX-512's 16 lanes (tiles of 8 rows, 16-lane shuffles) it gained nothing. */
+/* 8 lanes (AVX2, and AVX-VNNI's vpdpbusd): where a call has two tiles of rows or more, the codes that each tile of 3
+ * or 4 rows would unpack again are written once as one byte a code in the thread's scratch (in_bytes), then
+ * multiplied as such: the same integer products and group sums, so the same bits. The bytes are read from L1 or L2.
+ * - A table's codes (IQ4_NL, IQ4_XS, MXFP4) as their values plus 128 (bits 7's bytes), where each tile did the
+ *   nibbles' split and two byte shuffles a vector of codes. One core, 64 rows of 768 x 2048, billions of
+ *   multiply-adds a second: AVX2 IQ4_XS 37.5 -> 43; AVX-VNNI IQ4_XS 58-65 -> 75, MXFP4 67-68 -> 78-83. With AVX-512's
+ *   16 lanes (tiles of 8 rows, 16-lane shuffles) it gained nothing.
+ * - 6-bit codes (Q6_K, the Q5's) as q + 32 (SIX_BYTES), where each tile composed a byte from two nibble units and a
+ *   plane of high bits (17 vector operations for 128 codes).
+ */
 
-/* panels [p, p + PP) of w (those that exist below N's columns) with their table's values in place of the codes
- * (bits 7's bytes: value + 128, quad order), in the thread's scratch: e, or w itself where memory ran out */
-static const Weight *looked_up(const Weight *w, i64 p, int PP, i64 N, Weight *e) {
+/* panels [p, p + PP) of w (those that exist below N's columns) with a byte a code in quad order, in the thread's
+ * scratch: e, or w itself where memory ran out */
+static const Weight *in_bytes(const Weight *w, i64 p, int PP, i64 N, Weight *e) {
     static __thread void *buf;
     static __thread size_t size;
     const i64 bytes = w->K * PANEL; /* a panel's: one byte a code */
     uint8_t *out = grown(&buf, &size, (size_t)(PP * bytes));
     if (!out) return w;
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_xor_si128(
-        _mm_load_si128((const __m128i *)CODE_TABLES[w->bits - TABLE_BITS]), _mm_set1_epi8((char)0x80)));
-    const __m256i low = _mm256_set1_epi8(0x0F);
     for (i64 c = 0; c < PP && (p + c) * PANEL < N; c++) {
         const uint8_t *codes = w->codes + (p + c) * w->panel_code_bytes;
         uint8_t *o = out + c * bytes;
+        if (w->bits == 6) {
+            for (i64 k = 0; k < w->K; k += 16, codes += 192, o += 256)
+                for (i64 half = 0; half < 64; half += IL * 4) {
+                    VI u[4];
+                    six_bit_bytes(codes, half, u, u + 1, u + 2, u + 3);
+                    for (int i = 0; i < 4; i++) memcpy(o + 64 * i + half, u + i, sizeof *u);
+                }
+            continue;
+        }
         for (i64 k = 0; k < w->K; k += 8, codes += 64, o += 128) /* 8 k's: k + i in low nibbles, k + 4 + i high */
-            for (int h = 0; h < 64; h += 32) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + h));
-                _mm256_storeu_si256((__m256i *)(o + h), _mm256_shuffle_epi8(table, _mm256_and_si256(v, low)));
-                _mm256_storeu_si256((__m256i *)(o + 64 + h),
-                                    _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)));
+            for (i64 half = 0; half < 64; half += IL * 4) {
+                VI v;
+                memcpy(&v, codes + half, sizeof v);
+                const VI lo = table_lookup(v & 0x0F0F0F0F, w->bits - TABLE_BITS, 0);
+                const VI hi = table_lookup((v >> 4) & 0x0F0F0F0F, w->bits - TABLE_BITS, 0);
+                memcpy(o + half, &lo, sizeof lo);
+                memcpy(o + 64 + half, &hi, sizeof hi);
             }
     }
     *e = *w;
-    e->codes = out, e->codes_from = p, e->bits = 7, e->panel_code_bytes = bytes;
+    e->codes = out, e->codes_from = p, e->bits = w->bits == 6 ? SIX_BYTES : 7, e->panel_code_bytes = bytes;
     return e;
 }
 #endif
@@ -220,23 +244,28 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
     const i64 per = D == 3 ? DIGIT_ROWS / 3 : signed_products ? SIGNED_ROWS : MAX_ROWS, count = (M + per - 1) / per;
 #if defined(__AVX2__) && IL == 8
     Weight e;
-    if (tabled(w->bits) && M >= 2 * per) w = looked_up(w, p, PP, N, &e); /* two tiles or more */
+    if ((tabled(w->bits) || w->bits == 6) && M >= 2 * per) w = in_bytes(w, p, PP, N, &e); /* two tiles or more */
 #endif
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
         const int B = w->bits == 4 ? 1 : w->bits == 7 || (w->bits == 5 && !SEVEN_SIGNED) ? 2 : w->bits == 6 ? 3
                     : w->bits == 8 ? 0 : w->bits == TABLE_BITS ? 4 : w->bits == TABLE_BITS + 1 ? 5
-                    : w->bits == 5 ? 6 : 7; /* 7: none (NaN below) */
+                    : w->bits == 5 ? 6 : w->bits == SIX_BYTES ? 7 : 8; /* 8: none (NaN below) */
         switch ((D == 3) * 4096 + MR * 64 + B * 4 + PP / 2) {
 #define TILE(D_, MR_, PP_, B_, bits) case (D_ == 3) * 4096 + MR_ * 64 + B_ * 4 + PP_ / 2:                    \
             tile(w, x, p, m0 * D_, MR_, PP_ * HV, bits, D_, y, ldy, N, ahead); break;
 #define CASE3(D_, MR_, PP_) TILE(D_, MR_, PP_, 1, 4) TILE(D_, MR_, PP_, 2, 7) TILE(D_, MR_, PP_, 3, 6)      \
                             TILE(D_, MR_, PP_, 0, 8) TILE(D_, MR_, PP_, 4, TABLE_BITS)                     \
-                            TILE(D_, MR_, PP_, 5, TABLE_BITS + 1) NEAR7(D_, MR_, PP_)
+                            TILE(D_, MR_, PP_, 5, TABLE_BITS + 1) NEAR7(D_, MR_, PP_) BYTES6(D_, MR_, PP_)
 #if SEVEN_SIGNED
 #define NEAR7(D_, MR_, PP_) TILE(D_, MR_, PP_, 6, 5)
 #else
 #define NEAR7(D_, MR_, PP_)
+#endif
+#if defined(__AVX2__) && IL == 8 /* in_bytes' 6-bit codes */
+#define BYTES6(D_, MR_, PP_) TILE(D_, MR_, PP_, 7, SIX_BYTES)
+#else
+#define BYTES6(D_, MR_, PP_)
 #endif
 #define CASE(MR_, PP_) CASE3(1, MR_, PP_)
 #if IL == 16
@@ -250,6 +279,7 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
 #undef CASE
 #undef CASE3
 #undef NEAR7
+#undef BYTES6
 #undef TILE
         default: /* no such tile (int8_panels and the rows a tile takes make none): say so in y, not leave it as is */
             for (i64 r = m0; r < m0 + rows; r++)

@@ -150,8 +150,9 @@ def test_int8_products_at_the_extremes_of_codes_within_64(digits, build, monkeyp
 @pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
 def test_int8_products_at_the_extremes_of_4_and_6_bit_codes(name, build, monkeypatch):
     """Every code at its top (4-bit 15, 6-bit 63) times x quantized to +-127: the largest sums AVX2's kernel keeps
-    in 16-bit lanes (a 4-bit group's 16 k's a lane: 30,480; two 6-bit products of pairs: 32,004), exact in every
-    build against the float64 oracle."""
+    in 16-bit lanes (a 4-bit group's 16 k's a lane: 30,480; two 6-bit products of pairs: 32,004, composed in the
+    tiles or, on 8 lanes from two tiles of rows, laid out as bytes once a call), exact in every build against the
+    float64 oracle."""
     cols, rows = 256, 16
     raw = np.zeros((rows, cols // BY_NAME[name].block, BY_NAME[name].block_bytes), dtype=np.uint8)
     if name == "Q4_0":  # d = 1, every nibble 15: w = 15 - 8
@@ -166,6 +167,7 @@ def test_int8_products_at_the_extremes_of_4_and_6_bit_codes(name, build, monkeyp
     x = torch.ones(3, cols)
     x[1] = -1.0
     x[2, ::2] = -1.0
+    x = x.repeat(3, 1)  # 9 rows: two tiles' worth on 8 lanes
     want = quantized_x(x, quads[3].group) @ gguf_dequant(raw, name).double().T
     use_kernel_build(build, monkeypatch)
     ours = cpu_layout.matmul(x, *quads, rows).double()
