@@ -79,8 +79,9 @@ def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch
     """The native build's integer sums (VNNI, or AVX2's two-step products: nibbles, 6-bit codes composed from
     nibbles and their high bits, 8-bit codes as two nibbles, or q times x's sign where no code is -128, or q + 64
     unsigned where every code fits -64 .. 63 (IQ3_XXS's and IQ2's grids), a table's
-    values looked up from 4-bit places, a tile at a time or, on 8 lanes from two tiles of rows, once a call) against
-    AVX2's and GCC's portable vectors, which multiply byte by byte: the same bits, at 1 to 20 rows."""
+    values looked up from 4-bit places, a tile at a time or, on 8 lanes from two tiles of rows, once a call; on 8
+    lanes 4-bit codes from 8 rows in tiles of half a panel) against AVX2's and GCC's portable vectors, which multiply
+    byte by byte: the same bits, at 1 to 20 rows."""
     raw = None
     if name == "Q8_0 with -128":
         name, raw = "Q8_0", random_raw("Q8_0", 70, 256, seed=21)
@@ -90,9 +91,9 @@ def test_int8_products_are_the_same_bits_in_every_build(name, build, monkeypatch
     assert quads[3].bits == {"Q4_K": 4, "Q6_K": 6, "Q5_1": 6, "Q5_K": 6, "IQ3_XXS": 5, "IQ2_XS": 5, **tables}.get(
         name, 8 if raw[5, 9] == 0x80 else 7)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(22))
-    native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 6, 20)]
+    native_y = [cpu_layout.matmul(x[:m], *quads, 70) for m in (1, 3, 6, 8, 20)]
     use_kernel_build(build, monkeypatch)
-    for m, y in zip((1, 3, 6, 20), native_y):
+    for m, y in zip((1, 3, 6, 8, 20), native_y):
         assert torch.equal(cpu_layout.matmul(x[:m], *quads, 70), y), m
 
 
