@@ -58,22 +58,7 @@
 #else
 #define SIGNED_ROWS MAX_ROWS
 #endif
-/* bits of a call's 6-bit codes laid out again as bytes (u = q + 32, below 64: quad order as 8-bit codes; in_bytes) */
-#define SIX_BYTES 9
 _Static_assert(MAX_ROWS <= TILE_ROWS && DIGIT_ROWS <= TILE_ROWS, "a tile's code rows are named up to TILE_ROWS");
-
-/* The composition of a 6-bit unit of 16 k's (192 bytes a panel: two nibble units, then the plane of the high 2 bits)
- * for the vector of rows at `half`: its k + 0 .. 3, 4 .. 7, 8 .. 11 and 12 .. 15 as u = q + 32 bytes */
-INLINE void six_bit_bytes(const uint8_t *codes, i64 half, VI *u0, VI *u1, VI *u2, VI *u3) {
-    VI plane;
-    memcpy(u0, codes + half, sizeof *u0);
-    memcpy(u2, codes + 64 + half, sizeof *u2);
-    memcpy(&plane, codes + 128 + half, sizeof plane);
-    *u1 = ((*u0 >> 4) & 0x0F0F0F0F) | ((plane << 2) & 0x30303030);
-    *u0 = (*u0 & 0x0F0F0F0F) | ((plane << 4) & 0x30303030);
-    *u3 = ((*u2 >> 4) & 0x0F0F0F0F) | ((plane >> 2) & 0x30303030);
-    *u2 = (*u2 & 0x0F0F0F0F) | (plane & 0x30303030);
-}
 
 /* code rows [m0, m0 + MR) of x (D to a row of x: D 3, its digits) against NC column vectors from vector h0 of panel
  * p on (vector c: panel p + (h0 + c) / HV, rows ((h0 + c) % HV) * IL ..): y's columns p * 16 ... Accumulators named, one int32 per
@@ -183,54 +168,6 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
 /* panels per tile: several for few rows (each sum a chain of dependent products: a decode step's one row needs
  * several in flight), fewer as rows fill the registers; at most 4 vectors */
 #define PANELS_FOR(MR) ((MR) <= 2 ? 4 / HV : (MR) <= 4 ? 2 / HV : 1)
-
-#if defined(__AVX2__) && IL == 8
-/* 8 lanes (AVX2, and AVX-VNNI's vpdpbusd): where a call has two tiles of rows or more, the codes that each tile of 3
- * or 4 rows would unpack again are written once as one byte a code in the thread's scratch (in_bytes), then
- * multiplied as such: the same integer products and group sums, so the same bits. The bytes are read from L1 or L2.
- * - A table's codes (IQ4_NL, IQ4_XS, MXFP4) as their values plus 128 (bits 7's bytes), where each tile did the
- *   nibbles' split and two byte shuffles a vector of codes. One core, 64 rows of 768 x 2048, billions of
- *   multiply-adds a second: AVX2 IQ4_XS 37.5 -> 43; AVX-VNNI IQ4_XS 58-65 -> 75, MXFP4 67-68 -> 78-83. With AVX-512's
- *   16 lanes (tiles of 8 rows, 16-lane shuffles) it gained nothing.
- * - 6-bit codes (Q6_K, the Q5's) as q + 32 (SIX_BYTES), where each tile composed a byte from two nibble units and a
- *   plane of high bits (17 vector operations for 128 codes).
- */
-
-/* panels [p, p + PP) of w (those that exist below N's columns) with a byte a code in quad order, in the thread's
- * scratch: e, or w itself where memory ran out */
-static const Weight *in_bytes(const Weight *w, i64 p, int PP, i64 N, Weight *e) {
-    static __thread void *buf;
-    static __thread size_t size;
-    const i64 bytes = w->K * PANEL; /* a panel's: one byte a code */
-    uint8_t *out = grown(&buf, &size, (size_t)(PP * bytes));
-    if (!out) return w;
-    for (i64 c = 0; c < PP && (p + c) * PANEL < N; c++) {
-        const uint8_t *codes = w->codes + (p + c) * w->panel_code_bytes;
-        uint8_t *o = out + c * bytes;
-        if (w->bits == 6) {
-            for (i64 k = 0; k < w->K; k += 16, codes += 192, o += 256)
-                for (i64 half = 0; half < 64; half += IL * 4) {
-                    VI u[4];
-                    six_bit_bytes(codes, half, u, u + 1, u + 2, u + 3);
-                    for (int i = 0; i < 4; i++) memcpy(o + 64 * i + half, u + i, sizeof *u);
-                }
-            continue;
-        }
-        for (i64 k = 0; k < w->K; k += 8, codes += 64, o += 128) /* 8 k's: k + i in low nibbles, k + 4 + i high */
-            for (i64 half = 0; half < 64; half += IL * 4) {
-                VI v;
-                memcpy(&v, codes + half, sizeof v);
-                const VI lo = table_lookup(v & 0x0F0F0F0F, w->bits - TABLE_BITS, 0);
-                const VI hi = table_lookup((v >> 4) & 0x0F0F0F0F, w->bits - TABLE_BITS, 0);
-                memcpy(o + half, &lo, sizeof lo);
-                memcpy(o + 64 + half, &hi, sizeof hi);
-            }
-    }
-    *e = *w;
-    e->codes = out, e->codes_from = p, e->bits = w->bits == 6 ? SIX_BYTES : 7, e->panel_code_bytes = bytes;
-    return e;
-}
-#endif
 
 #if defined(__AVX2__) && IL == 8
 /* 8 lanes, 4-bit codes (Q4_K, Q4_0, Q4_1, ...), a call of HALF_ROWS rows or more: tiles of up to HALF_ROWS rows by one

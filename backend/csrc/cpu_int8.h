@@ -120,3 +120,24 @@ INLINE VI table_lookup(VI u, int t, const int values) {
     return table_bytes_of(u, t) ^ (values ? (int32_t)0x80808080 : 0);
 #endif
 }
+
+/* bits of a call's 6-bit codes laid out again as bytes (u = q + 32, below 64: quad order as 8-bit codes; in_bytes) */
+#define SIX_BYTES 9
+/* The composition of a 6-bit unit of 16 k's (192 bytes a panel: two nibble units, then the plane of the high 2 bits)
+ * for the vector of rows at `half`: its k + 0 .. 3, 4 .. 7, 8 .. 11 and 12 .. 15 as u = q + 32 bytes */
+INLINE void six_bit_bytes(const uint8_t *codes, i64 half, VI *u0, VI *u1, VI *u2, VI *u3) {
+    VI plane;
+    memcpy(u0, codes + half, sizeof *u0);
+    memcpy(u2, codes + 64 + half, sizeof *u2);
+    memcpy(&plane, codes + 128 + half, sizeof plane);
+    *u1 = ((*u0 >> 4) & 0x0F0F0F0F) | ((plane << 2) & 0x30303030);
+    *u0 = (*u0 & 0x0F0F0F0F) | ((plane << 4) & 0x30303030);
+    *u3 = ((*u2 >> 4) & 0x0F0F0F0F) | ((plane >> 2) & 0x30303030);
+    *u2 = (*u2 & 0x0F0F0F0F) | (plane & 0x30303030);
+}
+
+#if defined(__AVX2__) && IL == 8
+/* panels [p, p + PP) of w (those that exist below N's columns) with a byte a code in quad order, in the thread's
+ * scratch: e, or w itself where memory ran out (cpu_int8_bytes.c) */
+const Weight *in_bytes(const Weight *w, i64 p, int PP, i64 N, Weight *e);
+#endif

@@ -34,8 +34,9 @@ log = logging.getLogger("backend")
 
 _CSRC = Path(__file__).parent.parent / "csrc"
 SOURCES = [_CSRC / f"cpu_{name}.c" for name in ("ops", "attention", "decoder", "dispatch", "kernel", "amx", "amx_codes",
-                                                 "moe", "moe_route", "int8", "int8_rows", "amx_int8", "nibbles", "delta_rule",
-                                                 "packed_rows", "mla", "chunk_attention", "deltanet")]
+                                                 "moe", "moe_route", "int8", "int8_rows", "int8_bytes", "amx_int8",
+                                                 "nibbles", "delta_rule", "packed_rows", "mla", "chunk_attention",
+                                                 "deltanet")]
 HEADERS = sorted(_CSRC.glob("*.h"))
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-Wno-psabi", "-shared", "-fPIC"]
 
