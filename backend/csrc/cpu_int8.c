@@ -176,23 +176,24 @@ INLINE void tile(const Weight *w, const Rows *x, i64 p, i64 m0, const int MR, co
  * core, Q4_K 10,240 x 2,560 at 192 rows: AVX2 54 -> 61, AVX-VNNI 65 -> 72 billion multiply-adds a second (6 rows a
  * tile 59 and 71; tables' and 6-bit codes, read as bytes there, gained nothing). */
 #define HALF_ROWS 8
-static void half_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, float *y, i64 ldy, i64 N,
-                            const uint8_t *ahead) {
-    const i64 count = (M + HALF_ROWS - 1) / HALF_ROWS;
-    for (i64 t = 0, m0 = 0; t < count; t++) {
-        const int rows = (int)((M - m0 + count - t - 1) / (count - t)); /* 4 .. 8 where M >= 8 */
+/* rows [m0, m0 + rows) (4 .. HALF_ROWS) against panels [p, p + PP), a vector at a time */
+static void half_panel_tiles(const Weight *w, const Rows *x, i64 p, int PP, i64 m0, int rows, float *y, i64 ldy,
+                             i64 N, const uint8_t *ahead) {
+    for (int c = 0; c < PP; c++)
         for (int h = 0; h < HV; h++) switch (rows) {
-#define HALF(MR_) case MR_: tile(w, x, p, m0, MR_, 1, 4, 1, y, ldy, N, ahead, h); break;
+#define HALF(MR_) case MR_: tile(w, x, p + c, m0, MR_, 1, 4, 1, y, ldy, N, ahead, h); break;
             HALF(4) HALF(5) HALF(6) HALF(7) HALF(8)
 #undef HALF
-            default: /* none (M >= HALF_ROWS makes none): say so in y */
+            default: /* none (int8_panel_rows makes none): say so in y */
                 for (i64 r = m0; r < m0 + rows; r++)
-                    for (i64 c = p * PANEL + h * IL; c < p * PANEL + (h + 1) * IL && c < N; c++)
-                        y[r * ldy + c] = __builtin_nanf("");
+                    for (i64 k = (p + c) * PANEL + h * IL; k < (p + c) * PANEL + (h + 1) * IL && k < N; k++)
+                        y[r * ldy + k] = __builtin_nanf("");
         }
-        m0 += rows;
-    }
 }
+#define HALF_TILES 1
+#else
+#define HALF_TILES 0
+#define HALF_ROWS 1
 #endif
 
 /* every row of x (M of them, x->digits code rows each) in tiles of up to MAX_ROWS code rows (DIGIT_ROWS with three
@@ -204,17 +205,22 @@ void int8_panel_rows(const Weight *w, const Rows *x, i64 p, i64 M, const int PP,
      * wait on its one chain of dependent products); a row's digits in one tile */
     const int D = (int)x->digits;
     const int signed_products = SEVEN_SIGNED && (w->bits == 7 || tabled(w->bits)); /* a table's looked up: 7's */
-    const i64 per = D == 3 ? DIGIT_ROWS / 3 : signed_products ? SIGNED_ROWS : MAX_ROWS, count = (M + per - 1) / per;
+    const int half = HALF_TILES && w->bits == 4 && D == 1 && M >= HALF_ROWS; /* tiles of half a panel */
+    const i64 per = half ? HALF_ROWS : D == 3 ? DIGIT_ROWS / 3 : signed_products ? SIGNED_ROWS : MAX_ROWS;
+    const i64 count = (M + per - 1) / per;
 #if defined(__AVX2__) && IL == 8
     Weight e;
     if ((tabled(w->bits) || w->bits == 6) && M >= 2 * per) w = in_bytes(w, p, PP, N, &e); /* two tiles or more */
-    if (w->bits == 4 && D == 1 && M >= HALF_ROWS) {
-        for (int c = 0; c < PP; c++) half_panel_rows(w, x, p + c, M, y, ldy, N, ahead);
-        return;
-    }
 #endif
     for (i64 t = 0, m0 = 0; t < count; t++) {
         const int rows = (int)((M - m0 + count - t - 1) / (count - t)), MR = rows * D;
+#if HALF_TILES
+        if (half) {
+            half_panel_tiles(w, x, p, PP, m0, rows, y, ldy, N, ahead);
+            m0 += rows;
+            continue;
+        }
+#endif
         const int B = w->bits == 4 ? 1 : w->bits == 7 || (w->bits == 5 && !SEVEN_SIGNED) ? 2 : w->bits == 6 ? 3
                     : w->bits == 8 ? 0 : w->bits == TABLE_BITS ? 4 : w->bits == TABLE_BITS + 1 ? 5
                     : w->bits == 5 ? 6 : w->bits == SIX_BYTES ? 7 : 8; /* 8: none (NaN below) */
